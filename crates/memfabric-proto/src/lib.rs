@@ -1,0 +1,5 @@
+//! memfabric-proto: memcached's wire formats as pure parsers and encoders.
+//!
+//! Nothing here does I/O or touches storage: a parser takes bytes and says what request
+//! they hold and how many bytes it used (or that more are needed); an encoder appends a
+//! reply to a buffer.

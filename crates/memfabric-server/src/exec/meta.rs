@@ -1,0 +1,1 @@
+//! Meta commands: mg ms md ma mn me.

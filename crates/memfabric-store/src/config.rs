@@ -1,0 +1,41 @@
+/// Everything the store needs to know, with memcached 1.6's defaults.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Arena size in bytes (`-m`, megabytes on the command line; default 64 MiB).
+    pub memory_limit: usize,
+    /// Size of the pages slab classes take from the arena (memcached: 1 MiB).
+    pub page_size: usize,
+    /// Chunk size growth factor between slab classes (`-f`, default 1.25).
+    pub growth_factor: f64,
+    /// Minimum space for key + value in the smallest chunk (`-n`, default 48).
+    pub min_chunk: usize,
+    /// Largest item accepted (`-I`, default 1 MiB). Items larger than a page are chained.
+    pub item_size_max: usize,
+    /// Evict when memory is full; `false` is `-M` (return an error instead).
+    pub evict: bool,
+    /// Hand out CAS uniques (`-C` turns them off: CAS reads as 0).
+    pub use_cas: bool,
+    /// log2 of the number of index buckets; `None` sizes the index from `memory_limit`.
+    pub hashpower: Option<u8>,
+    /// Move pages between slab classes when the value-size mix changes (`slab_automove`).
+    pub slab_automove: bool,
+    /// Reclaim expired items in the background (`lru_crawler`).
+    pub background_sweeper: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            memory_limit: 64 << 20,
+            page_size: 1 << 20,
+            growth_factor: 1.25,
+            min_chunk: 48,
+            item_size_max: 1 << 20,
+            evict: true,
+            use_cas: true,
+            hashpower: None,
+            slab_automove: true,
+            background_sweeper: true,
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! memfabric-store: the cache's storage engine.
+//!
+//! One mmap'd arena (never moved or unmapped while the store lives, so it can be
+//! registered once for RDMA), carved into 1 MiB pages that slab classes take on demand.
+//! Items are self-describing (lengths, flags, exptime, CAS, a seqlock word and a crc32c
+//! of key and value) so a reader that holds no lock, local or remote, can tell a torn or
+//! stale read from a good one. The hash index is an array of 64-byte buckets with a
+//! seqlock version and seven slots each; see `docs/store.md` for the byte layouts and
+//! the concurrency protocol.
+//!
+//! The store knows nothing of sockets or protocols: it offers memcached's storage
+//! semantics (`ops`) and a small transaction API (`Txn`) for protocol features that need
+//! to inspect and modify one key atomically (meta commands).
+
+mod arena;
+mod clock;
+mod config;
+mod index;
+mod item;
+mod ops;
+mod slab;
+mod stats;
+mod store;
+
+pub use clock::Clock;
+pub use config::StoreConfig;
+pub use ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};
+pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
+pub use store::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, Store, Txn};
+
+/// Longest key memcached accepts.
+pub const KEY_MAX_LEN: usize = 250;
