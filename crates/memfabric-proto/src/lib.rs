@@ -3,3 +3,8 @@
 //! Nothing here does I/O or touches storage: a parser takes bytes and says what request
 //! they hold and how many bytes it used (or that more are needed); an encoder appends a
 //! reply to a buffer.
+
+pub mod ascii;
+pub mod binary;
+pub mod meta;
+pub mod udp;

@@ -1,0 +1,1 @@
+//! ascii wire format.

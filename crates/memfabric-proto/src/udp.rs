@@ -1,0 +1,1 @@
+//! udp wire format.
