@@ -17,6 +17,7 @@ mod clock;
 mod config;
 mod index;
 mod item;
+mod maintenance;
 mod ops;
 mod slab;
 mod stats;

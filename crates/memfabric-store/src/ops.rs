@@ -51,3 +51,255 @@ pub enum ArithStatus {
     Exists,
     OutOfMemory,
 }
+
+use crate::store::{AllocError, ArithOptions, LinkOptions, NewItem, Store};
+
+impl From<AllocError> for StoreStatus {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::TooLarge => StoreStatus::TooLarge,
+            AllocError::OutOfMemory => StoreStatus::OutOfMemory,
+        }
+    }
+}
+
+/// How a supplied CAS compares with the item's (memcached's `cas_res`).
+#[derive(PartialEq, Eq)]
+enum CasCheck {
+    None,
+    Match,
+    BadVal,
+}
+
+fn cas_check(given: u64, item_cas: u64) -> CasCheck {
+    if given == 0 {
+        CasCheck::None
+    } else if given == item_cas {
+        CasCheck::Match
+    } else {
+        CasCheck::BadVal
+    }
+}
+
+impl Store {
+    /// set/add/replace/append/prepend/cas with memcached's semantics. `cas` is the value
+    /// to compare (0 = none): binary set/add/replace with a CAS behave as `Cas`.
+    pub fn store(
+        &self,
+        mode: SetMode,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+    ) -> StoreStatus {
+        if matches!(mode, SetMode::Append | SetMode::Prepend) {
+            return self.concat(mode, key, value, flags, cas);
+        }
+        // memcached allocates before it looks at the key: a too-large or out-of-memory
+        // item fails that way even when `add` would not have stored it.
+        let mut item = match self.alloc(key, value.len(), flags, exptime) {
+            Ok(it) => it,
+            Err(e) => return e.into(),
+        };
+        item.write(0, value);
+        self.store_item(mode, item, cas)
+    }
+
+    /// Store a prefilled `NewItem` (large values received straight into item memory).
+    pub fn store_item<'s>(&'s self, mode: SetMode, item: NewItem<'s>, cas: u64) -> StoreStatus {
+        let mode = match mode {
+            SetMode::Set | SetMode::Add | SetMode::Replace if cas != 0 => SetMode::Cas,
+            m => m,
+        };
+        let key = item.key();
+        self.transact(&key, |t| {
+            let cur = t.item();
+            match (mode, cur) {
+                (SetMode::Add, Some(_)) => {
+                    // memcached bumps the existing item's recency.
+                    t.mark_referenced();
+                    StoreStatus::NotStored
+                }
+                (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
+                    StoreStatus::NotStored
+                }
+                (SetMode::Cas, None) => StoreStatus::NotFound,
+                (SetMode::Cas, Some(old)) => {
+                    if cas_check(cas, old.cas) == CasCheck::Match && old.cas != 0 {
+                        StoreStatus::Stored {
+                            cas: t.link(item, LinkOptions::default()),
+                        }
+                    } else {
+                        StoreStatus::Exists
+                    }
+                }
+                _ => StoreStatus::Stored {
+                    cas: t.link(item, LinkOptions::default()),
+                },
+            }
+        })
+    }
+
+    /// append/prepend: keep the old item's flags and exptime.
+    fn concat(&self, mode: SetMode, key: &[u8], value: &[u8], flags: u32, cas: u64) -> StoreStatus {
+        // The new data alone must fit, as memcached allocates it first.
+        match self.alloc(key, value.len(), flags, 0) {
+            Ok(probe) => drop(probe),
+            Err(e) => return e.into(),
+        }
+        self.transact(key, |t| {
+            let Some(old) = t.item() else {
+                return StoreStatus::NotStored;
+            };
+            if cas_check(cas, old.cas) == CasCheck::BadVal {
+                return StoreStatus::Exists;
+            }
+            let mut old_value = Vec::with_capacity(old.value_len as usize);
+            t.read_value(&mut old_value);
+            let mut it = match t.alloc(old_value.len() + value.len(), old.flags, old.exptime) {
+                Ok(it) => it,
+                Err(_) => return StoreStatus::NotStored,
+            };
+            if mode == SetMode::Append {
+                it.write_parts(&[&old_value, value]);
+            } else {
+                it.write_parts(&[value, &old_value]);
+            }
+            StoreStatus::Stored {
+                cas: t.link(it, LinkOptions::default()),
+            }
+        })
+    }
+
+    /// delete; `cas` 0 = unconditional.
+    pub fn delete(&self, key: &[u8], cas: u64) -> DeleteStatus {
+        self.transact(key, |t| match t.item() {
+            None => DeleteStatus::NotFound,
+            Some(old) if cas_check(cas, old.cas) == CasCheck::BadVal => DeleteStatus::Exists,
+            Some(_) => {
+                t.unlink();
+                DeleteStatus::Deleted
+            }
+        })
+    }
+
+    /// incr (`incr = true`, wraps at 2^64) or decr (floors at 0). A shorter result is
+    /// padded with spaces to the old length, as memcached does in place.
+    pub fn arith(&self, key: &[u8], incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
+        self.transact(key, |t| {
+            let Some(old) = t.item() else {
+                let Some((initial, flags, exptime)) = opts.create else {
+                    return ArithStatus::NotFound;
+                };
+                let digits = initial.to_string();
+                let mut it = match t.alloc(digits.len(), flags, exptime) {
+                    Ok(it) => it,
+                    Err(_) => return ArithStatus::OutOfMemory,
+                };
+                it.write(0, digits.as_bytes());
+                let cas = t.link(it, LinkOptions::default());
+                return ArithStatus::Value {
+                    value: initial,
+                    cas,
+                };
+            };
+            if opts.cas != 0 && opts.cas != old.cas {
+                return ArithStatus::Exists;
+            }
+            let mut raw = Vec::with_capacity(old.value_len as usize);
+            t.read_value(&mut raw);
+            let Some(current) = parse_counter(&raw) else {
+                return ArithStatus::NonNumeric;
+            };
+            let value = if incr {
+                current.wrapping_add(delta)
+            } else {
+                current.saturating_sub(delta)
+            };
+            let mut digits = value.to_string().into_bytes();
+            if digits.len() < raw.len() {
+                // memcached rewrites the number in place and blanks the rest.
+                digits.resize(raw.len(), b' ');
+            }
+            let mut it = match t.alloc(digits.len(), old.flags, old.exptime) {
+                Ok(it) => it,
+                Err(_) => return ArithStatus::OutOfMemory,
+            };
+            it.write(0, &digits);
+            let cas = t.link(it, LinkOptions::default());
+            ArithStatus::Value { value, cas }
+        })
+    }
+
+    /// Set a new absolute exptime. Returns false on a miss.
+    pub fn touch(&self, key: &[u8], exptime: u32) -> bool {
+        self.transact(key, |t| {
+            if t.item().is_none() {
+                return false;
+            }
+            t.set_exptime(exptime);
+            t.mark_fetched();
+            true
+        })
+    }
+}
+
+/// memcached's `safe_strtoull` on an item's data: optional leading whitespace, an
+/// optional sign, digits, then whitespace or the end; overflow and negative numbers are
+/// rejected; an empty value is not a number.
+pub fn parse_counter(raw: &[u8]) -> Option<u64> {
+    if raw.is_empty() {
+        return None;
+    }
+    let mut i = 0;
+    while i < raw.len() && matches!(raw[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
+        i += 1;
+    }
+    let mut negative = false;
+    if i < raw.len() && (raw[i] == b'+' || raw[i] == b'-') {
+        negative = raw[i] == b'-';
+        i += 1;
+    }
+    let digits_start = i;
+    let mut v: u64 = 0;
+    while i < raw.len() && raw[i].is_ascii_digit() {
+        v = v.checked_mul(10)?.checked_add((raw[i] - b'0') as u64)?;
+        i += 1;
+    }
+    if i == digits_start {
+        return None;
+    }
+    // What follows the number must be whitespace (memcached's data ends in "\r\n").
+    if i < raw.len() && !matches!(raw[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
+        return None;
+    }
+    if negative {
+        // strtoull negates; memcached rejects results that look negative as signed.
+        let neg = v.wrapping_neg();
+        if (neg as i64) < 0 {
+            return None;
+        }
+        return Some(neg);
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_counter;
+
+    #[test]
+    fn counters_parse_like_memcached() {
+        assert_eq!(parse_counter(b"10"), Some(10));
+        assert_eq!(parse_counter(b"9 "), Some(9));
+        assert_eq!(parse_counter(b" 7"), Some(7));
+        assert_eq!(parse_counter(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_counter(b"18446744073709551616"), None);
+        assert_eq!(parse_counter(b"12abc"), None);
+        assert_eq!(parse_counter(b""), None);
+        assert_eq!(parse_counter(b"-1"), None);
+        assert_eq!(parse_counter(b"-0"), Some(0));
+        assert_eq!(parse_counter(b"abc"), None);
+    }
+}

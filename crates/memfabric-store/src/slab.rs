@@ -1,1 +1,206 @@
-//! placeholder
+//! Slab classes and pages.
+//!
+//! The arena is cut into pages (1 MiB by default). A slab class owns a list of pages, each
+//! carved into equal chunks, and a free list of chunk offsets. Pages are handed out on
+//! demand; like memcached, a class that has no page yet may take one even when the memory
+//! limit is reached (so every item size can be stored once memory is full), which is why
+//! the arena reserves one extra page per class.
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use crate::item::HDR;
+
+/// Largest number of slab classes (ids 1..=62 fit the index slot's 6-bit class field).
+pub const MAX_CLASSES: usize = 62;
+
+/// Fixed description of a class.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassInfo {
+    pub id: u8,
+    pub size: usize,
+    pub per_page: usize,
+}
+
+/// Mutable state of a class, under its mutex.
+#[derive(Default)]
+pub struct ClassState {
+    /// Page numbers owned by this class, in the order they were added.
+    pub pages: Vec<u32>,
+    /// Free chunk offsets (a stack: the most recently freed chunk is reused first).
+    pub free: Vec<usize>,
+    /// CLOCK hand: position in `pages` and chunk index within that page.
+    pub hand_page: usize,
+    pub hand_chunk: usize,
+    /// Sweeper cursor, same shape.
+    pub sweep_page: usize,
+    pub sweep_chunk: usize,
+}
+
+/// Per-class counters (`stats items`), updated with relaxed atomics from any thread.
+#[derive(Default)]
+pub struct ClassCounters {
+    pub evicted: AtomicU64,
+    pub evicted_nonzero: AtomicU64,
+    pub evicted_time: AtomicU64,
+    pub evicted_unfetched: AtomicU64,
+    pub evicted_active: AtomicU64,
+    pub outofmemory: AtomicU64,
+    pub reclaimed: AtomicU64,
+    pub expired_unfetched: AtomicU64,
+    pub crawler_reclaimed: AtomicU64,
+    pub items: AtomicU64,
+    pub requested: AtomicU64,
+    /// Evictions seen by the automover at its last look.
+    pub evicted_seen: AtomicU64,
+}
+
+pub struct Slabs {
+    pub page_size: usize,
+    /// Pages the memory limit allows.
+    pub limit_pages: usize,
+    /// Pages in the arena (limit + one reserve page per class).
+    pub total_pages: usize,
+    pub classes: Vec<ClassInfo>,
+    pub state: Vec<Mutex<ClassState>>,
+    pub counters: Vec<ClassCounters>,
+    /// Owner class of each page (0 = unassigned).
+    pub page_class: Vec<AtomicU8>,
+    /// Page is being emptied for a move: frees into it are not reused.
+    pub page_draining: Vec<AtomicBool>,
+    /// Unassigned pages.
+    pool: Mutex<Vec<u32>>,
+    pub pages_used: AtomicU64,
+}
+
+/// Chunk sizes as memcached computes them: start at header + `min_chunk`, grow by
+/// `factor`, 8-byte aligned, until `max_chunk`, which is the last class.
+pub fn class_sizes(min_chunk: usize, factor: f64, max_chunk: usize) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut size = (HDR + min_chunk).next_multiple_of(8);
+    let factor = if factor.is_finite() && factor > 1.0 {
+        factor
+    } else {
+        1.25
+    };
+    while sizes.len() < MAX_CLASSES - 1 && (size as f64) < max_chunk as f64 / factor {
+        sizes.push(size);
+        let next = ((size as f64) * factor) as usize;
+        size = next.max(size + 8).next_multiple_of(8);
+    }
+    sizes.push(max_chunk);
+    sizes
+}
+
+impl Slabs {
+    pub fn new(page_size: usize, limit_pages: usize, sizes: &[usize]) -> Slabs {
+        let mut classes = vec![ClassInfo {
+            id: 0,
+            size: 0,
+            per_page: 0,
+        }];
+        for (i, &size) in sizes.iter().enumerate() {
+            classes.push(ClassInfo {
+                id: (i + 1) as u8,
+                size,
+                per_page: page_size / size,
+            });
+        }
+        let total_pages = limit_pages + sizes.len();
+        Slabs {
+            page_size,
+            limit_pages,
+            total_pages,
+            state: (0..classes.len())
+                .map(|_| Mutex::new(ClassState::default()))
+                .collect(),
+            counters: (0..classes.len())
+                .map(|_| ClassCounters::default())
+                .collect(),
+            classes,
+            page_class: (0..total_pages).map(|_| AtomicU8::new(0)).collect(),
+            page_draining: (0..total_pages).map(|_| AtomicBool::new(false)).collect(),
+            pool: Mutex::new((0..total_pages as u32).rev().collect()),
+            pages_used: AtomicU64::new(0),
+        }
+    }
+
+    /// Smallest class whose chunks hold `n` bytes.
+    pub fn class_for(&self, n: usize) -> Option<u8> {
+        let i = self.classes[1..].partition_point(|c| c.size < n);
+        (i + 1 < self.classes.len()).then_some((i + 1) as u8)
+    }
+
+    pub fn max_chunk(&self) -> usize {
+        self.classes.last().map_or(0, |c| c.size)
+    }
+
+    pub fn lock(&self, class: u8) -> std::sync::MutexGuard<'_, ClassState> {
+        self.state[class as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Take an unassigned page for a class. Beyond the memory limit only a class that
+    /// owns no page yet may take one.
+    pub fn take_page(&self, class_has_pages: bool) -> Option<u32> {
+        let used = self.pages_used.load(Ordering::Relaxed) as usize;
+        if used >= self.limit_pages && class_has_pages {
+            return None;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let p = pool.pop()?;
+        self.pages_used.fetch_add(1, Ordering::Relaxed);
+        Some(p)
+    }
+
+    pub fn page_of(&self, off: usize) -> usize {
+        off / self.page_size
+    }
+
+    /// Class owning the chunk at `off` (0 if none).
+    pub fn class_of(&self, off: usize) -> u8 {
+        self.page_class
+            .get(self.page_of(off))
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// Offset of chunk `i` of page `p` in class `c`.
+    pub fn chunk_off(&self, c: &ClassInfo, page: u32, i: usize) -> usize {
+        page as usize * self.page_size + i * c.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_sizes_grow_by_the_factor_and_end_at_max_chunk() {
+        let s = class_sizes(48, 1.25, 512 * 1024);
+        assert_eq!(s[0], 88);
+        assert_eq!(*s.last().unwrap(), 512 * 1024);
+        for w in s.windows(2) {
+            assert!(w[1] > w[0]);
+            assert_eq!(w[0] % 8, 0);
+        }
+        assert!(s.len() < MAX_CLASSES);
+    }
+
+    #[test]
+    fn class_for_picks_the_smallest_fitting_class() {
+        let sl = Slabs::new(1 << 20, 4, &class_sizes(48, 1.25, 512 * 1024));
+        assert_eq!(sl.class_for(1), Some(1));
+        assert_eq!(sl.class_for(88), Some(1));
+        assert_eq!(sl.class_for(89), Some(2));
+        assert_eq!(sl.class_for(512 * 1024), Some((sl.classes.len() - 1) as u8));
+        assert_eq!(sl.class_for(512 * 1024 + 1), None);
+    }
+
+    #[test]
+    fn a_class_without_pages_may_exceed_the_limit_once() {
+        let sl = Slabs::new(1 << 20, 1, &[100, 200]);
+        assert!(sl.take_page(false).is_some());
+        assert!(sl.take_page(true).is_none());
+        assert!(sl.take_page(false).is_some());
+    }
+}

@@ -79,22 +79,144 @@ pub struct ArithOptions {
 
 /// The storage engine, shared by all worker threads (`Send + Sync`).
 pub struct Store {
-    _private: (),
+    inner: Arc<Inner>,
+    maintenance: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The shared state behind `Store` (not nameable outside the crate).
+#[doc(hidden)]
+pub struct Inner {
+    pub(crate) cfg: StoreConfig,
+    pub(crate) clock: Clock,
+    pub(crate) arena: Arena,
+    pub(crate) index: Index,
+    pub(crate) slabs: Slabs,
+    pub(crate) grace: Grace,
+    next_cas: AtomicU64,
+    /// Items with a CAS below this were flushed (`flush_all` without delay).
+    flush_cas: AtomicU64,
+    /// Items stored at or before this time are flushed once it has passed (delayed
+    /// `flush_all`). 0 = none.
+    flush_time: AtomicU32,
+    pub(crate) c: Counters,
+    shutdown: AtomicBool,
+    wake: (Mutex<bool>, Condvar),
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    curr_items: AtomicI64,
+    total_items: AtomicU64,
+    bytes: AtomicI64,
+    evictions: AtomicU64,
+    reclaimed: AtomicU64,
+    expired_unfetched: AtomicU64,
+    evicted_unfetched: AtomicU64,
+    evicted_active: AtomicU64,
+    get_expired: AtomicU64,
+    get_flushed: AtomicU64,
+    slabs_moved: AtomicU64,
+    slab_reassign_evictions: AtomicU64,
+    crawler_reclaimed: AtomicU64,
+    outofmemory: AtomicU64,
+    index_evictions: AtomicU64,
+}
+
+/// Why an item is being removed (for the counters).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// Deleted or replaced by a client.
+    Client,
+    /// Dead (expired or flushed) and found lazily.
+    Reclaimed,
+    /// Dead and found by the background sweeper.
+    Swept,
+    /// Evicted for space by the CLOCK hand.
+    Evicted,
+    /// Evicted because both index buckets of a new key were full.
+    IndexFull,
+    /// Evicted because its page moves to another class.
+    PageMove,
+}
+
+impl std::ops::Deref for Store {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.wake_maintenance();
+        if let Some(h) = self.maintenance.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl Store {
     /// Map the arena and build the index.
     pub fn new(config: StoreConfig) -> std::io::Result<Store> {
-        let _ = config;
-        todo!()
+        let mut cfg = config;
+        cfg.page_size = cfg.page_size.clamp(64 << 10, 1 << 30).next_power_of_two();
+        cfg.min_chunk = cfg.min_chunk.clamp(1, cfg.page_size / 4);
+        let limit_pages = cfg.memory_limit.div_ceil(cfg.page_size).max(2);
+        let max_chunk = (cfg.page_size / 2)
+            .max(HDR + cfg.min_chunk + 8)
+            .next_multiple_of(8);
+        let sizes = slab::class_sizes(cfg.min_chunk, cfg.growth_factor, max_chunk);
+        let slabs = Slabs::new(cfg.page_size, limit_pages, &sizes);
+        let arena = Arena::new(slabs.total_pages * cfg.page_size)?;
+        let power = match cfg.hashpower {
+            Some(p) => (p as u32).clamp(4, 32),
+            None => {
+                let slots = (limit_pages * cfg.page_size) / sizes[0];
+                let buckets = slots.div_ceil(index::SLOTS).max(1024);
+                buckets.next_power_of_two().trailing_zeros()
+            }
+        };
+        let seed = {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15
+        };
+        let index = Index::new(power, seed)?;
+        let inner = Arc::new(Inner {
+            clock: Clock::new(),
+            arena,
+            index,
+            slabs,
+            grace: Grace::default(),
+            next_cas: AtomicU64::new(0),
+            flush_cas: AtomicU64::new(0),
+            flush_time: AtomicU32::new(0),
+            c: Counters::default(),
+            shutdown: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            cfg,
+        });
+        let maintenance = if inner.cfg.slab_automove || inner.cfg.background_sweeper {
+            let m = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("mf-maintenance".into())
+                    .spawn(move || m.maintenance_loop())?,
+            )
+        } else {
+            None
+        };
+        Ok(Store { inner, maintenance })
     }
 
     pub fn config(&self) -> &StoreConfig {
-        todo!()
+        &self.cfg
     }
 
     pub fn clock(&self) -> &Clock {
-        todo!()
+        &self.clock
     }
 
     /// Look up `key`. On a hit, calls `header(info, out)` (so the caller can write a reply
@@ -106,10 +228,61 @@ impl Store {
         key: &[u8],
         opts: &GetOptions,
         out: &mut Vec<u8>,
-        header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+        mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
     ) -> Option<ItemInfo> {
-        let _ = (key, opts, out, header);
-        todo!()
+        if key.is_empty() || key.len() > KEY_MAX_LEN {
+            return None;
+        }
+        if let Some(exptime) = opts.touch {
+            return self.transact(key, |t| {
+                let info = t.item()?;
+                t.set_exptime(exptime);
+                header(&info, out);
+                t.read_value(out);
+                if opts.bump {
+                    t.mark_fetched();
+                }
+                Some(info)
+            });
+        }
+        let start = out.len();
+        let _guard = self.grace.enter();
+        let kh = self.index.hash(key);
+        for _ in 0..OPTIMISTIC_TRIES {
+            match self.try_read(key, &kh, out, start, &mut header) {
+                ReadOutcome::Hit(info, off) => {
+                    if opts.bump {
+                        self.touch_access(off);
+                    }
+                    return Some(info);
+                }
+                ReadOutcome::Miss => return None,
+                ReadOutcome::Dead(off, flushed) => {
+                    if flushed {
+                        self.c.get_flushed.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.c.get_expired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.reclaim_if_dead(&kh, off);
+                    return None;
+                }
+                ReadOutcome::Retry => {
+                    out.truncate(start);
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        // A key written continuously: read it under its lock instead of spinning forever.
+        out.truncate(start);
+        self.transact(key, |t| {
+            let info = t.item()?;
+            header(&info, out);
+            t.read_value(out);
+            if opts.bump {
+                t.mark_fetched();
+            }
+            Some(info)
+        })
     }
 
     /// `get_into` without a header.
@@ -119,8 +292,10 @@ impl Store {
 
     /// Metadata only (no value copy, no access recorded).
     pub fn peek(&self, key: &[u8]) -> Option<ItemInfo> {
-        let _ = key;
-        todo!()
+        if key.is_empty() || key.len() > KEY_MAX_LEN {
+            return None;
+        }
+        self.transact(key, |t| t.item())
     }
 
     /// Allocate an unlinked item for `key` with room for `value_len` bytes. Fill it with
@@ -132,112 +307,956 @@ impl Store {
         flags: u32,
         exptime: u32,
     ) -> Result<NewItem<'_>, AllocError> {
-        let _ = (key, value_len, flags, exptime);
-        todo!()
+        self.inner.alloc_item(key, value_len, flags, exptime)
     }
 
     /// Run `f` with `key`'s index buckets locked against other writers (readers never
-    /// wait). Keep `f` short; it may allocate.
-    pub fn transact<R>(&self, key: &[u8], f: impl FnOnce(&mut Txn<'_>) -> R) -> R {
-        let _ = (key, f);
-        todo!()
-    }
-
-    /// set/add/replace/append/prepend/cas with memcached's semantics. `cas` is the value
-    /// to compare (0 = none): binary set/add/replace with a CAS behave as `Cas`.
-    pub fn store(
-        &self,
-        mode: SetMode,
-        key: &[u8],
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-        cas: u64,
-    ) -> StoreStatus {
-        let _ = (mode, key, value, flags, exptime, cas);
-        todo!()
-    }
-
-    /// Store a prefilled `NewItem` (large values received straight into item memory).
-    pub fn store_item(&self, mode: SetMode, item: NewItem<'_>, cas: u64) -> StoreStatus {
-        let _ = (mode, item, cas);
-        todo!()
-    }
-
-    /// delete; `cas` 0 = unconditional.
-    pub fn delete(&self, key: &[u8], cas: u64) -> DeleteStatus {
-        let _ = (key, cas);
-        todo!()
-    }
-
-    /// incr (`incr = true`, wraps at 2^64) or decr (floors at 0). A shorter result is
-    /// padded with spaces to the old length, as memcached does in place.
-    pub fn arith(&self, key: &[u8], incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
-        let _ = (key, incr, delta, opts);
-        todo!()
-    }
-
-    /// Set a new absolute exptime. Returns false on a miss.
-    pub fn touch(&self, key: &[u8], exptime: u32) -> bool {
-        let _ = (key, exptime);
-        todo!()
+    /// wait). Keep `f` short; it may allocate. Inside `f`, use only the `Txn`: calling
+    /// another locking `Store` method for the same key would deadlock.
+    pub fn transact<'s, R>(&'s self, key: &[u8], f: impl FnOnce(&mut Txn<'s>) -> R) -> R {
+        let inner: &Inner = &self.inner;
+        let kh = inner.index.hash(key);
+        let mut key_buf = [0u8; KEY_MAX_LEN];
+        let key_len = key.len().min(KEY_MAX_LEN);
+        key_buf[..key_len].copy_from_slice(&key[..key_len]);
+        inner.index.lock_pair(&kh);
+        let mut t = Txn {
+            inner,
+            key_buf,
+            key_len,
+            kh,
+            cur: None,
+            to_free: Vec::new(),
+        };
+        t.cur = t.find_live();
+        let r = f(&mut t);
+        inner.index.unlock_pair(&kh);
+        let to_free = std::mem::take(&mut t.to_free);
+        for off in to_free {
+            inner.free_item(off);
+        }
+        r
     }
 
     /// Invalidate every item stored up to now (`at` = None) or up to absolute time `at`.
     pub fn flush_all(&self, at: Option<u32>) {
-        let _ = at;
-        todo!()
+        match at {
+            Some(t) if t > self.clock.now() => {
+                // memcached: items stored before the flush time die when it comes.
+                self.flush_time.store(t - 1, Ordering::SeqCst);
+            }
+            _ => {
+                let c = self.next_cas.fetch_add(1, Ordering::SeqCst) + 1;
+                self.flush_cas.store(c, Ordering::SeqCst);
+                self.flush_time.store(0, Ordering::SeqCst);
+            }
+        }
     }
 
     pub fn stats(&self) -> StoreStats {
-        todo!()
+        let c = &self.c;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            curr_items: c.curr_items.load(Ordering::Relaxed).max(0) as u64,
+            total_items: r(&c.total_items),
+            bytes: c.bytes.load(Ordering::Relaxed).max(0) as u64,
+            evictions: r(&c.evictions),
+            reclaimed: r(&c.reclaimed),
+            expired_unfetched: r(&c.expired_unfetched),
+            evicted_unfetched: r(&c.evicted_unfetched),
+            evicted_active: r(&c.evicted_active),
+            get_expired: r(&c.get_expired),
+            get_flushed: r(&c.get_flushed),
+            limit_maxbytes: (self.slabs.limit_pages * self.slabs.page_size) as u64,
+            total_malloced: self.slabs.pages_used.load(Ordering::Relaxed)
+                * self.slabs.page_size as u64,
+            slabs_moved: r(&c.slabs_moved),
+            slab_reassign_evictions: r(&c.slab_reassign_evictions),
+            crawler_reclaimed: r(&c.crawler_reclaimed),
+            hash_power_level: self.index.power(),
+            hash_bytes: self.index.bytes() as u64,
+            outofmemory: r(&c.outofmemory),
+            index_evictions: r(&c.index_evictions),
+            malloc_fails: 0,
+        }
     }
 
     pub fn slab_stats(&self) -> Vec<SlabClassStats> {
-        todo!()
+        let mut v = Vec::new();
+        for ci in &self.slabs.classes[1..] {
+            let st = self.slabs.lock(ci.id);
+            if st.pages.is_empty() {
+                continue;
+            }
+            let total = (st.pages.len() * ci.per_page) as u64;
+            let free = st.free.len() as u64;
+            v.push(SlabClassStats {
+                id: ci.id,
+                chunk_size: ci.size as u32,
+                chunks_per_page: ci.per_page as u32,
+                total_pages: st.pages.len() as u64,
+                total_chunks: total,
+                used_chunks: total - free.min(total),
+                free_chunks: free,
+                mem_requested: self.slabs.counters[ci.id as usize]
+                    .requested
+                    .load(Ordering::Relaxed),
+            });
+        }
+        v
     }
 
     pub fn item_stats(&self) -> Vec<ItemClassStats> {
-        todo!()
+        let now = self.clock.now();
+        let mut v = Vec::new();
+        for ci in &self.slabs.classes[1..] {
+            let k = &self.slabs.counters[ci.id as usize];
+            let number = k.items.load(Ordering::Relaxed);
+            let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            if number == 0 && r(&k.evicted) == 0 && r(&k.outofmemory) == 0 {
+                continue;
+            }
+            v.push(ItemClassStats {
+                id: ci.id,
+                number,
+                age: self.oldest_age(ci.id, now),
+                evicted: r(&k.evicted),
+                evicted_nonzero: r(&k.evicted_nonzero),
+                evicted_time: r(&k.evicted_time),
+                outofmemory: r(&k.outofmemory),
+                reclaimed: r(&k.reclaimed),
+                expired_unfetched: r(&k.expired_unfetched),
+                evicted_unfetched: r(&k.evicted_unfetched),
+                evicted_active: r(&k.evicted_active),
+                crawler_reclaimed: r(&k.crawler_reclaimed),
+            });
+        }
+        v
+    }
+}
+
+/// Bounded optimistic attempts before a read takes the key's lock.
+const OPTIMISTIC_TRIES: usize = 64;
+
+enum ReadOutcome {
+    Hit(ItemInfo, usize),
+    Miss,
+    /// Found but expired or flushed (`true` = flushed).
+    Dead(usize, bool),
+    Retry,
+}
+
+impl Inner {
+    fn next_cas(&self) -> u64 {
+        self.next_cas.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Is an item with this header dead (expired or flushed) at `now`?
+    fn dead(&self, h: &Header, now: u32) -> Option<bool> {
+        if h.exptime != 0 && h.exptime <= now {
+            return Some(false);
+        }
+        let fc = self.flush_cas.load(Ordering::Relaxed);
+        if fc != 0 && h.cas < fc {
+            return Some(true);
+        }
+        let ft = self.flush_time.load(Ordering::Relaxed);
+        if ft != 0 && ft <= now && h.time <= ft {
+            return Some(true);
+        }
+        None
+    }
+
+    fn info(&self, h: &Header) -> ItemInfo {
+        ItemInfo {
+            flags: h.flags,
+            cas: if self.cfg.use_cas { h.cas } else { 0 },
+            exptime: h.exptime,
+            value_len: h.value_len,
+            last_access: h.atime,
+            time: h.time,
+            fetched: h.iflags & item::F_FETCHED != 0,
+            stale: h.iflags & item::F_STALE != 0,
+            token_sent: h.iflags & item::F_TOKEN_SENT != 0,
+            class_id: h.class,
+        }
+    }
+
+    /// Bytes an item occupies in memory (memcached's "bytes" counts item totals).
+    fn item_total(&self, h: &Header) -> usize {
+        if h.iflags & item::F_CHUNKED != 0 {
+            let payload = self.slabs.max_chunk() - HDR;
+            let n = (h.value_len as usize).div_ceil(payload);
+            (HDR + h.key_len as usize).next_multiple_of(8) + 8 * n + h.value_len as usize
+        } else {
+            HDR + h.key_len as usize + h.value_len as usize
+        }
+    }
+
+    /// One optimistic (lock-free) lookup. Never writes shared memory.
+    fn try_read(
+        &self,
+        key: &[u8],
+        kh: &KeyHash,
+        out: &mut Vec<u8>,
+        start: usize,
+        header: &mut impl FnMut(&ItemInfo, &mut Vec<u8>),
+    ) -> ReadOutcome {
+        let a = &self.arena;
+        for b in [kh.b1, kh.b2] {
+            let v = self.index.read_begin(b);
+            for i in 0..index::SLOTS {
+                let Some(slot) = self.index.slot(b, i) else {
+                    continue;
+                };
+                if slot.tag != kh.tag {
+                    continue;
+                }
+                let off = slot.off;
+                let Some(cls) = self.slabs.classes.get(slot.class as usize).copied() else {
+                    return ReadOutcome::Retry;
+                };
+                if off % 8 != 0 || off.saturating_add(cls.size) > a.len() {
+                    return ReadOutcome::Retry;
+                }
+                let h = item::read_header(a, off);
+                if h.seq & 1 == 1 || h.state != item::LINKED {
+                    return ReadOutcome::Retry;
+                }
+                if h.key_len as usize != key.len() || !a.eq(item::key_off(off), key) {
+                    // A tag collision, or the slot changed under us: re-check the bucket.
+                    if !self.index.read_validate(b, v) {
+                        return ReadOutcome::Retry;
+                    }
+                    continue;
+                }
+                let now = self.clock.now();
+                if let Some(flushed) = self.dead(&h, now) {
+                    if !self.validate(off, h.seq, b, v) {
+                        return ReadOutcome::Retry;
+                    }
+                    return ReadOutcome::Dead(off, flushed);
+                }
+                let info = self.info(&h);
+                out.truncate(start);
+                header(&info, out);
+                if !self.copy_value(off, &h, cls.size, out) || !self.validate(off, h.seq, b, v) {
+                    return ReadOutcome::Retry;
+                }
+                return ReadOutcome::Hit(info, off);
+            }
+            if !self.index.read_validate(b, v) {
+                return ReadOutcome::Retry;
+            }
+        }
+        ReadOutcome::Miss
+    }
+
+    fn validate(&self, off: usize, seq: u32, b: usize, v: u32) -> bool {
+        fence(Ordering::Acquire);
+        self.arena
+            .u32_at(off + item::OFF_SEQ)
+            .load(Ordering::Relaxed)
+            == seq
+            && self.index.read_validate(b, v)
+    }
+
+    /// Copy an item's value (possibly chained) into `out` without trusting the header:
+    /// every length and offset is bounds-checked; `false` means "inconsistent, retry".
+    fn copy_value(&self, off: usize, h: &Header, chunk_size: usize, out: &mut Vec<u8>) -> bool {
+        let a = &self.arena;
+        let klen = h.key_len as usize;
+        let vlen = h.value_len as usize;
+        if h.iflags & item::F_CHUNKED == 0 {
+            if HDR + klen + vlen > chunk_size {
+                return false;
+            }
+            a.read_into(item::value_off(off, klen), vlen, out);
+            return true;
+        }
+        let payload = self.slabs.max_chunk() - HDR;
+        let n = vlen.div_ceil(payload);
+        let table = item::chain_off(off, klen);
+        if vlen > self.cfg.item_size_max.max(payload) || table + 8 * n > off + chunk_size {
+            return false;
+        }
+        let mut left = vlen;
+        for i in 0..n {
+            let c = a.u64_at(table + 8 * i).load(Ordering::Relaxed) as usize;
+            let take = left.min(payload);
+            if c % 8 != 0 || c.saturating_add(HDR + take) > a.len() {
+                return false;
+            }
+            a.read_into(c + HDR, take, out);
+            left -= take;
+        }
+        true
+    }
+
+    /// Record an access: fetched + referenced bits and last-access time. Writes only
+    /// atomic words that no validation depends on.
+    fn touch_access(&self, off: usize) {
+        let f = self.arena.u8_at(off + item::OFF_IFLAGS);
+        let want = item::F_FETCHED | item::F_REFERENCED;
+        if f.load(Ordering::Relaxed) & want != want {
+            f.fetch_or(want, Ordering::Relaxed);
+        }
+        let now = self.clock.now();
+        let at = self.arena.u32_at(off + item::OFF_ATIME);
+        if at.load(Ordering::Relaxed) != now {
+            at.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// A reader met a dead item: remove it if its buckets are free right now.
+    fn reclaim_if_dead(&self, kh: &KeyHash, off: usize) {
+        if !self.index.try_lock_pair(kh) {
+            return;
+        }
+        let mut freed = None;
+        if let Some((b, i)) = self.slot_pointing_at(kh, off) {
+            let h = item::read_header(&self.arena, off);
+            if h.state == item::LINKED && self.dead(&h, self.clock.now()).is_some() {
+                self.unlink_at(b, i, off, Removal::Reclaimed);
+                freed = Some(off);
+            }
+        }
+        self.index.unlock_pair(kh);
+        if let Some(off) = freed {
+            self.free_item(off);
+        }
+    }
+
+    fn slot_pointing_at(&self, kh: &KeyHash, off: usize) -> Option<(usize, usize)> {
+        for b in [kh.b1, kh.b2] {
+            for i in 0..index::SLOTS {
+                if self.index.slot(b, i).is_some_and(|s| s.off == off) {
+                    return Some((b, i));
+                }
+            }
+        }
+        None
+    }
+
+    /// Remove slot (b, i) which points at the live item `off` (bucket lock held). The
+    /// caller frees the item afterwards.
+    fn unlink_at(&self, b: usize, i: usize, off: usize, why: Removal) {
+        let h = item::read_header(&self.arena, off);
+        self.index.set_slot(b, i, None);
+        item::set_state(&self.arena, off, item::UNLINKED);
+        self.c.curr_items.fetch_sub(1, Ordering::Relaxed);
+        self.c
+            .bytes
+            .fetch_sub(self.item_total(&h) as i64, Ordering::Relaxed);
+        let k = &self.slabs.counters[h.class as usize];
+        k.items.fetch_sub(1, Ordering::Relaxed);
+        k.requested
+            .fetch_sub(self.item_total(&h) as u64, Ordering::Relaxed);
+        let fetched = h.iflags & item::F_FETCHED != 0;
+        match why {
+            Removal::Client => {}
+            Removal::Reclaimed | Removal::Swept => {
+                self.c.reclaimed.fetch_add(1, Ordering::Relaxed);
+                k.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if !fetched {
+                    self.c.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                    k.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+                if why == Removal::Swept {
+                    self.c.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
+                    k.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Removal::Evicted | Removal::IndexFull | Removal::PageMove => {
+                let now = self.clock.now();
+                self.c.evictions.fetch_add(1, Ordering::Relaxed);
+                k.evicted.fetch_add(1, Ordering::Relaxed);
+                k.evicted_time.store(
+                    now.saturating_sub(h.atime.max(h.time)) as u64,
+                    Ordering::Relaxed,
+                );
+                if h.exptime != 0 {
+                    k.evicted_nonzero.fetch_add(1, Ordering::Relaxed);
+                }
+                if !fetched {
+                    self.c.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+                    k.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+                if h.atime >= now.saturating_sub(60) && fetched {
+                    self.c.evicted_active.fetch_add(1, Ordering::Relaxed);
+                    k.evicted_active.fetch_add(1, Ordering::Relaxed);
+                }
+                match why {
+                    Removal::IndexFull => {
+                        self.c.index_evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Removal::PageMove => {
+                        self.c
+                            .slab_reassign_evictions
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Link the filled item `off` into slot (b, i) (bucket lock held).
+    fn link_at(&self, b: usize, i: usize, off: usize) {
+        let h = item::read_header(&self.arena, off);
+        item::set_state(&self.arena, off, item::LINKED);
+        let class = self.slabs.class_of(off);
+        self.index
+            .set_slot(b, i, Some(index::Slot { tag: 0, class, off }));
+        self.c.curr_items.fetch_add(1, Ordering::Relaxed);
+        self.c.total_items.fetch_add(1, Ordering::Relaxed);
+        self.c
+            .bytes
+            .fetch_add(self.item_total(&h) as i64, Ordering::Relaxed);
+        let k = &self.slabs.counters[h.class as usize];
+        k.items.fetch_add(1, Ordering::Relaxed);
+        k.requested
+            .fetch_add(self.item_total(&h) as u64, Ordering::Relaxed);
+    }
+
+    // ----- allocation ---------------------------------------------------------------
+
+    /// Would memcached 1.6 call this item too large? Its header, key + NUL, value + CRLF,
+    /// the flags suffix and the CAS field count against `-I`; matching that exactly keeps
+    /// the too-large boundary identical for clients.
+    fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
+        let memcached_total = 48
+            + key_len
+            + 1
+            + if flags != 0 { 4 } else { 0 }
+            + value_len.saturating_add(2)
+            + if self.cfg.use_cas { 8 } else { 0 };
+        memcached_total > self.cfg.item_size_max
+    }
+
+    fn alloc_item(
+        &self,
+        key: &[u8],
+        value_len: usize,
+        flags: u32,
+        exptime: u32,
+    ) -> Result<NewItem<'_>, AllocError> {
+        if key.is_empty() || key.len() > KEY_MAX_LEN || value_len > u32::MAX as usize - 8 {
+            return Err(AllocError::TooLarge);
+        }
+        if self.too_large(key.len(), value_len, flags) {
+            return Err(AllocError::TooLarge);
+        }
+        let klen = key.len();
+        let max_chunk = self.slabs.max_chunk();
+        let chunked = HDR + klen + value_len > max_chunk;
+        let payload = max_chunk - HDR;
+        let nchain = if chunked {
+            value_len.div_ceil(payload)
+        } else {
+            0
+        };
+        let head_size = if chunked {
+            (HDR + klen).next_multiple_of(8) + 8 * nchain
+        } else {
+            HDR + klen + value_len
+        };
+        let class = self
+            .slabs
+            .class_for(head_size)
+            .ok_or(AllocError::TooLarge)?;
+        let head = self.alloc_chunk(class)?;
+        let mut it = NewItem {
+            inner: self,
+            off: head,
+            chain: Vec::new(),
+            value_len,
+            key_len: klen,
+        };
+        let a = &self.arena;
+        item::write_fields(
+            a,
+            head,
+            &Header {
+                class,
+                key_len: klen as u8,
+                value_len: value_len as u32,
+                flags,
+                exptime,
+                ..Header::default()
+            },
+        );
+        a.u8_at(head + item::OFF_IFLAGS)
+            .store(if chunked { item::F_CHUNKED } else { 0 }, Ordering::Relaxed);
+        a.u32_at(head + item::OFF_ATIME)
+            .store(self.clock.now(), Ordering::Relaxed);
+        a.write(item::key_off(head), key);
+        if chunked {
+            let table = item::chain_off(head, klen);
+            let mut left = value_len;
+            for i in 0..nchain {
+                let take = left.min(payload);
+                let cls = self
+                    .slabs
+                    .class_for(HDR + take)
+                    .ok_or(AllocError::TooLarge)?;
+                // On failure `it` drops and frees what was taken so far.
+                let c = self.alloc_chunk(cls)?;
+                it.chain.push(c);
+                item::write_fields(
+                    a,
+                    c,
+                    &Header {
+                        class: cls,
+                        value_len: take as u32,
+                        cas: head as u64,
+                        ..Header::default()
+                    },
+                );
+                a.u8_at(c + item::OFF_IFLAGS).store(0, Ordering::Relaxed);
+                item::set_state(a, c, item::CHAINED);
+                item::seq_end(a, c);
+                a.u64_at(table + 8 * i).store(c as u64, Ordering::Relaxed);
+                left -= take;
+            }
+        }
+        Ok(it)
+    }
+
+    /// Take a chunk of `class`: free list, then a fresh page, then eviction. The chunk is
+    /// returned ALLOCATED with an odd seq (readers holding a stale pointer to it retry).
+    fn alloc_chunk(&self, class: u8) -> Result<usize, AllocError> {
+        let ci = self.slabs.classes[class as usize];
+        let mut deferred = Vec::new();
+        let got = {
+            let mut st = self.slabs.lock(class);
+            let mut got = st.free.pop();
+            if got.is_none() {
+                if let Some(page) = self.slabs.take_page(!st.pages.is_empty()) {
+                    self.carve(&ci, &mut st, page);
+                    got = st.free.pop();
+                }
+            }
+            if got.is_none() && self.cfg.evict {
+                got = self.evict_one(&ci, &mut st, &mut deferred);
+            }
+            if let Some(off) = got {
+                item::set_state(&self.arena, off, item::ALLOCATED);
+                item::seq_begin(&self.arena, off);
+            }
+            got
+        };
+        for off in deferred {
+            self.free_chunk(off);
+        }
+        match got {
+            Some(off) => Ok(off),
+            None => {
+                self.c.outofmemory.fetch_add(1, Ordering::Relaxed);
+                self.slabs.counters[class as usize]
+                    .outofmemory
+                    .fetch_add(1, Ordering::Relaxed);
+                self.wake_maintenance();
+                Err(AllocError::OutOfMemory)
+            }
+        }
+    }
+
+    pub(crate) fn wake_pair(&self) -> &(Mutex<bool>, Condvar) {
+        &self.wake
+    }
+
+    pub(crate) fn shutdown_flag(&self) -> &AtomicBool {
+        &self.shutdown
+    }
+
+    pub(crate) fn is_dead(&self, h: &Header, now: u32) -> bool {
+        self.dead(h, now).is_some()
+    }
+
+    pub(crate) fn count_page_move(&self) {
+        self.c.slabs_moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Remove the item at `off` if it is still linked (and, for the sweeper, still dead),
+    /// waiting for its bucket locks. Call with no class lock held.
+    pub(crate) fn remove_at_location(&self, off: usize, swept: bool) {
+        let a = &self.arena;
+        let h = item::read_header(a, off);
+        let klen = h.key_len as usize;
+        if klen == 0 || klen > KEY_MAX_LEN {
+            return;
+        }
+        let mut key = [0u8; KEY_MAX_LEN];
+        a.read(item::key_off(off), &mut key[..klen]);
+        let kh = self.index.hash(&key[..klen]);
+        self.index.lock_pair(&kh);
+        let mut removed = false;
+        if let Some((b, i)) = self.slot_pointing_at(&kh, off) {
+            let h = item::read_header(a, off);
+            if h.state == item::LINKED && (!swept || self.is_dead(&h, self.clock.now())) {
+                self.unlink_at(
+                    b,
+                    i,
+                    off,
+                    if swept {
+                        Removal::Swept
+                    } else {
+                        Removal::PageMove
+                    },
+                );
+                removed = true;
+            }
+        }
+        self.index.unlock_pair(&kh);
+        if removed {
+            self.free_item(off);
+        }
+    }
+
+    pub(crate) fn carve_page(&self, ci: &ClassInfo, st: &mut ClassState, page: u32) {
+        self.carve(ci, st, page)
+    }
+
+    /// Give `page` to a class: mark every chunk boundary FREE and push the chunks.
+    fn carve(&self, ci: &ClassInfo, st: &mut ClassState, page: u32) {
+        for i in (0..ci.per_page).rev() {
+            let off = self.slabs.chunk_off(ci, page, i);
+            item::set_state(&self.arena, off, item::FREE);
+            let s = self.arena.u32_at(off + item::OFF_SEQ);
+            let v = s.load(Ordering::Relaxed);
+            s.store(v.wrapping_add(v & 1), Ordering::Relaxed);
+            st.free.push(off);
+        }
+        self.slabs.page_draining[page as usize].store(false, Ordering::Relaxed);
+        self.slabs.page_class[page as usize].store(ci.id, Ordering::Release);
+        st.pages.push(page);
+    }
+
+    /// CLOCK over the class's chunks (class lock held): skip referenced items (clearing
+    /// the bit), reclaim dead ones, evict the first cold one. Buckets are only try-locked
+    /// here, so a thread that holds a bucket lock and allocates can never deadlock with
+    /// an evictor. Chunks of other classes freed on the way go to `deferred`.
+    fn evict_one(
+        &self,
+        ci: &ClassInfo,
+        st: &mut ClassState,
+        deferred: &mut Vec<usize>,
+    ) -> Option<usize> {
+        let total = st.pages.len() * ci.per_page;
+        if total == 0 {
+            return None;
+        }
+        let a = &self.arena;
+        let now = self.clock.now();
+        for _ in 0..(2 * total + 2).min(1 << 20) {
+            if st.hand_page >= st.pages.len() {
+                st.hand_page = 0;
+                st.hand_chunk = 0;
+            }
+            let off = self
+                .slabs
+                .chunk_off(ci, st.pages[st.hand_page], st.hand_chunk);
+            st.hand_chunk += 1;
+            if st.hand_chunk >= ci.per_page {
+                st.hand_chunk = 0;
+                st.hand_page += 1;
+            }
+            let (victim, why) = match item::state(a, off) {
+                item::LINKED => {
+                    let h = item::read_header(a, off);
+                    let dead = self.dead(&h, now).is_some();
+                    if !dead && h.iflags & item::F_REFERENCED != 0 {
+                        a.u8_at(off + item::OFF_IFLAGS)
+                            .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
+                        continue;
+                    }
+                    (
+                        off,
+                        if dead {
+                            Removal::Reclaimed
+                        } else {
+                            Removal::Evicted
+                        },
+                    )
+                }
+                item::CHAINED => {
+                    // Part of a large item: evict the item that owns it.
+                    let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
+                    if head % 8 != 0 || head + HDR > a.len() || item::state(a, head) != item::LINKED
+                    {
+                        continue;
+                    }
+                    (head, Removal::Evicted)
+                }
+                _ => continue,
+            };
+            if !self.unlink_by_location(victim, why) {
+                continue;
+            }
+            // The victim and its chain are ours now. Chunks of this class are reused or
+            // pushed here (we hold its lock); others are freed by the caller.
+            let mut mine = None;
+            for c in self.item_chunks(victim) {
+                if self.slabs.class_of(c) == ci.id {
+                    item::set_state(a, c, item::FREE);
+                    if c == off && mine.is_none() {
+                        mine = Some(c);
+                    } else {
+                        st.free.push(c);
+                    }
+                } else {
+                    deferred.push(c);
+                }
+            }
+            if let Some(c) = mine {
+                return Some(c);
+            }
+            if let Some(c) = st.free.pop() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Every chunk of an item: the head and its chain.
+    fn item_chunks(&self, off: usize) -> Vec<usize> {
+        let a = &self.arena;
+        let mut v = vec![off];
+        let h = item::read_header(a, off);
+        if h.iflags & item::F_CHUNKED != 0 {
+            let payload = self.slabs.max_chunk() - HDR;
+            let n = (h.value_len as usize).div_ceil(payload);
+            let table = item::chain_off(off, h.key_len as usize);
+            for i in 0..n {
+                v.push(a.u64_at(table + 8 * i).load(Ordering::Relaxed) as usize);
+            }
+        }
+        v
+    }
+
+    /// Unlink the LINKED item at `off` if its buckets can be locked right now and still
+    /// point at it. On success the item is UNLINKED and owned by the caller.
+    fn unlink_by_location(&self, off: usize, why: Removal) -> bool {
+        let a = &self.arena;
+        let h = item::read_header(a, off);
+        let klen = h.key_len as usize;
+        if klen == 0 || klen > KEY_MAX_LEN {
+            return false;
+        }
+        let mut key = [0u8; KEY_MAX_LEN];
+        a.read(item::key_off(off), &mut key[..klen]);
+        let kh = self.index.hash(&key[..klen]);
+        if !self.index.try_lock_pair(&kh) {
+            return false;
+        }
+        let ok = match self.slot_pointing_at(&kh, off) {
+            Some((b, i)) if item::state(a, off) == item::LINKED => {
+                self.unlink_at(b, i, off, why);
+                true
+            }
+            _ => false,
+        };
+        self.index.unlock_pair(&kh);
+        ok
+    }
+
+    /// Free an UNLINKED (or never linked) item and its chain. Takes class locks; call
+    /// with no class lock held.
+    pub(crate) fn free_item(&self, off: usize) {
+        for c in self.item_chunks(off) {
+            self.free_chunk(c);
+        }
+    }
+
+    fn free_chunk(&self, off: usize) {
+        let class = self.slabs.class_of(off);
+        if class == 0 {
+            return;
+        }
+        let mut st = self.slabs.lock(class);
+        item::set_state(&self.arena, off, item::FREE);
+        let page = self.slabs.page_of(off);
+        if !self.slabs.page_draining[page].load(Ordering::Acquire) {
+            st.free.push(off);
+        }
+    }
+
+    fn oldest_age(&self, class: u8, now: u32) -> u64 {
+        // Sample the chunks under the CLOCK hand: they are the next eviction candidates.
+        let ci = self.slabs.classes[class as usize];
+        let st = self.slabs.lock(class);
+        if st.pages.is_empty() {
+            return 0;
+        }
+        let mut oldest = now;
+        let (mut p, mut c) = (st.hand_page % st.pages.len(), st.hand_chunk);
+        for _ in 0..64.min(st.pages.len() * ci.per_page) {
+            let off = self.slabs.chunk_off(&ci, st.pages[p], c);
+            if item::state(&self.arena, off) == item::LINKED {
+                let h = item::read_header(&self.arena, off);
+                oldest = oldest.min(h.atime.max(h.time));
+            }
+            c += 1;
+            if c >= ci.per_page {
+                c = 0;
+                p = (p + 1) % st.pages.len();
+            }
+        }
+        (now - oldest) as u64
+    }
+
+    pub(crate) fn wake_maintenance(&self) {
+        let (m, cv) = &self.wake;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_one();
     }
 }
 
 /// An allocated, not yet linked item. Dropping it frees its memory.
 pub struct NewItem<'s> {
-    _store: &'s Store,
+    inner: &'s Inner,
+    off: usize,
+    chain: Vec<usize>,
+    value_len: usize,
+    key_len: usize,
 }
 
 impl NewItem<'_> {
     pub fn value_len(&self) -> usize {
-        todo!()
+        self.value_len
     }
 
-    /// Copy `bytes` into the value at `offset`.
+    /// Copy `bytes` into the value at `offset`. Bytes past the value's end are ignored.
     pub fn write(&mut self, offset: usize, bytes: &[u8]) {
-        let _ = (offset, bytes);
-        todo!()
+        let end = offset.saturating_add(bytes.len()).min(self.value_len);
+        if offset >= end {
+            return;
+        }
+        let bytes = &bytes[..end - offset];
+        let a = &self.inner.arena;
+        if self.chain.is_empty() {
+            a.write(item::value_off(self.off, self.key_len) + offset, bytes);
+            return;
+        }
+        let payload = self.inner.slabs.max_chunk() - HDR;
+        let mut pos = offset;
+        let mut src = bytes;
+        while !src.is_empty() {
+            let (ci, within) = (pos / payload, pos % payload);
+            let Some(&c) = self.chain.get(ci) else { return };
+            let take = src.len().min(payload - within);
+            a.write(c + HDR + within, &src[..take]);
+            src = &src[take..];
+            pos += take;
+        }
+    }
+
+    /// The key this item was allocated for.
+    pub fn key(&self) -> Vec<u8> {
+        let mut k = vec![0u8; self.key_len];
+        self.inner.arena.read(item::key_off(self.off), &mut k);
+        k
+    }
+
+    /// Fill the value from consecutive parts (append/prepend build values this way).
+    pub fn write_parts(&mut self, parts: &[&[u8]]) {
+        let mut at = 0;
+        for p in parts {
+            self.write(at, p);
+            at += p.len();
+        }
+    }
+
+    /// crc32c of key and value.
+    fn checksum(&self) -> u32 {
+        let a = &self.inner.arena;
+        let mut crc = a.crc(0, item::key_off(self.off), self.key_len);
+        if self.chain.is_empty() {
+            return a.crc(crc, item::value_off(self.off, self.key_len), self.value_len);
+        }
+        let payload = self.inner.slabs.max_chunk() - HDR;
+        let mut left = self.value_len;
+        for &c in &self.chain {
+            let take = left.min(payload);
+            crc = a.crc(crc, c + HDR, take);
+            left -= take;
+        }
+        crc
+    }
+}
+
+impl Drop for NewItem<'_> {
+    fn drop(&mut self) {
+        if self.off != usize::MAX {
+            item::seq_end(&self.inner.arena, self.off);
+            self.inner.free_chunk(self.off);
+            for &c in &self.chain {
+                self.inner.free_chunk(c);
+            }
+        }
     }
 }
 
 /// One key's buckets, locked for writing. See `Store::transact`.
 pub struct Txn<'s> {
-    _store: &'s Store,
+    inner: &'s Inner,
+    key_buf: [u8; KEY_MAX_LEN],
+    key_len: usize,
+    kh: KeyHash,
+    /// The live item: bucket, slot, offset.
+    cur: Option<(usize, usize, usize)>,
+    /// Items unlinked in this transaction, freed after the buckets are unlocked.
+    to_free: Vec<usize>,
 }
 
 impl<'s> Txn<'s> {
+    /// Find the key's live item; a dead one found on the way is removed.
+    fn find_live(&mut self) -> Option<(usize, usize, usize)> {
+        let inner = self.inner;
+        let a = &inner.arena;
+        let now = inner.clock.now();
+        for b in [self.kh.b1, self.kh.b2] {
+            for i in 0..index::SLOTS {
+                let Some(s) = inner.index.slot(b, i) else {
+                    continue;
+                };
+                if s.tag != self.kh.tag || item::state(a, s.off) != item::LINKED {
+                    continue;
+                }
+                let h = item::read_header(a, s.off);
+                if h.key_len as usize != self.key_len || !a.eq(item::key_off(s.off), self.key()) {
+                    continue;
+                }
+                if inner.dead(&h, now).is_some() {
+                    inner.unlink_at(b, i, s.off, Removal::Reclaimed);
+                    self.to_free.push(s.off);
+                    return None;
+                }
+                return Some((b, i, s.off));
+            }
+        }
+        None
+    }
+
     pub fn key(&self) -> &[u8] {
-        todo!()
+        &self.key_buf[..self.key_len]
     }
 
     /// The live item under this key (expired and flushed items count as absent).
     pub fn item(&self) -> Option<ItemInfo> {
-        todo!()
+        let (_, _, off) = self.cur?;
+        Some(self.inner.info(&item::read_header(&self.inner.arena, off)))
     }
 
     /// Append the live item's value to `out`.
     pub fn read_value(&self, out: &mut Vec<u8>) {
-        let _ = out;
-        todo!()
+        let Some((_, _, off)) = self.cur else { return };
+        let h = item::read_header(&self.inner.arena, off);
+        let size = self.inner.slabs.classes[h.class as usize].size;
+        // Under the bucket lock the item cannot change, so this cannot fail.
+        let ok = self.inner.copy_value(off, &h, size, out);
+        debug_assert!(ok);
     }
 
     /// Allocate an item for this key (see `Store::alloc`).
@@ -247,44 +1266,274 @@ impl<'s> Txn<'s> {
         flags: u32,
         exptime: u32,
     ) -> Result<NewItem<'s>, AllocError> {
-        let _ = (value_len, flags, exptime);
-        todo!()
+        self.inner.alloc_item(self.key(), value_len, flags, exptime)
     }
 
     /// Link `item`, replacing the current one. Returns its CAS.
-    pub fn link(&mut self, item: NewItem<'s>, opts: LinkOptions) -> u64 {
-        let _ = (item, opts);
-        todo!()
+    pub fn link(&mut self, mut item: NewItem<'s>, opts: LinkOptions) -> u64 {
+        let inner = self.inner;
+        let a = &inner.arena;
+        let off = item.off;
+        let cas = opts.explicit_cas.unwrap_or_else(|| inner.next_cas());
+        let crc = item.checksum();
+        a.u64_at(off + item::OFF_CAS).store(cas, Ordering::Relaxed);
+        a.u32_at(off + item::OFF_TIME)
+            .store(inner.clock.now(), Ordering::Relaxed);
+        a.u32_at(off + item::OFF_CRC).store(crc, Ordering::Relaxed);
+        let mut marks = 0;
+        if opts.stale {
+            marks |= item::F_STALE;
+        }
+        if opts.token_sent {
+            marks |= item::F_TOKEN_SENT;
+        }
+        a.u8_at(off + item::OFF_IFLAGS)
+            .fetch_or(marks, Ordering::Relaxed);
+        item::seq_end(a, off);
+        item.off = usize::MAX; // linked: no longer freed on drop
+        let (b, i) = match self.cur.take() {
+            Some((b, i, old)) => {
+                inner.unlink_at(b, i, old, Removal::Client);
+                self.to_free.push(old);
+                (b, i)
+            }
+            None => self.free_slot(),
+        };
+        inner.link_at(b, i, off);
+        // The slot's tag was written as 0 by link_at's generic path; set the real one.
+        inner.index.set_slot(
+            b,
+            i,
+            Some(index::Slot {
+                tag: self.kh.tag,
+                class: inner.slabs.class_of(off),
+                off,
+            }),
+        );
+        self.cur = Some((b, i, off));
+        if inner.cfg.use_cas {
+            cas
+        } else {
+            0
+        }
+    }
+
+    /// An empty slot in either candidate bucket, evicting the coldest occupant of the
+    /// two buckets when both are full.
+    fn free_slot(&mut self) -> (usize, usize) {
+        let inner = self.inner;
+        for b in [self.kh.b1, self.kh.b2] {
+            for i in 0..index::SLOTS {
+                if inner.index.slot(b, i).is_none() {
+                    return (b, i);
+                }
+            }
+        }
+        let a = &inner.arena;
+        let mut best: Option<(usize, usize, usize, (bool, u32))> = None;
+        for b in [self.kh.b1, self.kh.b2] {
+            for i in 0..index::SLOTS {
+                let Some(s) = inner.index.slot(b, i) else {
+                    continue;
+                };
+                let h = item::read_header(a, s.off);
+                let rank = (h.iflags & item::F_REFERENCED != 0, h.atime.max(h.time));
+                if best.is_none_or(|x| rank < x.3) {
+                    best = Some((b, i, s.off, rank));
+                }
+            }
+        }
+        let (b, i, off, _) = best.unwrap_or((self.kh.b1, 0, 0, (false, 0)));
+        if let Some(s) = inner.index.slot(b, i) {
+            let h = item::read_header(a, s.off);
+            let why = if inner.dead(&h, inner.clock.now()).is_some() {
+                Removal::Reclaimed
+            } else {
+                Removal::IndexFull
+            };
+            inner.unlink_at(b, i, off, why);
+            self.to_free.push(off);
+        }
+        (b, i)
     }
 
     /// Remove the current item. Returns whether there was one.
     pub fn unlink(&mut self) -> bool {
-        todo!()
+        match self.cur.take() {
+            Some((b, i, off)) => {
+                self.inner.unlink_at(b, i, off, Removal::Client);
+                self.to_free.push(off);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Modify the live item's header in place inside its seqlock.
+    fn modify(&mut self, f: impl FnOnce(&Arena, usize)) {
+        let Some((_, _, off)) = self.cur else { return };
+        let a = &self.inner.arena;
+        item::seq_begin(a, off);
+        f(a, off);
+        item::seq_end(a, off);
     }
 
     /// Change the live item's exptime in place.
     pub fn set_exptime(&mut self, exptime: u32) {
-        let _ = exptime;
-        todo!()
+        self.modify(|a, off| {
+            a.u32_at(off + item::OFF_EXPTIME)
+                .store(exptime, Ordering::Relaxed)
+        });
     }
 
     /// Set or clear the meta-protocol stale / token-sent marks in place.
     pub fn set_marks(&mut self, stale: Option<bool>, token_sent: Option<bool>) {
-        let _ = (stale, token_sent);
-        todo!()
+        let Some((_, _, off)) = self.cur else { return };
+        let f = self.inner.arena.u8_at(off + item::OFF_IFLAGS);
+        for (want, bit) in [(stale, item::F_STALE), (token_sent, item::F_TOKEN_SENT)] {
+            match want {
+                Some(true) => {
+                    f.fetch_or(bit, Ordering::Relaxed);
+                }
+                Some(false) => {
+                    f.fetch_and(!bit, Ordering::Relaxed);
+                }
+                None => {}
+            }
+        }
     }
 
     /// Give the live item a new CAS (fresh, or `explicit`). Returns it.
     pub fn bump_cas(&mut self, explicit: Option<u64>) -> u64 {
-        let _ = explicit;
-        todo!()
+        if self.cur.is_none() {
+            return 0;
+        }
+        let cas = explicit.unwrap_or_else(|| self.inner.next_cas());
+        self.modify(|a, off| a.u64_at(off + item::OFF_CAS).store(cas, Ordering::Relaxed));
+        if self.inner.cfg.use_cas {
+            cas
+        } else {
+            0
+        }
+    }
+
+    /// Make the item recently used for eviction without counting a fetch.
+    pub(crate) fn mark_referenced(&mut self) {
+        if let Some((_, _, off)) = self.cur {
+            self.inner
+                .arena
+                .u8_at(off + item::OFF_IFLAGS)
+                .fetch_or(item::F_REFERENCED, Ordering::Relaxed);
+        }
     }
 
     /// Record an access (fetched bit, last-access time).
     pub fn mark_fetched(&mut self) {
-        todo!()
+        if let Some((_, _, off)) = self.cur {
+            self.inner.touch_access(off);
+        }
     }
 }
 
-use crate::ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};
+/// Grace periods for page moves.
+///
+/// A lock-free reader may hold an item offset obtained from the index while that item is
+/// removed. Reusing the chunk for another item of the same class is harmless (the seqlock
+/// catches it), but re-carving its page for another class would shift chunk boundaries
+/// under the reader's atomic access-bit writes. So a reader brackets its lookup with
+/// `enter`/exit, and a page is re-carved only after `synchronize` has seen every reader
+/// that started before the page was emptied leave. Two sets of counters (by epoch parity)
+/// let `synchronize` wait for old readers only, so a steady stream of new readers cannot
+/// starve it.
+pub(crate) struct Grace {
+    epoch: AtomicU64,
+    active: [[Padded; GRACE_STRIPES]; 2],
+    sync: Mutex<()>,
+}
+
+const GRACE_STRIPES: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+impl Default for Grace {
+    fn default() -> Self {
+        Grace {
+            epoch: AtomicU64::new(0),
+            active: Default::default(),
+            sync: Mutex::new(()),
+        }
+    }
+}
+
+pub(crate) struct GraceGuard<'g> {
+    grace: &'g Grace,
+    parity: usize,
+    stripe: usize,
+}
+
+impl Drop for GraceGuard<'_> {
+    fn drop(&mut self) {
+        self.grace.active[self.parity][self.stripe]
+            .0
+            .fetch_sub(1, Ordering::Release);
+    }
+}
+
+fn stripe() -> usize {
+    use std::cell::Cell;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) });
+    STRIPE.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize % GRACE_STRIPES);
+        }
+        s.get()
+    })
+}
+
+impl Grace {
+    pub(crate) fn enter(&self) -> GraceGuard<'_> {
+        let stripe = stripe();
+        loop {
+            let e = self.epoch.load(Ordering::SeqCst);
+            let parity = (e & 1) as usize;
+            self.active[parity][stripe].0.fetch_add(1, Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == e {
+                return GraceGuard {
+                    grace: self,
+                    parity,
+                    stripe,
+                };
+            }
+            self.active[parity][stripe].0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Wait until every reader that entered before this call has left.
+    pub(crate) fn synchronize(&self) {
+        let _one_at_a_time = self.sync.lock().unwrap_or_else(|e| e.into_inner());
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst);
+        let old = (e & 1) as usize;
+        let mut spins = 0;
+        while self.active[old]
+            .iter()
+            .map(|p| p.0.load(Ordering::SeqCst))
+            .sum::<u64>()
+            != 0
+        {
+            index::backoff(&mut spins);
+        }
+    }
+}
+
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::arena::Arena;
+use crate::index::{self, Index, KeyHash};
+use crate::item::{self, Header, HDR};
+use crate::slab::{self, ClassInfo, ClassState, Slabs};
 use crate::stats::{ItemClassStats, SlabClassStats, StoreStats};
+use crate::KEY_MAX_LEN;

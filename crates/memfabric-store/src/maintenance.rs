@@ -1,0 +1,214 @@
+//! The store's own background work: the expiry sweeper and the slab automover.
+//!
+//! Sweeper: walks each class's chunks a slice at a time and removes expired or flushed
+//! items (memcached's LRU crawler), so memory held by dead items returns without waiting
+//! for a reader or for eviction to trip over it.
+//!
+//! Automover: every second, compares evictions per class. When a class keeps evicting
+//! (three windows in a row) while another has not evicted at all in those windows and
+//! owns more than one page, one page moves from the second to the first: its items are
+//! removed, readers are given a grace period, and the page is re-carved for the new
+//! chunk size. A page holding parts of a large item or an item still being written is
+//! skipped. This is memcached's `slab_automove=1` idea with a simpler donor choice.
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::index;
+use crate::item;
+use crate::store::Inner;
+
+/// Chunks the sweeper inspects per class per pass.
+const SWEEP_SLICE: usize = 4096;
+/// Evicting windows in a row before a class receives a page.
+const AUTOMOVE_WINDOWS: u32 = 3;
+
+impl Inner {
+    pub(crate) fn maintenance_loop(&self) {
+        let mut streak = vec![0u32; self.slabs.classes.len()];
+        let mut quiet = vec![0u32; self.slabs.classes.len()];
+        let mut last_move_check = Instant::now();
+        while !self.is_shutting_down() {
+            self.wait_for_work(Duration::from_millis(250));
+            if self.is_shutting_down() {
+                break;
+            }
+            if self.cfg.background_sweeper {
+                for class in 1..self.slabs.classes.len() as u8 {
+                    self.sweep_slice(class);
+                }
+            }
+            if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
+                last_move_check = Instant::now();
+                self.automove_tick(&mut streak, &mut quiet);
+            }
+        }
+    }
+
+    fn wait_for_work(&self, timeout: Duration) {
+        let (m, cv) = self.wake_pair();
+        let mut woken = m.lock().unwrap_or_else(|e| e.into_inner());
+        if !*woken {
+            woken = cv
+                .wait_timeout(woken, timeout)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        *woken = false;
+    }
+
+    /// Remove dead items from the next slice of `class`'s chunks.
+    fn sweep_slice(&self, class: u8) {
+        let ci = self.slabs.classes[class as usize];
+        let now = self.clock.now();
+        let mut dead = Vec::new();
+        {
+            let mut st = self.slabs.lock(class);
+            if st.pages.is_empty() {
+                return;
+            }
+            for _ in 0..SWEEP_SLICE.min(st.pages.len() * ci.per_page) {
+                if st.sweep_page >= st.pages.len() {
+                    st.sweep_page = 0;
+                    st.sweep_chunk = 0;
+                }
+                let off = self
+                    .slabs
+                    .chunk_off(&ci, st.pages[st.sweep_page], st.sweep_chunk);
+                st.sweep_chunk += 1;
+                if st.sweep_chunk >= ci.per_page {
+                    st.sweep_chunk = 0;
+                    st.sweep_page += 1;
+                }
+                if item::state(&self.arena, off) == item::LINKED {
+                    let h = item::read_header(&self.arena, off);
+                    if self.is_dead(&h, now) {
+                        dead.push(off);
+                    }
+                }
+            }
+        }
+        for off in dead {
+            self.remove_at_location(off, true);
+        }
+    }
+
+    fn automove_tick(&self, streak: &mut [u32], quiet: &mut [u32]) {
+        let mut best: Option<(u8, u64)> = None;
+        for ci in &self.slabs.classes[1..] {
+            let k = &self.slabs.counters[ci.id as usize];
+            let now = k.evicted.load(Ordering::Relaxed);
+            let delta = now - k.evicted_seen.swap(now, Ordering::Relaxed).min(now);
+            let i = ci.id as usize;
+            if delta > 0 {
+                streak[i] += 1;
+                quiet[i] = 0;
+                if streak[i] >= AUTOMOVE_WINDOWS && best.is_none_or(|b| delta > b.1) {
+                    best = Some((ci.id, delta));
+                }
+            } else {
+                streak[i] = 0;
+                quiet[i] = quiet[i].saturating_add(1);
+            }
+        }
+        let Some((to, _)) = best else { return };
+        // Donor: a quiet class with the most pages (more than one), preferring free space.
+        let mut donor: Option<(u8, usize, usize)> = None;
+        for ci in &self.slabs.classes[1..] {
+            if ci.id == to || quiet[ci.id as usize] < AUTOMOVE_WINDOWS {
+                continue;
+            }
+            let st = self.slabs.lock(ci.id);
+            let (pages, free) = (st.pages.len(), st.free.len());
+            drop(st);
+            if pages > 1 && donor.is_none_or(|d| (free, pages) > (d.2, d.1)) {
+                donor = Some((ci.id, pages, free));
+            }
+        }
+        if let Some((from, _, _)) = donor {
+            if self.move_page(from, to) {
+                streak[to as usize] = 0;
+            }
+        }
+    }
+
+    /// Move one page from class `from` to class `to`. Returns whether it moved.
+    pub(crate) fn move_page(&self, from: u8, to: u8) -> bool {
+        let src = self.slabs.classes[from as usize];
+        let a = &self.arena;
+        // 1. Pick a page with no large-item parts and no item being written; take it out
+        //    of the class so nothing new is allocated in it.
+        let page = {
+            let mut st = self.slabs.lock(from);
+            let mut chosen = None;
+            for (pos, &p) in st.pages.iter().enumerate() {
+                let movable = (0..src.per_page).all(|i| {
+                    let s = item::state(a, self.slabs.chunk_off(&src, p, i));
+                    s == item::FREE || s == item::LINKED
+                });
+                if movable {
+                    chosen = Some((pos, p));
+                    break;
+                }
+            }
+            let Some((pos, p)) = chosen else { return false };
+            st.pages.remove(pos);
+            if st.hand_page > pos {
+                st.hand_page -= 1;
+            }
+            if st.sweep_page > pos {
+                st.sweep_page -= 1;
+            }
+            self.slabs.page_draining[p as usize].store(true, Ordering::Release);
+            let lo = p as usize * self.slabs.page_size;
+            let hi = lo + self.slabs.page_size;
+            st.free.retain(|&off| off < lo || off >= hi);
+            p
+        };
+        // 2. Remove every item still in it.
+        for i in 0..src.per_page {
+            let off = self.slabs.chunk_off(&src, page, i);
+            if item::state(a, off) == item::LINKED {
+                self.remove_at_location(off, false);
+            }
+        }
+        // 3. Wait for chunks being freed by others, then for readers that may still hold
+        //    pointers into the page.
+        let mut spins = 0u32;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (0..src.per_page)
+            .any(|i| item::state(a, self.slabs.chunk_off(&src, page, i)) != item::FREE)
+        {
+            if Instant::now() > deadline {
+                // Something holds a chunk for very long: give the page back as it is.
+                self.return_page(from, page);
+                return false;
+            }
+            index::backoff(&mut spins);
+        }
+        self.grace.synchronize();
+        // 4. Re-carve for the new class.
+        let dst = self.slabs.classes[to as usize];
+        let mut st = self.slabs.lock(to);
+        self.carve_page(&dst, &mut st, page);
+        drop(st);
+        self.count_page_move();
+        true
+    }
+
+    fn return_page(&self, class: u8, page: u32) {
+        let ci = self.slabs.classes[class as usize];
+        let mut st = self.slabs.lock(class);
+        self.slabs.page_draining[page as usize].store(false, Ordering::Release);
+        st.pages.push(page);
+        for i in 0..ci.per_page {
+            let off = self.slabs.chunk_off(&ci, page, i);
+            if item::state(&self.arena, off) == item::FREE {
+                st.free.push(off);
+            }
+        }
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutdown_flag().load(Ordering::Relaxed)
+    }
+}
