@@ -1,1 +1,19 @@
-//! memfabric-bench
+//! memfabric-bench: the project's benchmark suite.
+//!
+//! Where a request goes: [`workload`] picks the op, key and value; [`load`] runs the closed
+//! loop over a [`transport::Transport`] (TCP text protocol today, encoded by
+//! [`textproto`]); [`metrics`] records latencies in HDR histograms and reads server CPU
+//! from /proc; [`report`] and [`plot`] present them; [`compare`] runs memcached and
+//! memfabricd ([`server`]) side by side; [`latency`] is the ohb_memlat-style sweep.
+
+pub mod compare;
+pub mod latency;
+pub mod load;
+pub mod metrics;
+pub mod plot;
+pub mod report;
+pub mod rng;
+pub mod server;
+pub mod textproto;
+pub mod transport;
+pub mod workload;

@@ -1,0 +1,139 @@
+//! Latency in the style of OSU's ohb_memlat: one client, one connection, one operation at a
+//! time, for each value size and operation; reports p50/p99 per (op, size).
+
+use crate::load::LoadError;
+use crate::metrics::pct_us;
+use crate::textproto::{Reply, Request};
+use crate::transport::{Connector, Transport};
+use crate::workload::{OpKind, ValueMaker};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct LatencyConfig {
+    pub sizes: Vec<usize>,
+    pub ops: Vec<OpKind>,
+    /// Measured operations per (op, size).
+    pub iterations: u64,
+    /// Unmeasured operations first, to warm caches and the connection.
+    pub warmup: u64,
+    pub key_prefix: String,
+}
+
+/// One row of the JSON report: `{"transport","op","size","p50_us","p99_us","ops"}`;
+/// `ops` is the number of measured operations.
+#[derive(Clone, Debug, Serialize)]
+pub struct LatencyResult {
+    pub transport: String,
+    pub op: String,
+    pub size: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub ops: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatencyReport {
+    pub results: Vec<LatencyResult>,
+}
+
+const STALL: Duration = Duration::from_secs(10);
+
+/// Send one request and wait for its reply; returns the latency in ns and whether the reply
+/// was what a successful op answers (STORED, or a VALUE that checks out).
+fn one_op(
+    tr: &mut dyn Transport,
+    req: &Request<'_>,
+    op: OpKind,
+    check: &dyn Fn(&[u8]) -> bool,
+) -> Result<(u64, bool), LoadError> {
+    let start = Instant::now();
+    tr.submit(0, req)?;
+    let mut ok = None;
+    while ok.is_none() {
+        tr.progress(Duration::from_millis(50), &mut |_, reply| {
+            ok = Some(match (op, reply) {
+                (OpKind::Set, Reply::Stored) => true,
+                (OpKind::Get, Reply::Hit { data, .. }) => check(data),
+                _ => false,
+            });
+        })?;
+        if ok.is_none() && start.elapsed() > STALL {
+            return Err(LoadError::Stalled(STALL));
+        }
+    }
+    Ok((start.elapsed().as_nanos() as u64, ok.unwrap_or(false)))
+}
+
+/// Run every (op, size) pair; returns the rows and their histograms (ns), in the same order.
+pub fn run(
+    connector: &dyn Connector,
+    cfg: &LatencyConfig,
+) -> Result<Vec<(LatencyResult, Histogram<u64>)>, LoadError> {
+    let mut tr = connector.connect(1)?;
+    let transport = tr.name().to_string();
+    let mut out = Vec::new();
+    let mut val = Vec::new();
+    for &op in &cfg.ops {
+        for &size in &cfg.sizes {
+            let key = format!("{}{size}", cfg.key_prefix).into_bytes();
+            let vm = ValueMaker::new(size);
+            vm.fill(0, &mut val);
+            let set = Request::Set {
+                key: &key,
+                value: &val,
+            };
+            // A GET is only meaningful on a stored item: store it first.
+            let (_, stored) = one_op(tr.as_mut(), &set, OpKind::Set, &|_| true)?;
+            if !stored {
+                return Err(LoadError::PreloadFailed {
+                    failed: 1,
+                    total: 1,
+                    first: format!("set of {size} bytes not stored"),
+                });
+            }
+            let get = Request::Get { key: &key };
+            let req = match op {
+                OpKind::Get => get,
+                OpKind::Set => set,
+            };
+            let check = |d: &[u8]| vm.check(0, d);
+            let mut h = Histogram::<u64>::new(3).map_err(|_| LoadError::Config("histogram"))?;
+            let mut failures = 0u64;
+            for i in 0..cfg.warmup + cfg.iterations {
+                let (ns, ok) = one_op(tr.as_mut(), &req, op, &check)?;
+                if i >= cfg.warmup {
+                    let _ = h.record(ns.max(1));
+                    failures += u64::from(!ok);
+                }
+            }
+            if failures > 0 {
+                return Err(LoadError::PreloadFailed {
+                    failed: failures,
+                    total: cfg.iterations,
+                    first: format!("{op:?} of {size} bytes did not succeed"),
+                });
+            }
+            out.push((
+                LatencyResult {
+                    transport: transport.clone(),
+                    op: op_name(op).to_string(),
+                    size,
+                    p50_us: pct_us(&h, 0.5),
+                    p99_us: pct_us(&h, 0.99),
+                    ops: h.len(),
+                },
+                h,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+pub fn op_name(op: OpKind) -> &'static str {
+    match op {
+        OpKind::Get => "get",
+        OpKind::Set => "set",
+    }
+}

@@ -1,0 +1,248 @@
+//! PNG plots (plotters, bitmap backend). Text is drawn with ab_glyph from a TrueType font
+//! found on the system at run time, so no fontconfig/freetype is needed to build.
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum PlotError {
+    #[error("no TrueType font found (looked in {0}); install fonts-dejavu-core or pass --no-plot")]
+    NoFont(String),
+    #[error("drawing {path}: {msg}")]
+    Draw { path: String, msg: String },
+    #[error("nothing to plot")]
+    Empty,
+}
+
+/// Fonts tried in order; DejaVu ships with Debian's fontconfig.
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/truetype/freefont/FreeSans.ttf",
+];
+
+const FONT: &str = "sans-serif";
+
+fn ensure_font() -> Result<(), PlotError> {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    let ok = *LOADED.get_or_init(|| {
+        let env = std::env::var("MEMFABRIC_BENCH_FONT")
+            .ok()
+            .map(PathBuf::from);
+        let paths = env
+            .into_iter()
+            .chain(FONT_CANDIDATES.iter().map(PathBuf::from));
+        for p in paths {
+            if let Ok(bytes) = std::fs::read(&p) {
+                // plotters keeps fonts for the life of the process: leak the bytes once.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::NoFont(FONT_CANDIDATES.join(", ")))
+    }
+}
+
+fn draw_err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> PlotError + '_ {
+    move |e| PlotError::Draw {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    }
+}
+
+/// Colours by series index, readable on white.
+fn colour(i: usize) -> RGBColor {
+    const C: [RGBColor; 6] = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(23, 190, 207),
+    ];
+    C[i % C.len()]
+}
+
+/// Points of a latency percentile curve: x = "nines" (0 = p0, 1 = p90, 2 = p99, 3 = p99.9,
+/// 4 = p99.99), y = latency in microseconds.
+pub fn percentile_curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    (0..=80)
+        .map(|i| {
+            let nines = f64::from(i) * 0.05;
+            let q = 1.0 - 10f64.powf(-nines);
+            (nines, h.value_at_quantile(q) as f64 / 1000.0)
+        })
+        .collect()
+}
+
+fn nines_label(x: &f64) -> String {
+    let p = 100.0 * (1.0 - 10f64.powf(-x));
+    match x.round() as i64 {
+        0 => "p0".into(),
+        1 => "p90".into(),
+        2 => "p99".into(),
+        3 => "p99.9".into(),
+        4 => "p99.99".into(),
+        _ => format!("p{p:.3}"),
+    }
+}
+
+/// One panel: a title and named curves.
+pub struct Panel {
+    pub title: String,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// Latency-by-percentile curves, one panel per value size, side by side.
+pub fn latency_percentiles(path: &Path, title: &str, panels: &[Panel]) -> Result<(), PlotError> {
+    ensure_font()?;
+    if panels.is_empty() {
+        return Err(PlotError::Empty);
+    }
+    let width = 560 * panels.len() as u32;
+    let root = BitMapBackend::new(path, (width.max(640), 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err(path))?;
+    let root = root.titled(title, (FONT, 22)).map_err(draw_err(path))?;
+    let areas = root.split_evenly((1, panels.len()));
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let ys = panel
+            .series
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|p| p.1));
+        let (lo, hi) = ys.fold((f64::MAX, 0f64), |(lo, hi), y| (lo.min(y), hi.max(y)));
+        if hi <= 0.0 {
+            continue;
+        }
+        let lo = (lo.max(0.1) * 0.8).min(hi / 2.0);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, (FONT, 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..4f64, (lo..hi * 1.25).log_scale())
+            .map_err(draw_err(path))?;
+        chart
+            .configure_mesh()
+            .x_labels(5)
+            .x_label_formatter(&nines_label)
+            .y_desc("latency (us, log)")
+            .y_label_formatter(&us_label)
+            .x_desc("percentile")
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err(path))?;
+        for (i, (name, pts)) in panel.series.iter().enumerate() {
+            let c = colour(i);
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(draw_err(path))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(draw_err(path))?;
+    }
+    root.present().map_err(draw_err(path))?;
+    Ok(())
+}
+
+/// Latency against message size (log2 x axis), one line per named series.
+pub fn latency_vs_size(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+) -> Result<(), PlotError> {
+    ensure_font()?;
+    let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
+    let (xmin, xmax) = xs.fold((usize::MAX, 0usize), |(a, b), x| (a.min(x), b.max(x)));
+    let ys = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1));
+    let (ymin, ymax) = ys.fold((f64::MAX, 0f64), |(a, b), y| (a.min(y), b.max(y)));
+    if xmax == 0 || ymax <= 0.0 {
+        return Err(PlotError::Empty);
+    }
+    let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err(path))?;
+    let xlo = (xmin.max(1) as f64) / 1.5;
+    let xhi = xmax as f64 * 1.5;
+    let ylo = (ymin.max(0.1) * 0.8).min(ymax / 2.0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d((xlo..xhi).log_scale(), (ylo..ymax * 1.3).log_scale())
+        .map_err(draw_err(path))?;
+    chart
+        .configure_mesh()
+        .x_desc("value size (bytes, log)")
+        .y_desc("latency (us, log)")
+        .y_label_formatter(&us_label)
+        .x_label_formatter(&|x| size_label(*x))
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(draw_err(path))?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let c = colour(i);
+        let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (x as f64, y)).collect();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+            .map_err(draw_err(path))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
+            .map_err(draw_err(path))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .draw()
+        .map_err(draw_err(path))?;
+    root.present().map_err(draw_err(path))?;
+    Ok(())
+}
+
+fn size_label(x: f64) -> String {
+    if x >= 1024.0 * 1024.0 {
+        format!("{:.0}M", x / (1024.0 * 1024.0))
+    } else if x >= 1024.0 {
+        format!("{:.0}K", x / 1024.0)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn us_label(y: &f64) -> String {
+    if *y >= 10.0 {
+        format!("{y:.0}")
+    } else {
+        format!("{y:.1}")
+    }
+}

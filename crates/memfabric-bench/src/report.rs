@@ -1,0 +1,162 @@
+//! Plain-text tables and the machine description that goes with every report.
+
+use crate::metrics::{human, RunSummary};
+use serde::Serialize;
+
+/// Print `rows` under `headers`, columns padded to their widest cell; the first column is
+/// left-aligned, numbers right-aligned.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.len());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                s.push_str(&format!("{c:<w$}"));
+            } else {
+                s.push_str(&format!("  {c:>w$}"));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = line(headers.to_vec());
+    out.push('\n');
+    let rule: String = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                "-".repeat(*w)
+            } else {
+                format!("  {}", "-".repeat(*w))
+            }
+        })
+        .collect();
+    out.push_str(&rule);
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+        out.push('\n');
+    }
+    out
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"))
+}
+
+/// The standard run table (throughput and compare).
+pub fn runs_table(runs: &[RunSummary]) -> String {
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.server.clone(),
+                r.value_size.to_string(),
+                human(r.ops as f64),
+                format!("{:.1}", r.duration_s),
+                human(r.ops_per_sec),
+                format!("{:.1}", r.p50_us),
+                format!("{:.1}", r.p99_us),
+                format!("{:.1}", r.p999_us),
+                format!("{:.2}%", 100.0 * r.hit_ratio),
+                format!("{}", r.errors + r.mismatches),
+                opt(r.server_cpu_s, 2),
+                opt(r.server_cpu_s_per_mop, 2),
+                opt(r.client_cpu_s, 2),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "server",
+            "value",
+            "ops",
+            "secs",
+            "ops/s",
+            "p50us",
+            "p99us",
+            "p99.9us",
+            "hit",
+            "err",
+            "srv_cpu_s",
+            "cpu_s/Mop",
+            "cli_cpu_s",
+        ],
+        &rows,
+    )
+}
+
+/// Where the numbers were taken.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub mem_gib: f64,
+    pub kernel: String,
+    pub loadavg: String,
+}
+
+impl Machine {
+    pub fn describe() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let mem_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let loadavg = std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        Machine {
+            cpu_model,
+            cpus,
+            mem_gib: mem_kib / (1024.0 * 1024.0),
+            kernel,
+            loadavg,
+        }
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "{} x {} | {:.0} GiB | Linux {} | loadavg {}",
+            self.cpus, self.cpu_model, self.mem_gib, self.kernel, self.loadavg
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns_to_widest_cell() {
+        let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "a    bb");
+        assert_eq!(lines[1], "---  --");
+        assert_eq!(lines[2], "xyz   1");
+    }
+}

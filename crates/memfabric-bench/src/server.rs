@@ -1,0 +1,213 @@
+//! Servers the bench starts itself (for `compare`): memcached and memfabricd with the same
+//! flags on free loopback ports, killed when dropped.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("no free loopback port: {0}")]
+    NoPort(std::io::Error),
+    #[error("cannot start {path}: {source}")]
+    Spawn {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{name} exited during startup ({status}); see {log}")]
+    Exited {
+        name: String,
+        status: String,
+        log: String,
+    },
+    #[error("{name} did not answer `version` on {addr} within {secs}s; see {log}")]
+    NotReady {
+        name: String,
+        addr: SocketAddr,
+        secs: u64,
+        log: String,
+    },
+}
+
+/// How to start one server.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    /// Label in reports ("memcached", "memfabricd").
+    pub name: String,
+    pub path: PathBuf,
+    /// Worker threads (`-t`).
+    pub threads: usize,
+    /// Memory limit in MB (`-m`).
+    pub memory_mb: usize,
+    /// Anything else, appended as given.
+    pub extra_args: Vec<String>,
+}
+
+/// A running server; killed (and reaped) on drop.
+pub struct ServerProcess {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+    child: Child,
+}
+
+const STARTUP: Duration = Duration::from_secs(15);
+
+/// A port on 127.0.0.1 that was free a moment ago. Another process could take it before the
+/// server binds; startup then fails loudly rather than measuring the wrong server.
+pub fn free_port() -> Result<u16, ServerError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(ServerError::NoPort)?;
+    Ok(l.local_addr().map_err(ServerError::NoPort)?.port())
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+impl ServerSpec {
+    /// The command line: memcached's flags, which memfabricd accepts too.
+    pub fn args(&self, port: u16) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "-p".into(),
+            port.to_string(),
+            "-U".into(),
+            "0".into(),
+            "-l".into(),
+            "127.0.0.1".into(),
+            "-t".into(),
+            self.threads.to_string(),
+            "-m".into(),
+            self.memory_mb.to_string(),
+            "-c".into(),
+            "4096".into(),
+        ];
+        // memcached refuses to run as root unless told which user to be.
+        let is_memcached = self.path.file_name().is_some_and(|f| f == "memcached");
+        if is_memcached && running_as_root() {
+            a.push("-u".into());
+            a.push("root".into());
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+
+    /// The command line as shown in reports (the port is chosen at start).
+    pub fn display_args(&self) -> String {
+        let mut a = self.args(0);
+        if let Some(p) = a.get_mut(1) {
+            *p = "<port>".into();
+        }
+        format!("{} {}", self.path.display(), a.join(" "))
+    }
+
+    /// Start on a free port and wait until it answers `version`.
+    pub fn start(&self) -> Result<ServerProcess, ServerError> {
+        let port = free_port()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let log = std::env::temp_dir().join(format!("memfabric-bench-{}-{port}.log", self.name));
+        let spawn_err = |source| ServerError::Spawn {
+            path: self.path.display().to_string(),
+            source,
+        };
+        let log_file = std::fs::File::create(&log).map_err(spawn_err)?;
+        let log_err = log_file.try_clone().map_err(spawn_err)?;
+        let child = Command::new(&self.path)
+            .args(self.args(port))
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err)
+            .spawn()
+            .map_err(spawn_err)?;
+        let mut proc = ServerProcess {
+            name: self.name.clone(),
+            addr,
+            log,
+            child,
+        };
+        proc.wait_ready()?;
+        Ok(proc)
+    }
+}
+
+impl ServerProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), ServerError> {
+        let deadline = Instant::now() + STARTUP;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(ServerError::Exited {
+                    name: self.name.clone(),
+                    status: status.to_string(),
+                    log: self.log.display().to_string(),
+                });
+            }
+            if answers_version(self.addr) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ServerError::NotReady {
+            name: self.name.clone(),
+            addr: self.addr,
+            secs: STARTUP.as_secs(),
+            log: self.log.display().to_string(),
+        })
+    }
+
+    /// Stop the server now (also done on drop).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Whether something on `addr` answers `version\r\n` with `VERSION ...\r\n`.
+pub fn answers_version(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
+    if s.write_all(b"version\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 128];
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                got += n;
+                if buf[..got].ends_with(b"\r\n") {
+                    break;
+                }
+            }
+        }
+    }
+    buf[..got].starts_with(b"VERSION ")
+}
+
+/// The server's version string (for reports), if it answers.
+pub fn version_of(path: &Path) -> Option<String> {
+    let out = Command::new(path).arg("-V").output().ok()?;
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!s.is_empty()).then_some(s)
+}

@@ -1,0 +1,230 @@
+//! How requests reach a server. The load generator drives a [`Transport`]; TCP is the only
+//! one today, UCX active-message and one-sided transports will implement the same trait.
+//!
+//! The shape (submit, then progress with a reply callback) is the one UCX imposes anyway:
+//! requests are queued without blocking, and a progress call moves bytes and reports
+//! completions in order per connection.
+
+use crate::textproto::{self, Reply, ReplyError, Request};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why a transport gave up.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    #[error("connect to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: io::Error },
+    #[error("i/o on connection {conn}: {source}")]
+    Io { conn: usize, source: io::Error },
+    #[error("server closed connection {0}")]
+    Closed(usize),
+    #[error("bad reply on connection {conn}: {source}")]
+    Protocol { conn: usize, source: ReplyError },
+    #[error("no connection {0}")]
+    NoSuchConnection(usize),
+}
+
+/// A set of connections to one server, driven by one client thread.
+pub trait Transport: Send {
+    /// Short name for reports (`"tcp"`, later `"ucx-am"`, ...).
+    fn name(&self) -> &'static str;
+    /// How many connections this transport multiplexes.
+    fn connections(&self) -> usize;
+    /// Queue `req` on connection `conn`. Never blocks; bytes move in [`progress`](Self::progress).
+    fn submit(&mut self, conn: usize, req: &Request<'_>) -> Result<(), TransportError>;
+    /// Send what is queued, wait up to `timeout` for replies, and hand every complete reply
+    /// to `on_reply(conn, reply)`, in order per connection. Returns how many were handed.
+    fn progress(
+        &mut self,
+        timeout: Duration,
+        on_reply: &mut dyn FnMut(usize, Reply<'_>),
+    ) -> Result<usize, TransportError>;
+}
+
+/// Makes transports; shared by the client threads of a run.
+pub trait Connector: Sync {
+    fn connect(&self, conns: usize) -> Result<Box<dyn Transport>, TransportError>;
+}
+
+/// TCP, memcached text protocol.
+#[derive(Clone, Debug)]
+pub struct TcpConnector {
+    pub addr: SocketAddr,
+}
+
+impl Connector for TcpConnector {
+    fn connect(&self, conns: usize) -> Result<Box<dyn Transport>, TransportError> {
+        Ok(Box::new(TcpTransport::connect(self.addr, conns)?))
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+}
+
+/// Non-blocking sockets on one epoll (mio), so one thread keeps many connections busy.
+pub struct TcpTransport {
+    poll: Poll,
+    events: Events,
+    conns: Vec<Conn>,
+}
+
+const RBUF_INITIAL: usize = 64 * 1024;
+
+impl TcpTransport {
+    /// Open `n` connections to `addr` (Nagle off: requests are latency-bound).
+    pub fn connect(addr: SocketAddr, n: usize) -> Result<Self, TransportError> {
+        let cerr = |source| TransportError::Connect { addr, source };
+        let poll = Poll::new().map_err(cerr)?;
+        let mut conns = Vec::with_capacity(n);
+        for i in 0..n {
+            let std = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                .map_err(cerr)?;
+            std.set_nodelay(true).map_err(cerr)?;
+            std.set_nonblocking(true).map_err(cerr)?;
+            let mut stream = TcpStream::from_std(std);
+            poll.registry()
+                .register(
+                    &mut stream,
+                    Token(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .map_err(cerr)?;
+            conns.push(Conn {
+                stream,
+                wbuf: Vec::with_capacity(16 * 1024),
+                wpos: 0,
+                rbuf: vec![0; RBUF_INITIAL],
+                rstart: 0,
+                rend: 0,
+            });
+        }
+        Ok(TcpTransport {
+            poll,
+            events: Events::with_capacity(n.max(1) * 2),
+            conns,
+        })
+    }
+}
+
+impl Conn {
+    fn flush(&mut self, idx: usize) -> Result<(), TransportError> {
+        while self.wpos < self.wbuf.len() {
+            match self.stream.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => return Err(TransportError::Closed(idx)),
+                Ok(n) => self.wpos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(TransportError::Io { conn: idx, source }),
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        Ok(())
+    }
+
+    /// Read until the socket is drained (mio is edge-triggered), handing out replies as
+    /// they complete.
+    fn read(
+        &mut self,
+        idx: usize,
+        on_reply: &mut dyn FnMut(usize, Reply<'_>),
+    ) -> Result<usize, TransportError> {
+        let mut delivered = 0;
+        loop {
+            if self.rend == self.rbuf.len() {
+                if self.rstart > 0 {
+                    self.rbuf.copy_within(self.rstart..self.rend, 0);
+                    self.rend -= self.rstart;
+                    self.rstart = 0;
+                } else {
+                    // One reply larger than the buffer (big values): grow.
+                    let len = self.rbuf.len() * 2;
+                    self.rbuf.resize(len, 0);
+                }
+            }
+            match self.stream.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => return Err(TransportError::Closed(idx)),
+                Ok(n) => self.rend += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(delivered),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(TransportError::Io { conn: idx, source }),
+            }
+            loop {
+                let window = &self.rbuf[self.rstart..self.rend];
+                match textproto::parse_reply(window) {
+                    Ok(Some((reply, used))) => {
+                        on_reply(idx, reply);
+                        delivered += 1;
+                        self.rstart += used;
+                    }
+                    Ok(None) => break,
+                    Err(source) => return Err(TransportError::Protocol { conn: idx, source }),
+                }
+            }
+            if self.rstart == self.rend {
+                self.rstart = 0;
+                self.rend = 0;
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn submit(&mut self, conn: usize, req: &Request<'_>) -> Result<(), TransportError> {
+        let c = self
+            .conns
+            .get_mut(conn)
+            .ok_or(TransportError::NoSuchConnection(conn))?;
+        textproto::encode(req, &mut c.wbuf);
+        Ok(())
+    }
+
+    fn progress(
+        &mut self,
+        timeout: Duration,
+        on_reply: &mut dyn FnMut(usize, Reply<'_>),
+    ) -> Result<usize, TransportError> {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            if c.wpos < c.wbuf.len() {
+                c.flush(i)?;
+            }
+        }
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+            Err(source) => return Err(TransportError::Io { conn: 0, source }),
+        }
+        let mut delivered = 0;
+        for ev in self.events.iter() {
+            let idx = ev.token().0;
+            let Some(c) = self.conns.get_mut(idx) else {
+                continue;
+            };
+            if ev.is_writable() && c.wpos < c.wbuf.len() {
+                c.flush(idx)?;
+            }
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                delivered += c.read(idx, on_reply)?;
+            }
+        }
+        Ok(delivered)
+    }
+}
