@@ -140,6 +140,7 @@ pub fn latency_percentiles(path: &Path, title: &str, panels: &[Panel]) -> Result
         chart
             .configure_mesh()
             .x_labels(5)
+            .y_labels(12)
             .x_label_formatter(&nines_label)
             .y_desc("latency (us, log)")
             .y_label_formatter(&us_label)
@@ -186,28 +187,34 @@ pub fn latency_vs_size(
     }
     let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(draw_err(path))?;
-    let xlo = (xmin.max(1) as f64) / 1.5;
-    let xhi = xmax as f64 * 1.5;
+    // x is log2(size) on a linear axis, so ticks fall on powers of two (1, 2, 4, ... 1K).
+    let xlo = (xmin.max(1) as f64).log2().floor() - 0.5;
+    let xhi = (xmax.max(1) as f64).log2().ceil() + 0.5;
     let ylo = (ymin.max(0.1) * 0.8).min(ymax / 2.0);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 22))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
-        .build_cartesian_2d((xlo..xhi).log_scale(), (ylo..ymax * 1.3).log_scale())
+        .build_cartesian_2d(xlo..xhi, (ylo..ymax * 1.3).log_scale())
         .map_err(draw_err(path))?;
     chart
         .configure_mesh()
-        .x_desc("value size (bytes, log)")
+        .x_desc("value size (bytes, log2)")
         .y_desc("latency (us, log)")
+        .x_labels((xhi - xlo).ceil() as usize + 1)
+        .y_labels(12)
         .y_label_formatter(&us_label)
-        .x_label_formatter(&|x| size_label(*x))
+        .x_label_formatter(&|x| size_label(2f64.powf(x.round())))
         .label_style((FONT, 14))
         .draw()
         .map_err(draw_err(path))?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let c = colour(i);
-        let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (x as f64, y)).collect();
+        let pts: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|&(x, y)| ((x.max(1) as f64).log2(), y))
+            .collect();
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
             .map_err(draw_err(path))?
