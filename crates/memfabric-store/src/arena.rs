@@ -67,7 +67,7 @@ impl Arena {
     #[inline]
     fn check_aligned(&self, off: usize, n: usize) {
         self.check(off, n);
-        assert!(off % n == 0, "misaligned atomic access at {off}");
+        assert!(off.is_multiple_of(n), "misaligned atomic access at {off}");
     }
 
     /// The atomic byte at `off`.

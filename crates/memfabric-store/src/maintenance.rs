@@ -125,9 +125,9 @@ impl Inner {
             }
         }
         if let Some((from, _, _)) = donor {
-            if self.move_page(from, to) {
-                streak[to as usize] = 0;
-            }
+            // The receiving class keeps its streak: while it still evicts, it gets
+            // another page next second.
+            self.move_page(from, to);
         }
     }
 

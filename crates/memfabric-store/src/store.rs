@@ -516,7 +516,7 @@ impl Inner {
                 let Some(cls) = self.slabs.classes.get(slot.class as usize).copied() else {
                     return ReadOutcome::Retry;
                 };
-                if off % 8 != 0 || off.saturating_add(cls.size) > a.len() {
+                if !off.is_multiple_of(8) || off.saturating_add(cls.size) > a.len() {
                     return ReadOutcome::Retry;
                 }
                 let h = item::read_header(a, off);
@@ -584,7 +584,7 @@ impl Inner {
         for i in 0..n {
             let c = a.u64_at(table + 8 * i).load(Ordering::Relaxed) as usize;
             let take = left.min(payload);
-            if c % 8 != 0 || c.saturating_add(HDR + take) > a.len() {
+            if !c.is_multiple_of(8) || c.saturating_add(HDR + take) > a.len() {
                 return false;
             }
             a.read_into(c + HDR, take, out);
@@ -983,7 +983,7 @@ impl Inner {
                 item::CHAINED => {
                     // Part of a large item: evict the item that owns it.
                     let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
-                    if head % 8 != 0 || head + HDR > a.len() || item::state(a, head) != item::LINKED
+                    if !head.is_multiple_of(8) || head + HDR > a.len() || item::state(a, head) != item::LINKED
                     {
                         continue;
                     }
