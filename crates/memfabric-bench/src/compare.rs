@@ -47,6 +47,11 @@ pub struct Ratios {
     pub cpu_per_mop: Option<f64>,
     /// Throughput ratio of each round, to judge the noise.
     pub throughput_by_round: Vec<f64>,
+    /// p99 ratio of each round.
+    pub p99_by_round: Vec<f64>,
+    /// Medians of the per-round ratios: robust to one round disturbed by another job.
+    pub median_throughput: f64,
+    pub median_p99: f64,
     pub meets_target: Verdict,
 }
 
@@ -101,6 +106,21 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
+/// Median (mean of the middle two for an even count); NaN for none.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
 pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
     let base = cfg.base.start()?;
     let cand = cfg.cand.start()?;
@@ -130,9 +150,11 @@ pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
         let mut cpu: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
         let mut cli: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
         let mut per_round_tput = Vec::new();
+        let mut per_round_p99 = Vec::new();
         for r in 0..cfg.rounds.max(1) {
             let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
             let mut tput = [0f64; 2];
+            let mut p99 = [0f64; 2];
             for i in order {
                 let srv = servers[i];
                 let mut lc = cfg.load.clone();
@@ -142,6 +164,7 @@ pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
                 let (stats, c, k) = measure(srv, &lc)?;
                 let summary = RunSummary::from_stats(&srv.name, size, &stats, c, k);
                 tput[i] = summary.ops_per_sec;
+                p99[i] = summary.p99_us;
                 rounds.push((r + 1, summary));
                 elapsed[i] += stats.elapsed.as_secs_f64();
                 cpu[i] = cpu[i].zip(c).map(|(a, b)| a + b);
@@ -149,6 +172,7 @@ pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
                 agg[i].merge(&stats);
             }
             per_round_tput.push(ratio(tput[0], tput[1]));
+            per_round_p99.push(ratio(p99[0], p99[1]));
         }
         let mut sums = Vec::new();
         for i in 0..2 {
@@ -174,7 +198,10 @@ pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
             throughput,
             p99,
             cpu_per_mop,
+            median_throughput: median(&per_round_tput),
+            median_p99: median(&per_round_p99),
             throughput_by_round: per_round_tput,
+            p99_by_round: per_round_p99,
             meets_target: Verdict {
                 throughput: throughput >= 1.0,
                 p99: p99 <= 1.1,
@@ -191,4 +218,16 @@ pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
         base_addr: base.addr.to_string(),
         cand_addr: cand.addr.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 }

@@ -470,15 +470,16 @@ fn compare_cmd(a: CompareArgs) -> Fallible<bool> {
 
 fn ratios_table(res: &CompareResult) -> String {
     let yes = |b: bool| if b { "ok" } else { "MISS" };
+    let list = |xs: &[f64]| {
+        xs.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let rows: Vec<Vec<String>> = res
         .ratios
         .iter()
         .map(|r| {
-            let rounds: Vec<String> = r
-                .throughput_by_round
-                .iter()
-                .map(|x| format!("{x:.2}"))
-                .collect();
             vec![
                 format!("{} B", r.value_size),
                 format!("{:.3}x {}", r.throughput, yes(r.meets_target.throughput)),
@@ -487,7 +488,10 @@ fn ratios_table(res: &CompareResult) -> String {
                     || "-".into(),
                     |c| format!("{c:.3}x {}", yes(r.meets_target.cpu_per_mop)),
                 ),
-                rounds.join(" "),
+                format!("{:.3}x", r.median_throughput),
+                format!("{:.3}x", r.median_p99),
+                list(&r.throughput_by_round),
+                list(&r.p99_by_round),
             ]
         })
         .collect();
@@ -497,7 +501,10 @@ fn ratios_table(res: &CompareResult) -> String {
             "throughput",
             "p99",
             "cpu/Mop",
-            "throughput by round",
+            "median tput",
+            "median p99",
+            "tput by round",
+            "p99 by round",
         ],
         &rows,
     )
