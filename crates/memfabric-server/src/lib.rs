@@ -1,9 +1,17 @@
 //! memfabricd: listeners, worker loops and command execution against the store.
 //!
 //! Path of a request: `net` (listener hands a connection to a worker) → `worker` (event
-//! loop reads bytes) → `exec::process` (detects ascii or binary, frames requests, runs
-//! them against `memfabric_store::Store`, appends replies) → `worker` writes the replies.
+//! loop) → `conn` (reads bytes) → `exec::process` (detects ascii or binary, frames
+//! requests, runs them against `memfabric_store::Store`, appends replies) → `conn` writes
+//! the replies. UDP datagrams go `worker` → `udp` → `exec::process`. `runtime` wires it
+//! all up from `Settings` (which `cli` builds from memcached's flags).
 
+pub mod cli;
+pub mod conn;
 pub mod exec;
+pub mod net;
+pub mod runtime;
 pub mod settings;
 pub mod stats;
+pub mod udp;
+pub mod worker;

@@ -1,4 +1,49 @@
+//! `memfabricd`: parse memcached's flags, set up logging, run the server.
+use memfabric_server::cli::{self, Either};
+use memfabric_server::runtime;
+
+const LICENSE: &str = "memfabricd is distributed under the BSD-3-Clause license.";
+
 fn main() {
-    eprintln!("memfabricd: not wired yet");
-    std::process::exit(1);
+    let parsed = match cli::parse(std::env::args_os()) {
+        Ok(p) => p,
+        Err(Either::Clap(e)) => e.exit(),
+        Err(Either::Cli(e)) => {
+            eprintln!("{}", e.message);
+            std::process::exit(e.code);
+        }
+    };
+    if parsed.license {
+        println!("{LICENSE}");
+        return;
+    }
+    // memcached: -v warnings and errors, -vv client traffic, -vvv internal states.
+    let level = match parsed.settings.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MEMFABRIC_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    for w in &parsed.warnings {
+        tracing::warn!("{w}");
+    }
+    let settings = parsed.settings;
+    let listeners = match runtime::bind(&settings) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(71);
+        }
+    };
+    if let Err(e) = runtime::run(settings, listeners) {
+        eprintln!("{e}");
+        std::process::exit(1);
+    }
 }

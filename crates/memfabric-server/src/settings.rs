@@ -36,6 +36,56 @@ pub struct Settings {
     pub max_pending_output: usize,
     /// Store configuration (`-m -f -n -I -M`, slab options).
     pub store: memfabric_store::StoreConfig,
+    /// `-A`: the ascii `shutdown` command is allowed.
+    pub enable_shutdown: bool,
+    /// `-F`: refuse `flush_all`.
+    pub flush_enabled: bool,
+    /// `-X`: refuse `stats cachedump` and `lru_crawler metadump`.
+    pub dump_enabled: bool,
+    /// `-b`: listen backlog (default 1024).
+    pub backlog: u32,
+    /// `-d`: detach from the terminal.
+    pub daemonize: bool,
+    /// `-P`: write the pid here (memcached only does with `-d`; we always do when given).
+    pub pidfile: Option<String>,
+    /// `-u`: user to become when started as root.
+    pub user: Option<String>,
+    /// `-r`: raise the core file size limit.
+    pub enable_coredumps: bool,
+    /// `-k`: lock all memory (`mlockall`).
+    pub lock_memory: bool,
+    /// `-L`: ask for large pages (accepted; the arena decides).
+    pub large_pages: bool,
+    /// `-D`: delimiter of key prefixes for per-prefix stats; setting it enables detail.
+    pub prefix_delimiter: char,
+    /// `stats detail on`, or `-D` given.
+    pub detail_enabled: bool,
+    /// `-o maxconns_fast` (default on): reject over-limit connections with an error at
+    /// once instead of leaving them in the accept queue.
+    pub maxconns_fast: bool,
+    /// `-o slab_chunk_max` in bytes (reported only; the store chains large items itself).
+    pub slab_chunk_max: usize,
+    /// `-o hashpower` as given (0 = not given), reported by `stats settings`.
+    pub hashpower_init: u32,
+    /// `-o slab_automove=N` as given (0, 1 or 2).
+    pub slab_automove: u32,
+    /// `-o track_sizes`.
+    pub track_sizes: bool,
+    /// `-o lru_crawler` / `no_lru_crawler`.
+    pub lru_crawler: bool,
+    /// `-o tail_repair_time` (reported only).
+    pub tail_repair_time: u32,
+}
+
+impl ProtocolChoice {
+    /// The name `stats settings` prints (`binding_protocol`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProtocolChoice::Auto => "auto-negotiate",
+            ProtocolChoice::Ascii => "ascii",
+            ProtocolChoice::Binary => "binary",
+        }
+    }
 }
 
 /// `-B` choices.
@@ -65,6 +115,25 @@ impl Default for Settings {
             idle_timeout: 0,
             max_pending_output: 4 << 20,
             store: memfabric_store::StoreConfig::default(),
+            enable_shutdown: false,
+            flush_enabled: true,
+            dump_enabled: true,
+            backlog: 1024,
+            daemonize: false,
+            pidfile: None,
+            user: None,
+            enable_coredumps: false,
+            lock_memory: false,
+            large_pages: false,
+            prefix_delimiter: ':',
+            detail_enabled: false,
+            maxconns_fast: true,
+            slab_chunk_max: 512 * 1024,
+            hashpower_init: 0,
+            slab_automove: 1,
+            track_sizes: false,
+            lru_crawler: true,
+            tail_repair_time: 0,
         }
     }
 }

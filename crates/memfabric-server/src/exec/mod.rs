@@ -7,8 +7,8 @@
 //!
 //! Files: `ascii.rs` (classic text commands and line framing), `meta.rs` (mg ms md ma mn
 //! me), `binary.rs` (binary protocol). Each exposes a `process_one` with the same shape.
-use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use memfabric_store::Store;
 
@@ -35,6 +35,14 @@ pub struct Shared {
     /// Process id and the unix time the server started.
     pub pid: u32,
     pub started: u32,
+    /// Open connections and listeners, for `stats conns`.
+    pub conns: crate::conn::ConnRegistry,
+    /// Counter values at the last `stats reset` (reported counters are deltas from it).
+    pub stats_base: crate::stats::ResetBase,
+    /// Set once the server is stopping (signal or the `shutdown` command).
+    pub shutdown: AtomicBool,
+    /// Wakes the listener thread so that it notices `shutdown` (set by the runtime).
+    pub shutdown_waker: OnceLock<mio::Waker>,
 }
 
 impl Shared {
@@ -51,7 +59,25 @@ impl Shared {
             thread_stats: Mutex::new(Vec::new()),
             pid: std::process::id(),
             started,
+            conns: Default::default(),
+            stats_base: Default::default(),
+            shutdown: AtomicBool::new(false),
+            shutdown_waker: OnceLock::new(),
         }
+    }
+
+    /// Stop the server (ascii `shutdown` with `-A`, or a signal): the listener stops
+    /// accepting, workers close their connections after flushing, the process exits.
+    pub fn request_shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Some(w) = self.shutdown_waker.get() {
+            // Nothing to do if the wake fails: the listener also polls with a timeout.
+            let _ = w.wake();
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
     }
 
     /// Register a worker's counters; the worker keeps the returned handle.
@@ -122,6 +148,9 @@ pub struct Progress {
     /// Total input bytes the pending request needs, when known (lets the caller size its
     /// read buffer for a large value).
     pub need: usize,
+    /// Stopped with complete input left because of the `-R` budget or the output
+    /// high-water mark: the caller should call again later (memcached's conn_yields).
+    pub yielded: bool,
 }
 
 /// Stop running requests once this much reply data is queued, so that a client that
@@ -152,6 +181,7 @@ pub fn process(
             continue;
         }
         if handled >= max_requests || out.len() >= high_water {
+            progress.yielded = true;
             break;
         }
         let proto = match sess.proto {

@@ -1,0 +1,710 @@
+//! Command line: memcached 1.6's flags, mapped onto `Settings`.
+//!
+//! Flags memcached has and we cannot honour in full (TLS, SASL, extstore, ...) are
+//! accepted so that existing init scripts keep working; the ones that change behaviour we
+//! do not have are reported as warnings. Unknown `-o` options are warnings too (memcached
+//! refuses them; we would rather start).
+use clap::{ArgAction, Parser};
+
+use crate::settings::{ProtocolChoice, Settings};
+
+/// memfabricd: a memcached-compatible cache daemon.
+#[derive(Parser, Debug)]
+#[command(
+    name = "memfabricd",
+    version,
+    about,
+    disable_help_flag = true,
+    // As with getopt, a flag given twice takes its last value.
+    args_override_self = true
+)]
+pub struct Args {
+    /// TCP port to listen on (default: 11211, 0 = off)
+    #[arg(
+        short = 'p',
+        long = "port",
+        value_name = "num",
+        default_value_t = 11211
+    )]
+    pub port: u16,
+    /// UDP port to listen on (default: 0, off)
+    #[arg(
+        short = 'U',
+        long = "udp-port",
+        value_name = "num",
+        default_value_t = 0
+    )]
+    pub udp_port: u16,
+    /// UNIX socket to listen on (disables network support)
+    #[arg(short = 's', long = "unix-socket", value_name = "file")]
+    pub unix_socket: Option<String>,
+    /// access mask for UNIX socket, in octal (default: 700)
+    #[arg(
+        short = 'a',
+        long = "unix-mask",
+        value_name = "mask",
+        default_value = "700"
+    )]
+    pub unix_mask: String,
+    /// enable ascii "shutdown" command
+    #[arg(short = 'A', long = "enable-shutdown")]
+    pub enable_shutdown: bool,
+    /// interface to listen on (default: INADDR_ANY); comma list, may repeat; addr or addr:port
+    #[arg(short = 'l', long = "listen", value_name = "addr", action = ArgAction::Append)]
+    pub listen: Vec<String>,
+    /// run as a daemon
+    #[arg(short = 'd', long = "daemon")]
+    pub daemon: bool,
+    /// maximize core file limit
+    #[arg(short = 'r', long = "enable-coredumps")]
+    pub enable_coredumps: bool,
+    /// assume identity of <username> (only when run as root)
+    #[arg(short = 'u', long = "user", value_name = "user")]
+    pub user: Option<String>,
+    /// item memory in megabytes (default: 64)
+    #[arg(
+        short = 'm',
+        long = "memory-limit",
+        value_name = "num",
+        default_value = "64"
+    )]
+    pub memory_limit: String,
+    /// return error on memory exhausted instead of evicting
+    #[arg(short = 'M', long = "disable-evictions")]
+    pub disable_evictions: bool,
+    /// max simultaneous connections (default: 1024)
+    #[arg(
+        short = 'c',
+        long = "conn-limit",
+        value_name = "num",
+        default_value_t = 1024
+    )]
+    pub conn_limit: usize,
+    /// lock down all paged memory
+    #[arg(short = 'k', long = "lock-memory")]
+    pub lock_memory: bool,
+    /// verbose (-v errors/warnings, -vv client commands and connections, -vvv internals)
+    #[arg(short = 'v', long = "verbose", action = ArgAction::Count)]
+    pub verbose: u8,
+    /// print this help and exit
+    #[arg(short = 'h', long = "help", action = ArgAction::Help)]
+    pub help: Option<bool>,
+    /// print license and exit
+    #[arg(short = 'i', long = "license")]
+    pub license: bool,
+    /// save PID in <file>
+    #[arg(short = 'P', long = "pidfile", value_name = "file")]
+    pub pidfile: Option<String>,
+    /// chunk size growth factor (default: 1.25)
+    #[arg(
+        short = 'f',
+        long = "slab-growth-factor",
+        value_name = "num",
+        default_value_t = 1.25
+    )]
+    pub growth_factor: f64,
+    /// min space used for key+value+flags (default: 48)
+    #[arg(
+        short = 'n',
+        long = "slab-min-size",
+        value_name = "bytes",
+        default_value_t = 48
+    )]
+    pub min_chunk: usize,
+    /// try to use large memory pages (if available)
+    #[arg(short = 'L', long = "enable-largepages")]
+    pub large_pages: bool,
+    /// delimiter between key prefixes and IDs for per-prefix stats (turns detail on)
+    #[arg(short = 'D', value_name = "char")]
+    pub delimiter: Option<char>,
+    /// number of worker threads to use (default: 4)
+    #[arg(short = 't', long = "threads", value_name = "num", default_value_t = 4)]
+    pub threads: usize,
+    /// maximum number of requests per event per connection (default: 20)
+    #[arg(
+        short = 'R',
+        long = "max-reqs-per-event",
+        value_name = "num",
+        default_value_t = 20
+    )]
+    pub reqs_per_event: usize,
+    /// disable use of CAS
+    #[arg(short = 'C', long = "disable-cas")]
+    pub disable_cas: bool,
+    /// set the backlog queue limit (default: 1024)
+    #[arg(
+        short = 'b',
+        long = "listen-backlog",
+        value_name = "num",
+        default_value_t = 1024
+    )]
+    pub backlog: u32,
+    /// protocol - one of ascii, binary, or auto (default: auto-negotiate)
+    #[arg(
+        short = 'B',
+        long = "protocol",
+        value_name = "name",
+        default_value = "auto"
+    )]
+    pub protocol: String,
+    /// max item size, k/m/g suffixes (default: 1m, min: 1k, max: 1024m)
+    #[arg(
+        short = 'I',
+        long = "max-item-size",
+        value_name = "num",
+        default_value = "1m"
+    )]
+    pub max_item_size: String,
+    /// turn on SASL authentication (not supported: accepted with a warning)
+    #[arg(short = 'S', long = "enable-sasl")]
+    pub sasl: bool,
+    /// disable flush_all command
+    #[arg(short = 'F', long = "disable-flush-all")]
+    pub disable_flush: bool,
+    /// disable stats cachedump and lru_crawler metadump
+    #[arg(short = 'X', long = "disable-dumping")]
+    pub disable_dumping: bool,
+    /// disable watch commands (live logging)
+    #[arg(short = 'W', long = "disable-watch")]
+    pub disable_watch: bool,
+    /// ASCII protocol authentication file (not supported: accepted with a warning)
+    #[arg(short = 'Y', long = "auth-file", value_name = "file")]
+    pub auth_file: Option<String>,
+    /// mmap a file for item memory (not supported: accepted with a warning)
+    #[arg(short = 'e', long = "memory-file", value_name = "file")]
+    pub memory_file: Option<String>,
+    /// enable TLS/SSL (not supported: accepted with a warning)
+    #[arg(short = 'Z', long = "enable-ssl")]
+    pub ssl: bool,
+    /// number of napi ids (accepted, ignored)
+    #[arg(short = 'N', long = "napi_ids", value_name = "num")]
+    pub napi_ids: Option<u32>,
+    /// comma separated extended options: maxconns_fast, hashpower=N, idle_timeout=N,
+    /// slab_automove=N, slab_chunk_max=KB, lru_crawler, no_lru_crawler, track_sizes,
+    /// tail_repair_time=N, modern, no_modern, and memcached's others (accepted); unknown
+    /// ones are warned about, never fatal
+    #[arg(short = 'o', long = "extended", value_name = "opt[,opt]", action = ArgAction::Append)]
+    pub extended: Vec<String>,
+    /// after activity, keep polling for this many microseconds before sleeping in epoll
+    /// (lower latency under load at the cost of CPU; default: 0, sleep at once)
+    #[arg(long = "poll-us", value_name = "us", default_value_t = 0)]
+    pub poll_us: u64,
+}
+
+/// Why the command line cannot start a server. `code` is the exit status memcached uses
+/// (64, EX_USAGE, for bad values; 1 for others).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    pub message: String,
+    pub code: i32,
+}
+
+fn usage(message: impl Into<String>) -> CliError {
+    CliError {
+        message: message.into(),
+        code: 64,
+    }
+}
+
+fn fatal(message: impl Into<String>) -> CliError {
+    CliError {
+        message: message.into(),
+        code: 1,
+    }
+}
+
+/// Settings built from the command line, plus warnings to log once logging is set up.
+#[derive(Debug)]
+pub struct Parsed {
+    pub settings: Settings,
+    pub warnings: Vec<String>,
+    /// `-i`: print the license and exit.
+    pub license: bool,
+}
+
+/// Parse a size with an optional k/m/g suffix (binary units), as memcached's `-I`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1u64 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1u64 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// `-m`: megabytes, or a size with a k/m/g suffix.
+fn parse_memory(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse::<u64>().ok()?.checked_mul(1 << 20);
+    }
+    parse_size(s)
+}
+
+/// Parse `args` (including the program name) into settings.
+///
+/// `--help`, `--version` and clap's own errors come back as `Err(Left(clap::Error))` so the
+/// caller can let clap print them and exit with clap's status.
+pub fn parse<I, T>(args: I) -> Result<Parsed, Either>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let a = Args::try_parse_from(args).map_err(Either::Clap)?;
+    into_settings(a).map_err(Either::Cli)
+}
+
+/// Error of [`parse`].
+#[derive(Debug)]
+pub enum Either {
+    Clap(clap::Error),
+    Cli(CliError),
+}
+
+/// Turn parsed flags into `Settings`, checking values as memcached does.
+pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
+    let mut s = Settings::default();
+    let mut warnings = Vec::new();
+
+    s.tcp_port = a.port;
+    s.udp_port = a.udp_port;
+    s.listen = a
+        .listen
+        .iter()
+        .flat_map(|l| l.split(','))
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    s.unix_socket = a.unix_socket;
+    s.unix_mask = u32::from_str_radix(a.unix_mask.trim(), 8)
+        .map_err(|_| usage(format!("Invalid unix socket mask: {}", a.unix_mask)))?;
+    s.enable_shutdown = a.enable_shutdown;
+    s.daemonize = a.daemon;
+    s.enable_coredumps = a.enable_coredumps;
+    s.user = a.user;
+    s.store.memory_limit = parse_memory(&a.memory_limit)
+        .and_then(|m| usize::try_from(m).ok())
+        .ok_or_else(|| usage(format!("Invalid memory limit: {}", a.memory_limit)))?;
+    s.store.evict = !a.disable_evictions;
+    if a.conn_limit == 0 {
+        return Err(fatal("Maximum connections must be greater than 0"));
+    }
+    s.max_connections = a.conn_limit;
+    s.lock_memory = a.lock_memory;
+    s.verbose = u32::from(a.verbose);
+    s.pidfile = a.pidfile;
+    if a.growth_factor <= 1.0 || !a.growth_factor.is_finite() {
+        return Err(fatal("Factor must be greater than 1"));
+    }
+    s.store.growth_factor = a.growth_factor;
+    if a.min_chunk == 0 {
+        return Err(fatal("Chunk size must be greater than 0"));
+    }
+    s.store.min_chunk = a.min_chunk;
+    s.large_pages = a.large_pages;
+    if let Some(d) = a.delimiter {
+        s.prefix_delimiter = d;
+        s.detail_enabled = true;
+    }
+    if a.threads == 0 {
+        return Err(fatal("Number of threads must be greater than 0"));
+    }
+    if a.threads > 64 {
+        warnings.push(
+            "WARNING: Setting a high number of worker threads is not recommended.\n \
+             Set this value to the number of cores in your machine or less."
+                .to_string(),
+        );
+    }
+    s.threads = a.threads;
+    if a.reqs_per_event == 0 {
+        return Err(fatal("Number of requests per event must be greater than 0"));
+    }
+    s.reqs_per_event = a.reqs_per_event;
+    s.use_cas = !a.disable_cas;
+    s.store.use_cas = s.use_cas;
+    s.backlog = a.backlog;
+    s.protocol = match a.protocol.as_str() {
+        "auto" => ProtocolChoice::Auto,
+        "ascii" => ProtocolChoice::Ascii,
+        "binary" => ProtocolChoice::Binary,
+        other => {
+            return Err(usage(format!(
+                "Invalid value for binding protocol: {other}\n -- should be one of auto, binary, or ascii"
+            )))
+        }
+    };
+    let item_max = parse_size(&a.max_item_size)
+        .ok_or_else(|| usage(format!("Invalid max item size: {}", a.max_item_size)))?;
+    if item_max < 1024 {
+        return Err(usage("Item max size cannot be less than 1024 bytes."));
+    }
+    if item_max > 1 << 30 {
+        return Err(usage("Cannot set item size limit higher than 1 GB."));
+    }
+    s.store.item_size_max = item_max as usize;
+    if a.sasl {
+        warnings.push("SASL authentication is not supported; -S ignored".into());
+    }
+    s.flush_enabled = !a.disable_flush;
+    s.dump_enabled = !a.disable_dumping;
+    if a.auth_file.is_some() {
+        warnings.push("ascii authentication is not supported; -Y ignored".into());
+    }
+    if a.memory_file.is_some() {
+        warnings.push("restartable cache (memory file) is not supported; -e ignored".into());
+    }
+    if a.ssl {
+        warnings.push("TLS is not supported; -Z ignored".into());
+    }
+    s.poll_us = a.poll_us;
+
+    for opt in a.extended.iter().flat_map(|o| o.split(',')) {
+        apply_extended(&mut s, opt.trim(), &mut warnings)?;
+    }
+
+    // memcached sizes the item limit against memory: a slab page must hold two items.
+    if s.store.item_size_max > s.store.memory_limit / 2 {
+        return Err(usage(
+            "Cannot set item size limit higher than 1/2 of memory max.",
+        ));
+    }
+    if s.unix_socket.is_some() {
+        // As memcached: a unix socket replaces the network listeners.
+        s.tcp_port = 0;
+        s.udp_port = 0;
+    }
+    Ok(Parsed {
+        settings: s,
+        warnings,
+        license: a.license,
+    })
+}
+
+fn num<T: std::str::FromStr>(name: &str, val: Option<&str>) -> Result<T, CliError> {
+    val.and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| fatal(format!("Invalid value for {name}: {}", val.unwrap_or(""))))
+}
+
+/// One `-o` option.
+fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Result<(), CliError> {
+    if opt.is_empty() {
+        return Ok(());
+    }
+    let (name, val) = match opt.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (opt, None),
+    };
+    match name {
+        "maxconns_fast" => s.maxconns_fast = true,
+        "no_maxconns_fast" => s.maxconns_fast = false,
+        "hashpower" => {
+            let hp: u32 = num(name, val)?;
+            if hp < 12 {
+                return Err(fatal(format!(
+                    "Initial hashtable multiplier of {hp} is too low"
+                )));
+            }
+            if hp > 32 {
+                return Err(fatal(format!(
+                    "Initial hashtable multiplier of {hp} is too high\n\
+                     Choose a value based on \"STAT hash_power_level\" from a running instance"
+                )));
+            }
+            s.hashpower_init = hp;
+            s.store.hashpower = Some(hp as u8);
+        }
+        "slab_reassign" => {}
+        "no_slab_reassign" => {
+            s.slab_automove = 0;
+            s.store.slab_automove = false;
+        }
+        "slab_automove" => {
+            let n: u32 = match val {
+                None => 1,
+                Some(_) => num(name, val)?,
+            };
+            if n > 2 {
+                return Err(fatal("slab_automove must be between 0 and 2"));
+            }
+            s.slab_automove = n;
+            s.store.slab_automove = n > 0;
+        }
+        "idle_timeout" => s.idle_timeout = num(name, val)?,
+        "lru_crawler" => {
+            s.lru_crawler = true;
+            s.store.background_sweeper = true;
+        }
+        "no_lru_crawler" => {
+            s.lru_crawler = false;
+            s.store.background_sweeper = false;
+        }
+        "slab_chunk_max" => {
+            let kb: usize = num(name, val)?;
+            s.slab_chunk_max = kb.saturating_mul(1024);
+        }
+        "track_sizes" => s.track_sizes = true,
+        "tail_repair_time" => s.tail_repair_time = num(name, val)?,
+        // Tunables of memcached's own LRU, hash, logging and buffers: they have no
+        // counterpart here, and a value for them changes nothing.
+        "modern"
+        | "no_modern"
+        | "hash_algorithm"
+        | "lru_crawler_sleep"
+        | "lru_crawler_tocrawl"
+        | "lru_maintainer"
+        | "no_lru_maintainer"
+        | "hot_lru_pct"
+        | "warm_lru_pct"
+        | "hot_max_factor"
+        | "warm_max_factor"
+        | "temporary_ttl"
+        | "watcher_logbuf_size"
+        | "worker_logbuf_size"
+        | "read_buf_mem_limit"
+        | "no_hashexpand"
+        | "sock_cookie_id"
+        | "slab_automove_ratio"
+        | "slab_automove_window"
+        | "slab_automove_freeratio"
+        | "inline_ascii_resp"
+        | "no_inline_ascii_resp"
+        | "lru_segmented"
+        | "no_lru_segmented"
+        | "drop_privileges"
+        | "no_drop_privileges"
+        | "resp_obj_mem_limit"
+        | "ext_item_size"
+        | "ext_item_age"
+        | "ext_low_ttl"
+        | "ext_recache_rate"
+        | "ext_compact_under"
+        | "ext_drop_under"
+        | "ext_max_sleep"
+        | "ext_max_frag"
+        | "ext_drop_unread"
+        | "ext_wbuf_size"
+        | "ext_threads"
+        | "ext_io_depth"
+        | "ext_page_size"
+        | "ext_path"
+        | "ssl_chain_cert"
+        | "ssl_key"
+        | "ssl_keyformat"
+        | "ssl_verify_mode"
+        | "ssl_ciphers"
+        | "ssl_ca_cert"
+        | "ssl_wbuf_size"
+        | "ssl_session_cache"
+        | "ssl_kernel_tls"
+        | "ssl_min_version"
+        | "proxy_config"
+        | "proxy_startfile"
+        | "proxy_startarg" => {}
+        _ => warnings.push(format!("Ignoring unknown extended option \"{opt}\"")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(args: &[&str]) -> Parsed {
+        let mut v = vec!["memfabricd"];
+        v.extend_from_slice(args);
+        match parse(v) {
+            Ok(p) => p,
+            Err(e) => panic!("{args:?}: {e:?}"),
+        }
+    }
+
+    fn err(args: &[&str]) -> CliError {
+        let mut v = vec!["memfabricd"];
+        v.extend_from_slice(args);
+        match parse(v) {
+            Err(Either::Cli(e)) => e,
+            other => panic!("{args:?}: expected a settings error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_flags_give_memcached_defaults() {
+        let s = ok(&[]).settings;
+        assert_eq!(s.tcp_port, 11211);
+        assert_eq!(s.udp_port, 0);
+        assert_eq!(s.store.memory_limit, 64 << 20);
+        assert_eq!(s.max_connections, 1024);
+        assert_eq!(s.threads, 4);
+        assert_eq!(s.store.item_size_max, 1 << 20);
+        assert_eq!(s.store.growth_factor, 1.25);
+        assert_eq!(s.store.min_chunk, 48);
+        assert_eq!(s.reqs_per_event, 20);
+        assert_eq!(s.backlog, 1024);
+        assert_eq!(s.poll_us, 0);
+        assert!(s.use_cas && s.store.evict);
+    }
+
+    #[test]
+    fn listen_accepts_comma_lists_and_repeats() {
+        let s = ok(&["-l", "127.0.0.1,::1", "-l", "127.0.0.2:5000"]).settings;
+        assert_eq!(s.listen, vec!["127.0.0.1", "::1", "127.0.0.2:5000"]);
+    }
+
+    #[test]
+    fn repeated_v_counts_verbosity() {
+        assert_eq!(ok(&["-vv"]).settings.verbose, 2);
+        assert_eq!(ok(&["-v", "-v", "-v"]).settings.verbose, 3);
+    }
+
+    #[test]
+    fn item_size_takes_suffixes_and_is_checked_against_memory() {
+        assert_eq!(ok(&["-I", "2m"]).settings.store.item_size_max, 2 << 20);
+        assert_eq!(ok(&["-I", "4k"]).settings.store.item_size_max, 4096);
+        assert_eq!(ok(&["-I", "32m"]).settings.store.item_size_max, 32 << 20);
+        assert_eq!(err(&["-I", "40m"]).code, 64);
+        assert_eq!(err(&["-I", "500"]).code, 64);
+        assert_eq!(err(&["-I", "2g", "-m", "8192"]).code, 64);
+        assert_eq!(
+            ok(&["-I", "1g", "-m", "4096"]).settings.store.item_size_max,
+            1 << 30
+        );
+    }
+
+    #[test]
+    fn unknown_extended_option_is_a_warning_not_an_error() {
+        let p = ok(&["-o", "foo_bar=3,modern", "-o", "idle_timeout=5"]);
+        assert_eq!(p.settings.idle_timeout, 5);
+        assert_eq!(p.warnings.len(), 1);
+        assert!(p.warnings[0].contains("foo_bar=3"));
+    }
+
+    #[test]
+    fn extended_options_map_onto_store_config() {
+        let s = ok(&[
+            "-o",
+            "hashpower=20,slab_automove=0,no_lru_crawler,slab_chunk_max=256",
+        ])
+        .settings;
+        assert_eq!(s.store.hashpower, Some(20));
+        assert!(!s.store.slab_automove);
+        assert!(!s.store.background_sweeper);
+        assert_eq!(s.slab_chunk_max, 256 * 1024);
+        assert_eq!(err(&["-o", "hashpower=70"]).code, 1);
+    }
+
+    #[test]
+    fn bad_values_fail_as_memcached_does() {
+        assert_eq!(err(&["-t", "0"]).code, 1);
+        assert_eq!(err(&["-c", "0"]).code, 1);
+        assert_eq!(err(&["-f", "1.0"]).code, 1);
+        assert_eq!(err(&["-n", "0"]).code, 1);
+        assert_eq!(err(&["-B", "foo"]).code, 64);
+    }
+
+    #[test]
+    fn unix_socket_turns_off_network_listeners() {
+        let s = ok(&["-s", "/tmp/x.sock", "-a", "766", "-U", "5000"]).settings;
+        assert_eq!(s.unix_socket.as_deref(), Some("/tmp/x.sock"));
+        assert_eq!(s.unix_mask, 0o766);
+        assert_eq!((s.tcp_port, s.udp_port), (0, 0));
+    }
+
+    #[test]
+    fn all_common_memcached_flags_are_accepted() {
+        let p = ok(&[
+            "-p",
+            "1",
+            "-U",
+            "2",
+            "-m",
+            "128",
+            "-c",
+            "10",
+            "-t",
+            "2",
+            "-R",
+            "5",
+            "-B",
+            "ascii",
+            "-C",
+            "-A",
+            "-M",
+            "-L",
+            "-k",
+            "-r",
+            "-D",
+            "#",
+            "-b",
+            "64",
+            "-F",
+            "-X",
+            "-u",
+            "nobody",
+            "-P",
+            "/tmp/p",
+            "-e",
+            "/tmp/e",
+            "-Y",
+            "/tmp/y",
+            "-Z",
+            "-S",
+            "--poll-us",
+            "50",
+        ]);
+        let s = p.settings;
+        assert_eq!(s.protocol, ProtocolChoice::Ascii);
+        assert!(!s.use_cas && !s.store.use_cas && s.enable_shutdown && !s.store.evict);
+        assert_eq!(s.prefix_delimiter, '#');
+        assert!(s.detail_enabled);
+        assert_eq!(s.poll_us, 50);
+        assert_eq!(s.backlog, 64);
+    }
+
+    #[test]
+    fn help_lists_every_flag() {
+        let mut v = vec!["memfabricd", "--help"];
+        let e = match parse(v.drain(..)) {
+            Err(Either::Clap(e)) => e,
+            other => panic!("expected help, got {other:?}"),
+        };
+        let text = e.to_string();
+        for flag in [
+            "-p",
+            "-U",
+            "-s",
+            "-a",
+            "-A",
+            "-l",
+            "-d",
+            "-r",
+            "-u",
+            "-m",
+            "-M",
+            "-c",
+            "-k",
+            "-v",
+            "-h",
+            "-P",
+            "-f",
+            "-n",
+            "-L",
+            "-D",
+            "-t",
+            "-R",
+            "-C",
+            "-b",
+            "-B",
+            "-I",
+            "-F",
+            "-X",
+            "-o",
+            "--poll-us",
+        ] {
+            assert!(text.contains(flag), "help lacks {flag}");
+        }
+    }
+}

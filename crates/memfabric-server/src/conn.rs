@@ -1,0 +1,508 @@
+//! One client connection: its socket, buffers and the read → process → write cycle.
+//!
+//! The worker calls [`Conn::drive`] whenever the socket is ready or the connection asked
+//! to be run again. A drive does a bounded amount of work (one read batch, at most `-R`
+//! requests) so that one busy client cannot starve the others on the same worker; what
+//! is left is picked up on the next round of the worker's loop.
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mio::event::Source;
+use mio::{Interest, Registry, Token};
+
+use crate::exec::{self, ExecCtx, Session, Shared, Transport};
+use crate::stats::ThreadStats;
+
+/// Initial read buffer; it grows when a request announces a large value.
+const READ_BUF_INITIAL: usize = 16 * 1024;
+/// Bytes read from one socket per drive before others get a turn.
+const READ_BATCH: usize = 256 * 1024;
+
+/// A connected stream socket (TCP or unix).
+pub enum Stream {
+    Tcp(mio::net::TcpStream),
+    Unix(mio::net::UnixStream),
+}
+
+impl Stream {
+    pub fn transport(&self) -> Transport {
+        match self {
+            Stream::Tcp(_) => Transport::Tcp,
+            Stream::Unix(_) => Transport::Unix,
+        }
+    }
+
+    /// The peer as `stats conns` prints it.
+    pub fn peer_name(&self) -> String {
+        match self {
+            Stream::Tcp(s) => match s.peer_addr() {
+                Ok(a) => format!("tcp:{a}"),
+                Err(_) => "tcp:unknown".into(),
+            },
+            Stream::Unix(s) => match s.local_addr() {
+                Ok(a) => match a.as_pathname() {
+                    Some(p) => format!("unix:{}", p.display()),
+                    None => "unix:".into(),
+                },
+                Err(_) => "unix:".into(),
+            },
+        }
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Source for Stream {
+    fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.register(r, t, i),
+            Stream::Unix(s) => s.register(r, t, i),
+        }
+    }
+    fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.reregister(r, t, i),
+            Stream::Unix(s) => s.reregister(r, t, i),
+        }
+    }
+    fn deregister(&mut self, r: &Registry) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.deregister(r),
+            Stream::Unix(s) => s.deregister(r),
+        }
+    }
+}
+
+/// What `stats conns` says a connection is doing (memcached's state names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    Listening = 0,
+    Waiting = 1,
+    Read = 2,
+    ParseCmd = 3,
+    Nread = 4,
+    Mwrite = 5,
+    Closing = 6,
+}
+
+impl ConnState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnState::Listening => "conn_listening",
+            ConnState::Waiting => "conn_waiting",
+            ConnState::Read => "conn_read",
+            ConnState::ParseCmd => "conn_parse_cmd",
+            ConnState::Nread => "conn_nread",
+            ConnState::Mwrite => "conn_mwrite",
+            ConnState::Closing => "conn_closing",
+        }
+    }
+
+    fn from_u8(v: u8) -> ConnState {
+        match v {
+            0 => ConnState::Listening,
+            1 => ConnState::Waiting,
+            2 => ConnState::Read,
+            3 => ConnState::ParseCmd,
+            4 => ConnState::Nread,
+            5 => ConnState::Mwrite,
+            _ => ConnState::Closing,
+        }
+    }
+}
+
+/// A connection (or listener) as `stats conns` lists it. The owning thread updates the
+/// atomics; the registry lock is taken only when entries come and go.
+#[derive(Debug)]
+pub struct ConnEntry {
+    /// `tcp:1.2.3.4:5678`, `udp:...`, `unix:/path`.
+    pub addr: String,
+    /// The listener it came in on, for accepted connections.
+    pub listen_addr: Option<String>,
+    /// UDP sockets print an extra `UDP` line.
+    pub udp: bool,
+    state: AtomicU8,
+    last_cmd: AtomicU32,
+}
+
+impl ConnEntry {
+    pub fn new(addr: String, listen_addr: Option<String>, udp: bool, state: ConnState) -> Self {
+        ConnEntry {
+            addr,
+            listen_addr,
+            udp,
+            state: AtomicU8::new(state as u8),
+            last_cmd: AtomicU32::new(0),
+        }
+    }
+    pub fn set_state(&self, s: ConnState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+    pub fn state(&self) -> ConnState {
+        ConnState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+    pub fn touch(&self, now: u32) {
+        self.last_cmd.store(now, Ordering::Relaxed);
+    }
+    pub fn last_cmd(&self) -> u32 {
+        self.last_cmd.load(Ordering::Relaxed)
+    }
+}
+
+/// Every open connection and listener, keyed by file descriptor as memcached prints them.
+#[derive(Debug, Default)]
+pub struct ConnRegistry {
+    entries: Mutex<BTreeMap<u64, Arc<ConnEntry>>>,
+}
+
+impl ConnRegistry {
+    pub fn insert(&self, id: u64, e: Arc<ConnEntry>) {
+        self.lock().insert(id, e);
+    }
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+    /// A copy of the current entries, in descriptor order.
+    pub fn snapshot(&self) -> Vec<(u64, Arc<ConnEntry>)> {
+        self.lock()
+            .iter()
+            .map(|(k, v)| (*k, Arc::clone(v)))
+            .collect()
+    }
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ConnEntry>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the worker should do with a connection after a drive.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing to do until the socket reports readiness.
+    Wait,
+    /// More work is ready now (input left over after the `-R` budget, or the socket may
+    /// still hold data): drive again on the next round.
+    Again,
+    /// Close and forget the connection.
+    Close,
+}
+
+/// A client connection owned by one worker.
+pub struct Conn {
+    pub stream: Stream,
+    pub id: u64,
+    pub entry: Arc<ConnEntry>,
+    session: Session,
+    /// Read buffer: bytes `rstart..rend` are unprocessed input; the Vec's length is its
+    /// capacity (kept initialised so reads need no unsafe).
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+    /// Replies not yet written: `out[opos..]`.
+    out: Vec<u8>,
+    opos: usize,
+    /// The socket may have unread data (mio readiness is edge-triggered: once we stop
+    /// reading before `WouldBlock`, no new event will tell us again).
+    may_read: bool,
+    /// The peer closed its side.
+    eof: bool,
+    /// Flush `out`, then close.
+    closing: bool,
+    /// Input bytes the pending request needs in total (from `Progress::need`).
+    need: usize,
+    /// Unix time of the last request, for `-o idle_timeout`.
+    pub last_active: u32,
+}
+
+impl Conn {
+    pub fn new(stream: Stream, id: u64, entry: Arc<ConnEntry>, now: u32) -> Conn {
+        Conn {
+            stream,
+            id,
+            entry,
+            session: Session::default(),
+            rbuf: vec![0; READ_BUF_INITIAL],
+            rstart: 0,
+            rend: 0,
+            out: Vec::new(),
+            opos: 0,
+            may_read: true,
+            eof: false,
+            closing: false,
+            need: 0,
+            last_active: now,
+        }
+    }
+
+    fn pending_out(&self) -> usize {
+        self.out.len() - self.opos
+    }
+
+    fn pending_in(&self) -> usize {
+        self.rend - self.rstart
+    }
+
+    /// Write as much of `out` as the socket takes: one syscall per batch of replies.
+    fn flush(&mut self, stats: &ThreadStats) -> io::Result<()> {
+        while self.opos < self.out.len() {
+            match self.stream.write(&self.out[self.opos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.opos += n;
+                    stats.bytes_written.add(n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.opos == self.out.len() {
+            self.out.clear();
+            self.opos = 0;
+            // Do not keep a huge reply buffer around for an idle connection.
+            if self.out.capacity() > 4 << 20 {
+                self.out = Vec::new();
+            }
+        }
+        Ok(())
+    }
+
+    /// Make the buffer hold at least `want` bytes of pending input (and always leave room
+    /// to read into), moving pending bytes to the front when that frees space.
+    fn make_room(&mut self, want: usize) {
+        if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 4096) {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        let target = self.rstart + want.max(self.pending_in() + 4096);
+        if self.rbuf.len() < target {
+            let new_len = target.max(self.rbuf.len() * 2);
+            self.rbuf.resize(new_len, 0);
+        }
+    }
+
+    /// Read until `WouldBlock`, EOF or one batch. Returns bytes read.
+    fn fill(&mut self, stats: &ThreadStats) -> io::Result<usize> {
+        let mut total = 0;
+        while total < READ_BATCH {
+            let want = self.need.max(self.pending_in() + 1);
+            self.make_room(want.min(self.pending_in() + READ_BATCH));
+            if self.rend == self.rbuf.len() {
+                break;
+            }
+            match self.stream.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    self.may_read = false;
+                    break;
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    total += n;
+                    stats.bytes_read.add(n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.may_read = false;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// A readiness event arrived (or the worker re-runs us). Do one bounded round of
+    /// work.
+    pub fn drive(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        readable: bool,
+        now: u32,
+    ) -> Next {
+        if readable {
+            self.may_read = true;
+        }
+        if self.flush(stats).is_err() {
+            return Next::Close;
+        }
+        if self.closing {
+            return if self.pending_out() == 0 {
+                Next::Close
+            } else {
+                self.entry.set_state(ConnState::Closing);
+                Next::Wait
+            };
+        }
+        let limit = shared.settings.max_pending_output;
+        // Backpressure: a client that does not read its replies gets nothing more
+        // processed or read until they drain (the writable event re-drives us).
+        if self.pending_out() >= limit {
+            self.entry.set_state(ConnState::Mwrite);
+            return Next::Wait;
+        }
+        if self.may_read && !self.eof {
+            self.entry.set_state(ConnState::Read);
+            if self.fill(stats).is_err() {
+                return Next::Close;
+            }
+        }
+        let mut yielded = false;
+        if self.pending_in() > 0 && self.pending_in() >= self.need {
+            // Replies written so far are gone; keep `out` starting at unsent data so that
+            // the high-water check in `process` sees only what is really queued.
+            if self.opos > 0 {
+                self.out.drain(..self.opos);
+                self.opos = 0;
+            }
+            self.entry.set_state(ConnState::ParseCmd);
+            let mut ctx = ExecCtx {
+                shared,
+                stats,
+                transport: self.stream.transport(),
+                conn_id: self.id,
+            };
+            let before = self.out.len();
+            let p = exec::process(
+                &mut ctx,
+                &mut self.session,
+                &self.rbuf[self.rstart..self.rend],
+                &mut self.out,
+                shared.settings.reqs_per_event,
+            );
+            if shared.verbose.load(std::sync::atomic::Ordering::Relaxed) >= 2 && p.consumed > 0 {
+                log_traffic(
+                    self.id,
+                    &self.rbuf[self.rstart..self.rstart + p.consumed],
+                    &self.out[before..],
+                );
+            }
+            self.rstart += p.consumed.min(self.pending_in());
+            if self.rstart == self.rend {
+                self.rstart = 0;
+                self.rend = 0;
+            }
+            if p.consumed > 0 {
+                self.last_active = now;
+                self.entry.touch(now);
+            }
+            self.need = p.need;
+            let cap = shared.settings.store.item_size_max + (2 << 20);
+            if p.need > cap {
+                // The executor bounds values by -I; anything larger is not a request.
+                self.closing = true;
+            } else if p.need > self.rbuf.len() {
+                // A large value is announced: size the buffer for it once.
+                self.make_room(p.need);
+            }
+            if p.close {
+                self.closing = true;
+            } else if p.yielded {
+                stats.conn_yields.incr();
+                yielded = true;
+            }
+            // A request that never completes yet already holds more than any legal
+            // request could is hostile: drop it rather than buffer without bound.
+            if self.pending_in() > cap && self.need <= self.pending_in() {
+                self.closing = true;
+            }
+        }
+        if self.flush(stats).is_err() {
+            return Next::Close;
+        }
+        if self.closing {
+            return if self.pending_out() == 0 {
+                Next::Close
+            } else {
+                self.entry.set_state(ConnState::Closing);
+                Next::Wait
+            };
+        }
+        if self.eof && !yielded {
+            // Peer half-closed: finish what can be answered, then close (as memcached
+            // does on a read of 0).
+            return if self.pending_out() == 0 {
+                Next::Close
+            } else {
+                self.closing = true;
+                Next::Wait
+            };
+        }
+        if self.pending_out() >= limit {
+            self.entry.set_state(ConnState::Mwrite);
+            return Next::Wait;
+        }
+        self.entry.set_state(if self.need > self.pending_in() {
+            ConnState::Nread
+        } else {
+            ConnState::Waiting
+        });
+        if yielded || (self.may_read && !self.eof) {
+            Next::Again
+        } else {
+            Next::Wait
+        }
+    }
+
+    /// Ask to be closed: flush what is queued first.
+    pub fn begin_close(&mut self) {
+        self.closing = true;
+    }
+}
+
+/// `-vv`: memcached prints each command and reply; we print the request bytes and reply
+/// size, truncated, so a flood of large values does not flood the log.
+fn log_traffic(id: u64, req: &[u8], reply: &[u8]) {
+    const MAX: usize = 200;
+    let shown = &req[..req.len().min(MAX)];
+    tracing::debug!(
+        "<{id} {}{}",
+        String::from_utf8_lossy(shown).trim_end(),
+        if req.len() > MAX { " ..." } else { "" }
+    );
+    if !reply.is_empty() {
+        let shown = &reply[..reply.len().min(MAX)];
+        tracing::debug!(
+            ">{id} {}{}",
+            String::from_utf8_lossy(shown).trim_end(),
+            if reply.len() > MAX { " ..." } else { "" }
+        );
+    }
+}

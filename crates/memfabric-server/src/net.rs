@@ -1,0 +1,355 @@
+//! Listeners: bind the TCP, UDP and unix sockets, and the accept loop that hands new
+//! connections round-robin to the workers.
+//!
+//! The accept loop runs on the main thread. It also owns the signal pipe (SIGINT and
+//! SIGTERM stop the server) and enforces `-c`: over the limit, a new connection gets
+//! memcached's `ERROR Too many open connections` and is closed at once
+//! (`-o maxconns_fast`, the default), or is left in the kernel's accept queue until a slot
+//! frees up (`-o no_maxconns_fast`).
+use std::io::{self, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::{TcpListener, UnixListener};
+use mio::{Events, Interest, Poll, Token};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::conn::{ConnEntry, ConnState, Stream};
+use crate::exec::Shared;
+use crate::settings::Settings;
+use crate::worker::{NewConn, WorkerHandle};
+
+/// What memcached answers a connection over the `-c` limit.
+pub const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
+
+/// Why the listeners could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("failed to listen on {addr}: {source}")]
+    Bind { addr: String, source: io::Error },
+    #[error("cannot resolve listen address {0}")]
+    Resolve(String),
+    #[error("unix socket {path}: {source}")]
+    Unix { path: String, source: io::Error },
+}
+
+/// Bound, listening sockets.
+pub struct Listeners {
+    pub tcp: Vec<(TcpListener, String)>,
+    pub unix: Option<(UnixListener, String)>,
+    /// UDP sockets; each worker reads from a clone of each (as memcached's threads share
+    /// one UDP socket).
+    pub udp: Vec<(std::net::UdpSocket, String)>,
+}
+
+/// Turn one `-l` entry into addresses. Accepts `ip`, `ip:port`, `[v6]:port`, `host` and
+/// `host:port`; without a port, `default_port` is used.
+pub fn resolve(spec: &str, default_port: u16) -> Result<Vec<SocketAddr>, NetError> {
+    if let Ok(sa) = spec.parse::<SocketAddr>() {
+        return Ok(vec![sa]);
+    }
+    let bare = spec.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, default_port)]);
+    }
+    let (host, port) = match spec.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(default_port)),
+        _ => (spec, default_port),
+    };
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|_| NetError::Resolve(spec.to_string()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(NetError::Resolve(spec.to_string()));
+    }
+    Ok(addrs)
+}
+
+/// The interfaces to bind: `-l` entries, or every interface (IPv4 and, where the host has
+/// it, IPv6) as memcached does without `-l`.
+fn interfaces(settings: &Settings, port: u16) -> Result<Vec<(SocketAddr, bool)>, NetError> {
+    if settings.listen.is_empty() {
+        return Ok(vec![
+            (
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+                true,
+            ),
+            // Optional: a host without IPv6 still starts.
+            (
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+                false,
+            ),
+        ]);
+    }
+    let mut v = Vec::new();
+    for spec in &settings.listen {
+        for a in resolve(spec, port)? {
+            v.push((a, true));
+        }
+    }
+    Ok(v)
+}
+
+fn socket_for(addr: &SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(*addr), ty, Some(proto))?;
+    s.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        // Keep IPv6 listeners from also claiming the IPv4 port we bind separately.
+        s.set_only_v6(true)?;
+    }
+    Ok(s)
+}
+
+fn bind_tcp(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let s = socket_for(&addr, Type::STREAM, Protocol::TCP)?;
+    s.bind(&addr.into())?;
+    s.listen(backlog.min(i32::MAX as u32) as i32)?;
+    s.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(s.into()))
+}
+
+fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let s = socket_for(&addr, Type::DGRAM, Protocol::UDP)?;
+    // memcached raises the send buffer so that a multi-datagram reply is not dropped.
+    let _ = s.set_send_buffer_size(4 << 20);
+    let _ = s.set_recv_buffer_size(4 << 20);
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+fn bind_unix(path: &str, mask: u32, backlog: u32) -> io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    // A socket file left by a previous run would make bind fail; memcached removes it.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    let s = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    s.bind(&SockAddr::unix(path)?)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mask & 0o777))?;
+    s.listen(backlog.min(i32::MAX as u32) as i32)?;
+    s.set_nonblocking(true)?;
+    Ok(UnixListener::from_std(s.into()))
+}
+
+/// Bind everything the settings ask for.
+pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
+    let mut l = Listeners {
+        tcp: Vec::new(),
+        unix: None,
+        udp: Vec::new(),
+    };
+    if let Some(path) = &settings.unix_socket {
+        let u = bind_unix(path, settings.unix_mask, settings.backlog).map_err(|source| {
+            NetError::Unix {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        l.unix = Some((u, format!("unix:{path}")));
+        return Ok(l);
+    }
+    if settings.tcp_port != 0 {
+        for (addr, required) in interfaces(settings, settings.tcp_port)? {
+            match bind_tcp(addr, settings.backlog) {
+                Ok(t) => {
+                    let name = t.local_addr().map_or(addr, |a| a);
+                    l.tcp.push((t, format!("tcp:{name}")));
+                }
+                Err(source) if required => {
+                    return Err(NetError::Bind {
+                        addr: addr.to_string(),
+                        source,
+                    })
+                }
+                Err(e) => tracing::info!("not listening on {addr}: {e}"),
+            }
+        }
+    }
+    if settings.udp_port != 0 {
+        for (addr, required) in interfaces(settings, settings.udp_port)? {
+            // `-l ip:port` names a TCP port; UDP always uses -U.
+            let addr = SocketAddr::new(addr.ip(), settings.udp_port);
+            match bind_udp(addr) {
+                Ok(u) => {
+                    let name = u.local_addr().map_or(addr, |a| a);
+                    l.udp.push((u, format!("udp:{name}")));
+                }
+                Err(source) if required => {
+                    return Err(NetError::Bind {
+                        addr: addr.to_string(),
+                        source,
+                    })
+                }
+                Err(e) => tracing::info!("not listening on udp {addr}: {e}"),
+            }
+        }
+    }
+    Ok(l)
+}
+
+const SIGNAL: Token = Token(usize::MAX - 1);
+const WAKE: Token = Token(usize::MAX - 2);
+const UNIX: Token = Token(usize::MAX - 3);
+
+/// Run the accept loop until a signal or `shutdown` stops the server. `signals` is the
+/// read end of the self-pipe the signal handlers write to.
+pub fn accept_loop(
+    shared: &Arc<Shared>,
+    listeners: &mut Listeners,
+    workers: &[WorkerHandle],
+    mut signals: mio::net::UnixStream,
+) -> io::Result<()> {
+    let mut poll = Poll::new()?;
+    let waker = mio::Waker::new(poll.registry(), WAKE)?;
+    // Only the first runtime sets it; a second (tests) would just not be woken early.
+    let _ = shared.shutdown_waker.set(waker);
+    poll.registry()
+        .register(&mut signals, SIGNAL, Interest::READABLE)?;
+    for (i, (t, name)) in listeners.tcp.iter_mut().enumerate() {
+        poll.registry().register(t, Token(i), Interest::READABLE)?;
+        let fd = t.as_raw_fd() as u64;
+        let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
+        shared.conns.insert(fd, Arc::new(e));
+    }
+    if let Some((u, name)) = listeners.unix.as_mut() {
+        poll.registry().register(u, UNIX, Interest::READABLE)?;
+        let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
+        shared.conns.insert(u.as_raw_fd() as u64, Arc::new(e));
+    }
+
+    let mut events = Events::with_capacity(64);
+    let mut rr = 0usize;
+    // Set when accepting stopped early (fd exhaustion, or at the limit without
+    // maxconns_fast): readiness is edge-triggered, so retry on a timer.
+    let mut retry = false;
+    while !shared.is_shutting_down() {
+        let timeout = if retry {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(500)
+        };
+        match poll.poll(&mut events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        for ev in events.iter() {
+            if ev.token() == SIGNAL {
+                let mut buf = [0u8; 64];
+                while matches!(io::Read::read(&mut signals, &mut buf), Ok(n) if n > 0) {}
+                tracing::info!("Signal handled: stopping.");
+                shared.request_shutdown();
+            }
+        }
+        if shared.is_shutting_down() {
+            break;
+        }
+        // Accept on every listener each round: cheap when nothing is pending, and it
+        // covers listeners whose edge we left unconsumed last time.
+        retry = false;
+        for (t, name) in listeners.tcp.iter() {
+            retry |= accept_all(shared, workers, &mut rr, name, || {
+                t.accept().map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    Stream::Tcp(s)
+                })
+            });
+        }
+        if let Some((u, name)) = listeners.unix.as_ref() {
+            retry |= accept_all(shared, workers, &mut rr, name, || {
+                u.accept().map(|(s, _)| Stream::Unix(s))
+            });
+        }
+    }
+    // Listeners close when the caller drops them; forget them in `stats conns` now.
+    for (t, _) in &listeners.tcp {
+        shared.conns.remove(t.as_raw_fd() as u64);
+    }
+    if let Some((u, _)) = &listeners.unix {
+        shared.conns.remove(u.as_raw_fd() as u64);
+    }
+    Ok(())
+}
+
+/// Accept until the listener has nothing more. Returns true if it stopped early and
+/// should be retried soon.
+fn accept_all(
+    shared: &Shared,
+    workers: &[WorkerHandle],
+    rr: &mut usize,
+    listen_name: &str,
+    mut accept: impl FnMut() -> io::Result<Stream>,
+) -> bool {
+    loop {
+        let limit = shared.settings.max_connections as u64;
+        if !shared.settings.maxconns_fast && shared.curr_connections.load(Ordering::SeqCst) >= limit
+        {
+            shared.listen_disabled_num.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let mut stream = match accept() {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+            Err(e) => {
+                // EMFILE/ENFILE and friends: the connection waits in the queue.
+                tracing::warn!("accept(): {e}");
+                shared.listen_disabled_num.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        };
+        if shared.curr_connections.load(Ordering::SeqCst) >= limit {
+            // Best effort: a fresh socket's send buffer takes this without blocking.
+            let _ = stream.write(TOO_MANY_CONNECTIONS);
+            shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("Too many open connections");
+            continue;
+        }
+        if workers.is_empty() {
+            continue;
+        }
+        shared.curr_connections.fetch_add(1, Ordering::SeqCst);
+        shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        let w = &workers[*rr % workers.len()];
+        *rr = rr.wrapping_add(1);
+        if w.send(NewConn {
+            stream,
+            listen_addr: listen_name.to_string(),
+        })
+        .is_err()
+        {
+            shared.curr_connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_spec_with_port_overrides_default() {
+        let a = resolve("127.0.0.1:5000", 11211).unwrap();
+        assert_eq!(a, vec!["127.0.0.1:5000".parse().unwrap()]);
+        let a = resolve("127.0.0.1", 11211).unwrap();
+        assert_eq!(a, vec!["127.0.0.1:11211".parse().unwrap()]);
+        let a = resolve("::1", 7).unwrap();
+        assert_eq!(a, vec!["[::1]:7".parse().unwrap()]);
+        let a = resolve("[::1]:8", 7).unwrap();
+        assert_eq!(a, vec!["[::1]:8".parse().unwrap()]);
+    }
+
+    #[test]
+    fn localhost_resolves() {
+        let a = resolve("localhost", 9).unwrap();
+        assert!(a.iter().all(|s| s.port() == 9 && s.ip().is_loopback()));
+    }
+}

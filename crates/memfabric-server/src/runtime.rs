@@ -1,0 +1,161 @@
+//! Start-up and shutdown: bind, detach, drop privileges, build the store, run the workers
+//! and the accept loop, and clean up on SIGINT/SIGTERM or `shutdown`.
+use std::io;
+use std::sync::Arc;
+
+use memfabric_store::Store;
+
+use crate::exec::Shared;
+use crate::net::{self, Listeners, NetError};
+use crate::settings::Settings;
+use crate::worker;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("failed to daemon() in order to daemonize: {0}")]
+    Daemonize(nix::Error),
+    #[error("Could not open the pid file {path} for writing: {source}")]
+    Pidfile { path: String, source: io::Error },
+    #[error("cannot set up the store: {0}")]
+    Store(io::Error),
+    #[error("cannot start the runtime: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Raise the open-file limit to fit `-c` connections (as memcached does), and the core
+/// size limit for `-r`.
+fn adjust_limits(settings: &Settings) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let want = (settings.max_connections as u64).saturating_add(64);
+        if soft < want {
+            let new_soft = want.min(hard);
+            if setrlimit(Resource::RLIMIT_NOFILE, new_soft, hard).is_err() || new_soft < want {
+                tracing::warn!(
+                    "failed to set rlimit for open files to {want}; -c may not be reachable"
+                );
+            }
+        }
+    }
+    if settings.enable_coredumps {
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_CORE) {
+            if setrlimit(Resource::RLIMIT_CORE, hard, hard).is_err() {
+                tracing::warn!("failed to ensure corefile creation");
+            }
+        }
+    }
+}
+
+/// `-u`: started as root, become `user` if it exists; otherwise say so and go on.
+fn drop_privileges(settings: &Settings) {
+    use nix::unistd::{geteuid, setgid, setgroups, setuid, User};
+    if !geteuid().is_root() {
+        return;
+    }
+    let Some(name) = settings.user.as_deref() else {
+        tracing::info!("running as root without -u: not dropping privileges");
+        return;
+    };
+    match User::from_name(name) {
+        Ok(Some(u)) => {
+            let ok = setgroups(&[u.gid]).is_ok() && setgid(u.gid).is_ok() && setuid(u.uid).is_ok();
+            if !ok {
+                tracing::warn!("failed to assume identity of user {name}");
+            }
+        }
+        _ => tracing::warn!("can't find the user {name} to switch to; staying root"),
+    }
+}
+
+fn write_pidfile(path: &str) -> Result<(), RunError> {
+    std::fs::write(path, format!("{}\n", std::process::id())).map_err(|source| RunError::Pidfile {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Bind the sockets `settings` asks for (done before detaching, so errors reach the
+/// terminal).
+pub fn bind(settings: &Settings) -> Result<Listeners, RunError> {
+    Ok(net::bind(settings)?)
+}
+
+/// Run the server until a signal or `shutdown`.
+pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError> {
+    adjust_limits(&settings);
+    if settings.daemonize {
+        // Before any thread exists: fork keeps only the calling thread.
+        nix::unistd::daemon(false, false).map_err(RunError::Daemonize)?;
+    }
+    if let Some(p) = &settings.pidfile {
+        write_pidfile(p)?;
+    }
+    drop_privileges(&settings);
+    if settings.lock_memory {
+        use nix::sys::mman::{mlockall, MlockAllFlags};
+        if let Err(e) = mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE) {
+            tracing::warn!("failed to lock down memory (mlockall): {e}; proceeding without");
+        }
+    }
+
+    // Signals: handlers only write to a pipe; the accept loop reads it. SIGHUP is taken
+    // so that it does not kill the server (memcached ignores it too).
+    let (sig_read, sig_write) = std::os::unix::net::UnixStream::pair()?;
+    sig_read.set_nonblocking(true)?;
+    sig_write.set_nonblocking(true)?;
+    let sig_write2 = sig_write.try_clone()?;
+    let mut sig_ids = vec![
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGINT, sig_write)?,
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGTERM, sig_write2)?,
+    ];
+    let hup = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    sig_ids.push(signal_hook::flag::register(
+        signal_hook::consts::SIGHUP,
+        hup,
+    )?);
+
+    let store = Store::new(settings.store.clone()).map_err(RunError::Store)?;
+    let unix_path = settings.unix_socket.clone();
+    let pidfile = settings.pidfile.clone();
+    let threads = settings.threads;
+    let shared = Arc::new(Shared::new(settings, store));
+
+    let mut workers = Vec::with_capacity(threads);
+    for n in 0..threads {
+        let mut udp = Vec::new();
+        for (s, name) in &listeners.udp {
+            udp.push((s.try_clone()?, name.clone()));
+        }
+        workers.push(worker::spawn(n, Arc::clone(&shared), udp)?);
+    }
+    tracing::info!(
+        "memfabricd ready: {} tcp, {} udp, {} unix listener(s), {threads} worker(s)",
+        listeners.tcp.len(),
+        listeners.udp.len(),
+        usize::from(listeners.unix.is_some())
+    );
+    let result = net::accept_loop(
+        &shared,
+        &mut listeners,
+        &workers,
+        mio::net::UnixStream::from_std(sig_read),
+    );
+    shared.request_shutdown();
+    drop(listeners);
+    for w in workers {
+        w.stop();
+    }
+    for id in sig_ids {
+        signal_hook::low_level::unregister(id);
+    }
+    if let Some(p) = unix_path {
+        let _ = std::fs::remove_file(p);
+    }
+    if let Some(p) = pidfile {
+        let _ = std::fs::remove_file(p);
+    }
+    result.map_err(RunError::Io)
+}

@@ -1,0 +1,120 @@
+//! UDP: one request per datagram, replies framed as memcached frames them.
+//!
+//! Each datagram carries the 8-byte frame header and one request (ascii or binary).
+//! Multi-datagram requests and datagrams without a complete request are dropped without
+//! a reply, as memcached drops them. Each request's reply is its own message: split into
+//! datagrams of at most 1400 bytes (header included) that carry the client's request id,
+//! their sequence number and the message's datagram count.
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use memfabric_proto::udp;
+
+use crate::conn::{ConnEntry, ConnState};
+use crate::exec::{self, ExecCtx, Session, Shared, Transport};
+use crate::stats::ThreadStats;
+
+/// Datagrams handled per readiness round before other connections get a turn.
+const DATAGRAMS_PER_ROUND: usize = 64;
+
+/// A worker's handle on one UDP socket.
+pub struct UdpPort {
+    sock: mio::net::UdpSocket,
+    id: u64,
+    entry: Option<Arc<ConnEntry>>,
+    name: String,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl UdpPort {
+    pub fn new(sock: mio::net::UdpSocket, name: String) -> UdpPort {
+        let id = sock.as_raw_fd() as u64;
+        UdpPort {
+            sock,
+            id,
+            entry: None,
+            name,
+            // The largest UDP payload there is.
+            buf: vec![0; 65536],
+            out: Vec::new(),
+        }
+    }
+
+    pub fn socket_mut(&mut self) -> &mut mio::net::UdpSocket {
+        &mut self.sock
+    }
+
+    /// Handle pending datagrams. Returns true if the socket may hold more (call again).
+    pub fn drain(&mut self, shared: &Shared, stats: &ThreadStats) -> bool {
+        if self.entry.is_none() {
+            let e = Arc::new(ConnEntry::new(
+                self.name.clone(),
+                None,
+                true,
+                ConnState::Read,
+            ));
+            shared.conns.insert(self.id, Arc::clone(&e));
+            self.entry = Some(e);
+        }
+        for _ in 0..DATAGRAMS_PER_ROUND {
+            let (n, peer) = match self.sock.recv_from(&mut self.buf) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP errors from earlier sends surface here; they concern one peer.
+                    tracing::debug!("udp recv: {e}");
+                    continue;
+                }
+            };
+            stats.bytes_read.add(n as u64);
+            if let Some(e) = &self.entry {
+                e.touch(shared.store.clock().now());
+            }
+            self.handle(shared, stats, n, peer);
+        }
+        true
+    }
+
+    fn handle(&mut self, shared: &Shared, stats: &ThreadStats, n: usize, peer: SocketAddr) {
+        let Some(dgram) = self.buf.get(..n) else {
+            return;
+        };
+        let (hdr, payload) = match udp::parse_request(dgram) {
+            Ok(x) => x,
+            Err(_) => return,
+        };
+        let mut sess = Session::default();
+        let mut ctx = ExecCtx {
+            shared,
+            stats,
+            transport: Transport::Udp,
+            conn_id: self.id,
+        };
+        let mut pos = 0;
+        while pos < payload.len() {
+            self.out.clear();
+            // One request at a time: each reply is framed as its own message.
+            let p = exec::process(&mut ctx, &mut sess, &payload[pos..], &mut self.out, 1);
+            if !self.out.is_empty() {
+                let sock = &self.sock;
+                let sent = udp::frame_reply(hdr.request_id, &self.out, |d| {
+                    // A full socket buffer drops the datagram, as UDP may.
+                    if let Ok(k) = sock.send_to(d, peer) {
+                        stats.bytes_written.add(k as u64);
+                    }
+                });
+                if !sent {
+                    tracing::debug!("udp reply of {} bytes too large to frame", self.out.len());
+                }
+            }
+            if p.close || p.consumed == 0 {
+                break;
+            }
+            pos += p.consumed;
+        }
+    }
+}

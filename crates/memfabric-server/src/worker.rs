@@ -1,0 +1,272 @@
+//! Worker threads: each owns its connections (and a share of the UDP sockets) and runs
+//! one `mio` event loop over them, as memcached's worker threads run libevent loops.
+//!
+//! The listener hands a new connection over a channel and wakes the worker with a
+//! `mio::Waker`. Readiness is edge-triggered: a connection that stopped before draining
+//! its socket (read batch, `-R` budget) is put on the `again` list and run on the next
+//! round with a zero-timeout poll, so other connections get their turn in between.
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
+use crate::exec::Shared;
+use crate::stats::ThreadStats;
+use crate::udp::UdpPort;
+
+const WAKER: Token = Token(0);
+/// UDP sockets use tokens 1..FIRST_CONN.
+const FIRST_CONN: usize = 1 << 16;
+
+/// A connection handed from the listener to a worker.
+pub struct NewConn {
+    pub stream: Stream,
+    pub listen_addr: String,
+}
+
+/// The listener's side of a worker.
+pub struct WorkerHandle {
+    tx: Sender<NewConn>,
+    waker: Arc<Waker>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Give the worker a connection. Fails only if the worker has exited.
+    pub fn send(&self, c: NewConn) -> Result<(), NewConn> {
+        self.tx.send(c).map_err(|e| e.0)?;
+        // A failed wake would strand the connection until the worker's next event; the
+        // waker only fails if the worker's epoll is gone, i.e. it has exited.
+        let _ = self.waker.wake();
+        Ok(())
+    }
+
+    /// Wake the worker so it sees `shutdown`, and wait for it to finish.
+    pub fn stop(mut self) {
+        let _ = self.waker.wake();
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Start worker `n`. `udp` are this worker's clones of the UDP sockets.
+pub fn spawn(
+    n: usize,
+    shared: Arc<Shared>,
+    udp: Vec<(std::net::UdpSocket, String)>,
+) -> io::Result<WorkerHandle> {
+    let poll = Poll::new()?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let (tx, rx) = mpsc::channel();
+    let mut ports = Vec::new();
+    for (i, (sock, name)) in udp.into_iter().enumerate() {
+        let mut p = UdpPort::new(mio::net::UdpSocket::from_std(sock), name);
+        poll.registry()
+            .register(p.socket_mut(), Token(1 + i), Interest::READABLE)?;
+        ports.push(p);
+    }
+    let join = std::thread::Builder::new()
+        .name(format!("mf-worker-{n}"))
+        .spawn(move || {
+            let stats = shared.register_thread();
+            let mut w = Worker {
+                shared,
+                stats,
+                poll,
+                rx,
+                conns: HashMap::new(),
+                next_token: FIRST_CONN,
+                udp: ports,
+                again: Vec::new(),
+            };
+            if let Err(e) = w.run() {
+                tracing::error!("worker {n} stopped: {e}");
+            }
+            w.close_all();
+        })?;
+    Ok(WorkerHandle {
+        tx,
+        waker,
+        join: Some(join),
+    })
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    stats: Arc<ThreadStats>,
+    poll: Poll,
+    rx: Receiver<NewConn>,
+    conns: HashMap<Token, Conn>,
+    next_token: usize,
+    udp: Vec<UdpPort>,
+    /// Tokens to run again on the next round without waiting for readiness.
+    again: Vec<Token>,
+}
+
+impl Worker {
+    /// The event loop.
+    ///
+    /// `--poll-us N`: after a round that did work, keep calling `epoll_wait` with a zero
+    /// timeout for N microseconds before blocking. A blocked thread costs a wake-up (a
+    /// futex/IPI and a context switch, tens of microseconds on a VM) on the next request;
+    /// spinning avoids it, so a closed-loop client sees lower latency and the server higher
+    /// throughput, at the price of a core burning up to N µs after each burst (and all of
+    /// it under steady load). 0 (the default) never spins: right for shared machines and
+    /// many idle workers; a few tens of µs suit dedicated, latency-sensitive hosts.
+    fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let poll_for = Duration::from_micros(self.shared.settings.poll_us);
+        let idle_timeout = self.shared.settings.idle_timeout;
+        let mut spin_until: Option<Instant> = None;
+        let mut last_sweep = Instant::now();
+        loop {
+            let timeout =
+                if !self.again.is_empty() || spin_until.is_some_and(|t| Instant::now() < t) {
+                    Some(Duration::ZERO)
+                } else if idle_timeout > 0 {
+                    Some(Duration::from_secs(1))
+                } else {
+                    None
+                };
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            if self.shared.is_shutting_down() {
+                return Ok(());
+            }
+            let now = self.shared.store.clock().now();
+            let mut active = false;
+            for ev in events.iter() {
+                let t = ev.token();
+                if t == WAKER {
+                    self.take_new_conns(now);
+                } else if t.0 < FIRST_CONN {
+                    active = true;
+                    self.run_udp(t);
+                } else {
+                    active = true;
+                    let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                    self.drive(t, readable, now);
+                }
+            }
+            if !self.again.is_empty() {
+                active = true;
+                let again = std::mem::take(&mut self.again);
+                for t in again {
+                    if t.0 < FIRST_CONN {
+                        self.run_udp(t);
+                    } else {
+                        self.drive(t, false, now);
+                    }
+                }
+            }
+            if active && !poll_for.is_zero() {
+                spin_until = Some(Instant::now() + poll_for);
+            }
+            if idle_timeout > 0 && last_sweep.elapsed() >= Duration::from_secs(1) {
+                last_sweep = Instant::now();
+                self.kick_idle(now, idle_timeout);
+            }
+        }
+    }
+
+    fn take_new_conns(&mut self, now: u32) {
+        while let Ok(nc) = self.rx.try_recv() {
+            let mut stream = nc.stream;
+            let token = Token(self.next_token);
+            self.next_token = self.next_token.wrapping_add(1).max(FIRST_CONN);
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!("cannot register connection: {e}");
+                self.shared.curr_connections.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            let id = stream.raw_fd() as u64;
+            let entry = Arc::new(ConnEntry::new(
+                stream.peer_name(),
+                Some(nc.listen_addr),
+                false,
+                ConnState::Waiting,
+            ));
+            entry.touch(now);
+            self.shared.conns.insert(id, Arc::clone(&entry));
+            tracing::debug!("<{id} new auto-negotiating client connection");
+            self.conns.insert(token, Conn::new(stream, id, entry, now));
+            // Data sent together with the connect is reported by the registration's
+            // first event; nothing to do here.
+        }
+    }
+
+    fn drive(&mut self, t: Token, readable: bool, now: u32) {
+        let Some(conn) = self.conns.get_mut(&t) else {
+            return;
+        };
+        match conn.drive(&self.shared, &self.stats, readable, now) {
+            Next::Wait => {}
+            Next::Again => {
+                if !self.again.contains(&t) {
+                    self.again.push(t);
+                }
+            }
+            Next::Close => self.close(t),
+        }
+    }
+
+    fn run_udp(&mut self, t: Token) {
+        let Some(port) = self.udp.get_mut(t.0 - 1) else {
+            return;
+        };
+        if port.drain(&self.shared, &self.stats) && !self.again.contains(&t) {
+            self.again.push(t);
+        }
+    }
+
+    fn close(&mut self, t: Token) {
+        if let Some(mut c) = self.conns.remove(&t) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            // Forget the entry before the fd is closed, so a new connection that reuses
+            // the descriptor number cannot be removed by mistake.
+            self.shared.conns.remove(c.id);
+            self.shared.curr_connections.fetch_sub(1, Ordering::SeqCst);
+            tracing::debug!("<{} connection closed.", c.id);
+        }
+    }
+
+    fn kick_idle(&mut self, now: u32, idle_timeout: u32) {
+        let idle: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| now.saturating_sub(c.last_active) > idle_timeout)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in idle {
+            self.stats.idle_kicks.incr();
+            self.close(t);
+        }
+    }
+
+    /// Shutdown: send what is already queued (best effort, without waiting), then close.
+    fn close_all(&mut self) {
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        let now = self.shared.store.clock().now();
+        for t in tokens {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.begin_close();
+                let _ = c.drive(&self.shared, &self.stats, false, now);
+            }
+            self.close(t);
+        }
+    }
+}

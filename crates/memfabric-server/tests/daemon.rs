@@ -1,0 +1,409 @@
+//! End-to-end tests of the `memfabricd` binary: started on free loopback ports, spoken to
+//! over TCP, UDP and a unix socket, and always killed (a guard's Drop does it, even when
+//! an assertion fails).
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running daemon; killed and reaped on drop.
+struct Daemon {
+    child: Child,
+    port: u16,
+    unix: Option<PathBuf>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(p) = &self.unix {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A port free for both TCP and UDP on 127.0.0.1 right now.
+fn free_port() -> u16 {
+    loop {
+        let t = TcpListener::bind("127.0.0.1:0").expect("bind probe");
+        let port = t.local_addr().expect("probe addr").port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl Daemon {
+    /// Start on a fresh TCP port (plus `extra` flags) and wait until it accepts.
+    fn start(extra: &[&str]) -> Daemon {
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            "-p".into(),
+            port.to_string(),
+            "-l".into(),
+            "127.0.0.1".into(),
+            "-t".into(),
+            "2".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn memfabricd");
+        let d = Daemon {
+            child,
+            port,
+            unix: None,
+        };
+        d.wait_ready(|| TcpStream::connect(("127.0.0.1", port)).is_ok());
+        d
+    }
+
+    fn start_unix(path: &PathBuf, extra: &[&str]) -> Daemon {
+        let _ = std::fs::remove_file(path);
+        let mut args = vec!["-s", path.to_str().expect("utf-8 path"), "-t", "2"];
+        args.extend_from_slice(extra);
+        let child = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn memfabricd");
+        let d = Daemon {
+            child,
+            port: 0,
+            unix: Some(path.clone()),
+        };
+        d.wait_ready(|| UnixStream::connect(path).is_ok());
+        d
+    }
+
+    fn wait_ready(&self, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !ready() {
+            assert!(start.elapsed() < TIMEOUT, "memfabricd did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn tcp(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        s.set_nodelay(true).expect("nodelay");
+        s
+    }
+}
+
+/// Read until `buf` ends with `end` (or time out).
+fn read_until(s: &mut impl Read, end: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    while !buf.ends_with(end) {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!(
+                "read failed ({e}) after {:?}",
+                String::from_utf8_lossy(&buf[..buf.len().min(300)])
+            ),
+        }
+    }
+    buf
+}
+
+fn request(s: &mut (impl Read + Write), req: &[u8], end: &[u8]) -> Vec<u8> {
+    s.write_all(req).expect("write");
+    read_until(s, end)
+}
+
+fn stat(s: &mut TcpStream, name: &str) -> Option<u64> {
+    let r = request(s, b"stats\r\n", b"END\r\n");
+    let text = String::from_utf8_lossy(&r).to_string();
+    text.lines().find_map(|l| {
+        let mut it = l.split(' ');
+        match (it.next(), it.next(), it.next()) {
+            (Some("STAT"), Some(k), Some(v)) if k == name => v.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
+#[test]
+fn help_lists_memcached_flags_and_exits_zero() {
+    let out = Command::new(BIN)
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in ["-p", "-U", "-s", "-m", "-c", "-t", "-I", "-o", "--poll-us"] {
+        assert!(text.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn item_size_over_half_of_memory_is_a_usage_error() {
+    let out = Command::new(BIN)
+        .args(["-I", "40m", "-p", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1/2 of memory max"));
+}
+
+#[test]
+fn unknown_extended_option_is_accepted() {
+    let d = Daemon::start(&["-o", "foo_bar=3,modern,idle_timeout=100"]);
+    let mut c = d.tcp();
+    assert_eq!(
+        request(&mut c, b"version\r\n", b"\r\n"),
+        b"VERSION 1.6.18\r\n"
+    );
+}
+
+#[test]
+fn tcp_set_then_get_round_trips() {
+    let d = Daemon::start(&[]);
+    let mut c = d.tcp();
+    assert_eq!(
+        request(&mut c, b"set foo 5 0 3\r\nbar\r\n", b"\r\n"),
+        b"STORED\r\n"
+    );
+    assert_eq!(
+        request(&mut c, b"get foo\r\n", b"END\r\n"),
+        b"VALUE foo 5 3\r\nbar\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn pipelined_requests_in_one_write_are_all_answered_in_order() {
+    let d = Daemon::start(&[]);
+    let mut c = d.tcp();
+    let mut req = Vec::new();
+    let mut want = Vec::new();
+    // More than -R (20) requests, so the connection must yield and come back.
+    for i in 0..200 {
+        req.extend_from_slice(
+            format!("set k{i} 0 0 {}\r\nv{i}\r\n", format!("v{i}").len()).as_bytes(),
+        );
+        want.extend_from_slice(b"STORED\r\n");
+    }
+    for i in 0..200 {
+        req.extend_from_slice(format!("get k{i}\r\n").as_bytes());
+        want.extend_from_slice(
+            format!("VALUE k{i} 0 {}\r\nv{i}\r\nEND\r\n", format!("v{i}").len()).as_bytes(),
+        );
+    }
+    c.write_all(&req).expect("write");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 65536];
+    while got.len() < want.len() {
+        let n = c.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&want)
+    );
+    assert!(stat(&mut c, "conn_yields").unwrap_or(0) > 0);
+}
+
+#[test]
+fn client_sending_half_a_request_does_not_block_another() {
+    let d = Daemon::start(&["-t", "1"]);
+    let mut slow = d.tcp();
+    slow.write_all(b"set slow 0 0 10\r\nabc").expect("write");
+    let mut stalled_line = d.tcp();
+    stalled_line.write_all(b"get never_fin").expect("write");
+    let mut fast = d.tcp();
+    let start = Instant::now();
+    assert_eq!(
+        request(&mut fast, b"set f 0 0 1\r\nx\r\nget f\r\n", b"END\r\n"),
+        b"STORED\r\nVALUE f 0 1\r\nx\r\nEND\r\n"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // The slow client finishes later and is answered.
+    assert_eq!(request(&mut slow, b"defghij\r\n", b"\r\n"), b"STORED\r\n");
+}
+
+#[test]
+fn large_value_streams_in_while_others_are_served() {
+    let d = Daemon::start(&["-t", "1", "-I", "4m"]);
+    let mut big = d.tcp();
+    let value = vec![b'z'; 3 << 20];
+    big.write_all(format!("set big 0 0 {}\r\n", value.len()).as_bytes())
+        .expect("write");
+    big.write_all(&value[..1 << 20]).expect("write");
+    let mut other = d.tcp();
+    assert_eq!(
+        request(&mut other, b"version\r\n", b"\r\n"),
+        b"VERSION 1.6.18\r\n"
+    );
+    big.write_all(&value[1 << 20..]).expect("write");
+    assert_eq!(request(&mut big, b"\r\n", b"\r\n"), b"STORED\r\n");
+    let r = request(&mut big, b"get big\r\n", b"END\r\n");
+    assert_eq!(
+        r.len(),
+        value.len() + "VALUE big 0 3145728\r\n\r\nEND\r\n".len()
+    );
+}
+
+#[test]
+fn client_that_never_reads_replies_does_not_stall_others() {
+    let d = Daemon::start(&["-t", "1"]);
+    let mut c = d.tcp();
+    let v = vec![b'q'; 100_000];
+    c.write_all(format!("set v 0 0 {}\r\n", v.len()).as_bytes())
+        .expect("write");
+    c.write_all(&v).expect("write");
+    assert_eq!(request(&mut c, b"\r\n", b"\r\n"), b"STORED\r\n");
+    // Ask for ~100 MB of replies and read none of them.
+    let mut hog = d.tcp();
+    hog.set_write_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let gets = b"get v\r\n".repeat(1000);
+    let _ = hog.write_all(&gets);
+    let start = Instant::now();
+    assert_eq!(
+        request(&mut c, b"version\r\n", b"\r\n"),
+        b"VERSION 1.6.18\r\n"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn udp_get_of_10kb_value_arrives_in_framed_datagrams() {
+    let port = free_port();
+    let d = Daemon::start(&["-U", &port.to_string()]);
+    let mut c = d.tcp();
+    let value = vec![b'v'; 10_000];
+    c.write_all(b"set big 0 0 10000\r\n").expect("write");
+    c.write_all(&value).expect("write");
+    assert_eq!(request(&mut c, b"\r\n", b"\r\n"), b"STORED\r\n");
+
+    let u = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+    u.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    u.connect(("127.0.0.1", port)).expect("udp connect");
+    let mut req = vec![0x12, 0x34, 0, 0, 0, 1, 0, 0];
+    req.extend_from_slice(b"get big\r\n");
+    u.send(&req).expect("send");
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = u.recv(&mut buf).expect("recv");
+        let d = &buf[..n];
+        assert!(n <= 1400, "datagram of {n} bytes");
+        assert_eq!(&d[0..2], &[0x12, 0x34], "request id");
+        assert_eq!(&d[6..8], &[0, 0], "reserved");
+        let count = u16::from_be_bytes([d[4], d[5]]) as usize;
+        assert_eq!(count, 8);
+        parts.push(d.to_vec());
+        if parts.len() == count {
+            break;
+        }
+    }
+    parts.sort_by_key(|d| u16::from_be_bytes([d[2], d[3]]));
+    for (i, p) in parts.iter().enumerate() {
+        assert_eq!(u16::from_be_bytes([p[2], p[3]]) as usize, i);
+    }
+    let body: Vec<u8> = parts.iter().flat_map(|p| p[8..].to_vec()).collect();
+    let mut want = b"VALUE big 0 10000\r\n".to_vec();
+    want.extend_from_slice(&value);
+    want.extend_from_slice(b"\r\nEND\r\n");
+    assert_eq!(body, want);
+
+    // A set over UDP, and a multi-datagram request that is dropped without a reply.
+    let mut req = vec![0, 9, 0, 0, 0, 1, 0, 0];
+    req.extend_from_slice(b"set u 0 0 1\r\nz\r\n");
+    u.send(&req).expect("send");
+    let n = u.recv(&mut buf).expect("recv");
+    assert_eq!(&buf[..n], b"\x00\x09\x00\x00\x00\x01\x00\x00STORED\r\n");
+    let mut req = vec![0, 10, 0, 0, 0, 2, 0, 0];
+    req.extend_from_slice(b"get u\r\n");
+    u.send(&req).expect("send");
+    let mut req = vec![0, 11, 0, 0, 0, 1, 0, 0];
+    req.extend_from_slice(b"get u\r\n");
+    u.send(&req).expect("send");
+    let n = u.recv(&mut buf).expect("recv");
+    assert_eq!(
+        &buf[..2],
+        &[0, 11],
+        "the multi-datagram request got a reply"
+    );
+    assert_eq!(&buf[8..n], b"VALUE u 0 1\r\nz\r\nEND\r\n");
+}
+
+#[test]
+fn unix_socket_round_trips_with_requested_mask() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("memfabricd-test-{}.sock", std::process::id()));
+    let d = Daemon::start_unix(&path, &["-a", "770"]);
+    let mode = std::fs::metadata(&path)
+        .expect("socket file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o770);
+    let mut c = UnixStream::connect(&path).expect("connect");
+    c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    assert_eq!(
+        request(&mut c, b"set a 0 0 2\r\nhi\r\nget a\r\n", b"END\r\n"),
+        b"STORED\r\nVALUE a 0 2\r\nhi\r\nEND\r\n"
+    );
+    drop(d);
+}
+
+#[test]
+fn connections_over_the_limit_get_an_error_and_are_counted() {
+    let d = Daemon::start(&["-c", "3"]);
+    // The start-up probe connection may still be closing: wait until it is gone, then
+    // prove each held connection is served, so that exactly three are open.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = d.tcp();
+        assert_eq!(
+            request(&mut c, b"version\r\n", b"\r\n"),
+            b"VERSION 1.6.18\r\n"
+        );
+        held.push(c);
+    }
+    let mut over = d.tcp();
+    let mut got = Vec::new();
+    let _ = over.read_to_end(&mut got);
+    assert_eq!(got, b"ERROR Too many open connections\r\n");
+    let mut first = held.remove(0);
+    assert_eq!(stat(&mut first, "rejected_connections"), Some(1));
+    assert_eq!(stat(&mut first, "max_connections"), Some(3));
+}
+
+#[test]
+fn sigterm_stops_the_server_and_removes_its_socket() {
+    let path = std::env::temp_dir().join(format!("memfabricd-term-{}.sock", std::process::id()));
+    let mut d = Daemon::start_unix(&path, &[]);
+    let status = Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let start = Instant::now();
+    loop {
+        if let Some(st) = d.child.try_wait().expect("wait") {
+            assert!(st.success(), "exit status {st:?}");
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!path.exists(), "socket file left behind");
+}
