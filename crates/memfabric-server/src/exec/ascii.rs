@@ -1,16 +1,438 @@
 //! Classic ascii commands and ascii line framing (meta commands are handed to `meta`).
+//!
+//! `process_one` frames one request with `memfabric_proto::ascii::parse`, runs it against
+//! the store and appends memcached 1.6.18's reply. Where memcached's answer depends on a
+//! feature we do not have (watch, cachedump/metadump, slab page moves, the segmented LRU,
+//! TLS), we answer as memcached does with that feature disabled.
+use std::sync::atomic::Ordering;
+
+use memfabric_proto::ascii::{
+    self, reply, write_number_line, write_stat, write_value_header, write_version, DetailCmd,
+    ErrorReply, Keys, Limits, LruCrawlerRequest, Parse, Request, StatsRequest, StoreCmd,
+    StoreRequest, Verb, KEY_MAX_LEN, MAX_VERBOSITY_LEVEL,
+};
+use memfabric_store::{ArithOptions, ArithStatus, DeleteStatus, GetOptions, SetMode, StoreStatus};
+
 use super::{ExecCtx, Session, Step};
 
 /// Per-connection ascii state.
 #[derive(Default)]
-pub struct AsciiState {}
+pub struct AsciiState {
+    /// How many bytes at the start of the pending input are known to hold no newline
+    /// (from the last `NeedMore`), so a long multiget line arriving in pieces is scanned
+    /// once rather than once per read.
+    scanned: usize,
+}
 
+/// Largest slab class id memcached accepts in `lru_crawler crawl` (POWER_LARGEST).
+const MAX_SLAB_CLASS: u32 = 63;
+
+/// The framing limits of this server.
+pub fn limits(ctx: &ExecCtx<'_>) -> Limits {
+    let s = &ctx.shared.settings;
+    Limits {
+        max_line: s.max_line,
+        max_multiget_line: ascii::DEFAULT_MAX_MULTIGET_LINE,
+        item_size_max: s.store.item_size_max,
+    }
+}
+
+/// Frame and run one request at the start of `input`. See `exec::Step`.
 pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
     out: &mut Vec<u8>,
 ) -> Step {
-    let _ = (ctx, sess, input, out);
-    Step::Close
+    let limits = limits(ctx);
+    match ascii::parse(input, &limits, sess.ascii.scanned) {
+        Parse::Incomplete { need, scanned } => {
+            sess.ascii.scanned = scanned;
+            Step::NeedMore(need)
+        }
+        Parse::Close(_) => {
+            sess.ascii.scanned = 0;
+            ctx.stats.protocol_errors.incr();
+            Step::Close
+        }
+        Parse::Complete { req, len } => {
+            sess.ascii.scanned = 0;
+            execute(ctx, sess, req, len, input, out)
+        }
+    }
+}
+
+/// Append `line` unless the request said `noreply`.
+fn answer(noreply: bool, line: &[u8], out: &mut Vec<u8>) {
+    if !noreply {
+        out.extend_from_slice(line);
+    }
+}
+
+fn execute(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    req: Request<'_>,
+    len: usize,
+    input: &[u8],
+    out: &mut Vec<u8>,
+) -> Step {
+    let shared = ctx.shared;
+    let store = &shared.store;
+    match req {
+        // The meta executor frames its own request (and data block) from the same input.
+        Request::Meta => return super::meta::process_one(ctx, sess, input, out),
+        Request::Get { keys, cas } => get(ctx, keys, cas, None, out),
+        Request::Gat { exptime, keys, cas } => get(ctx, keys, cas, Some(exptime), out),
+        Request::Store(s) => store_value(ctx, &s, out),
+        Request::StoreTooLarge {
+            cmd,
+            key,
+            noreply,
+            data_len,
+        } => {
+            ctx.stats.store_too_large.incr();
+            unlink_after_failed_set(ctx, cmd, key);
+            answer(noreply, reply::TOO_LARGE, out);
+            // Discard the data block without buffering it: what is here now, and the rest
+            // as it arrives.
+            let here = input.len().saturating_sub(len).min(data_len);
+            sess.swallow = data_len - here;
+            return Step::Done(len + here);
+        }
+        Request::Delete { key, noreply } => {
+            let line = match store.delete(key, 0) {
+                DeleteStatus::Deleted => {
+                    ctx.stats.delete_hits.incr();
+                    reply::DELETED
+                }
+                // Exists needs a CAS, which the classic delete never gives.
+                DeleteStatus::NotFound | DeleteStatus::Exists => {
+                    ctx.stats.delete_misses.incr();
+                    reply::NOT_FOUND
+                }
+            };
+            answer(noreply, line, out);
+        }
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => arith(ctx, incr, key, delta, noreply, out),
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            ctx.stats.cmd_touch.incr();
+            let line = if store.touch(key, store.clock().exptime(exptime.into())) {
+                ctx.stats.touch_hits.incr();
+                reply::TOUCHED
+            } else {
+                ctx.stats.touch_misses.incr();
+                reply::NOT_FOUND
+            };
+            answer(noreply, line, out);
+        }
+        Request::FlushAll { delay, noreply } => {
+            ctx.stats.cmd_flush.incr();
+            if !shared.settings.flush_enabled {
+                answer(noreply, reply::FLUSH_DISABLED, out);
+            } else {
+                // memcached treats a delay of 0 or less as "now".
+                let at = (delay > 0).then(|| store.clock().exptime(delay.into()));
+                store.flush_all(at);
+                answer(noreply, reply::OK, out);
+            }
+        }
+        Request::Stats(s) => stats(ctx, s, out),
+        Request::Version => write_version(out, crate::stats::VERSION),
+        Request::Verbosity { level, noreply } => {
+            shared
+                .verbose
+                .store(level.min(MAX_VERBOSITY_LEVEL), Ordering::Relaxed);
+            answer(noreply, reply::OK, out);
+        }
+        // Replies queued before it are still sent (memcached's close_after_write).
+        Request::Quit => return Step::Close,
+        Request::Shutdown { graceful } => {
+            if !shared.settings.enable_shutdown {
+                out.extend_from_slice(reply::SHUTDOWN_DISABLED);
+            } else if graceful.is_some() {
+                // Graceful or not, our workers flush and close their connections.
+                shared.request_shutdown();
+                return Step::Close;
+            } else {
+                out.extend_from_slice(reply::SHUTDOWN_BAD_MODE);
+            }
+        }
+        Request::CacheMemlimit { megabytes, noreply } => {
+            let line = if megabytes < 8 {
+                reply::MEMLIMIT_TOO_SMALL
+            } else if megabytes > 1_000_000_000 {
+                reply::MEMLIMIT_NOT_MEGABYTES
+            } else if (megabytes as usize).checked_mul(1 << 20) == Some(store.config().memory_limit)
+            {
+                reply::OK
+            } else {
+                // The arena is mapped (and registered for RDMA) once and cannot change
+                // size: memcached gives this answer when it cannot adjust either.
+                reply::MEMLIMIT_ADJUST_FAILED
+            };
+            answer(noreply, line, out);
+        }
+        // The store moves pages between classes only on its own (automove).
+        Request::SlabsReassign { .. } => out.extend_from_slice(reply::SLAB_REASSIGN_DISABLED),
+        // Accepted as memcached does; the store's automove policy is fixed at start.
+        Request::SlabsAutomove { noreply, .. } => answer(noreply, reply::OK, out),
+        Request::LruCrawler(c) => lru_crawler(ctx, c, out),
+        Request::LruTune { noreply, .. } => answer(noreply, reply::OK, out),
+        // Our store has no segmented LRU: memcached without the LRU maintainer answers
+        // ERROR to these.
+        Request::LruMode { noreply, .. } | Request::LruTempTtl { noreply, .. } => {
+            answer(noreply, reply::ERROR, out)
+        }
+        Request::Watch { noreply } => answer(noreply, reply::WATCH_DISABLED, out),
+        Request::RefreshCerts => out.extend_from_slice(reply::TLS_NOT_ENABLED),
+        Request::Invalid {
+            verb,
+            error,
+            noreply,
+        } => {
+            ctx.stats.protocol_errors.incr();
+            match verb {
+                // memcached counts a set whose data block was bad (it read it).
+                Verb::Store(_) if error == ErrorReply::BadDataChunk => ctx.stats.cmd_set.incr(),
+                // flush_all is counted, and refused when disabled, before its argument
+                // is parsed.
+                Verb::FlushAll => {
+                    ctx.stats.cmd_flush.incr();
+                    if !shared.settings.flush_enabled {
+                        answer(noreply, reply::FLUSH_DISABLED, out);
+                        return Step::Done(len);
+                    }
+                }
+                _ => {}
+            }
+            answer(noreply, error.as_bytes(), out);
+        }
+    }
+    Step::Done(len)
+}
+
+/// get, gets, gat, gats: one `VALUE` block per hit, then `END`. A key longer than 250
+/// bytes fails the whole command with nothing but the error (keys before it were
+/// looked up and counted, as in memcached).
+fn get(ctx: &ExecCtx<'_>, keys: Keys<'_>, cas: bool, touch: Option<i32>, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    let start = out.len();
+    let opts = GetOptions {
+        touch: touch.map(|e| store.clock().exptime(e.into())),
+        ..GetOptions::default()
+    };
+    for key in keys.iter() {
+        if key.len() > KEY_MAX_LEN {
+            out.truncate(start);
+            ctx.stats.protocol_errors.incr();
+            out.extend_from_slice(ErrorReply::BadFormat.as_bytes());
+            return;
+        }
+        let hit = store.get_into(key, &opts, out, |info, out| {
+            write_value_header(
+                out,
+                key,
+                info.flags,
+                info.value_len as usize,
+                cas.then_some(info.cas),
+            )
+        });
+        if hit.is_some() {
+            out.extend_from_slice(b"\r\n");
+        }
+        // gat counts as a touch, not as a get (memcached's touch_cmds).
+        match (touch.is_some(), hit.is_some()) {
+            (false, true) => {
+                ctx.stats.cmd_get.incr();
+                ctx.stats.get_hits.incr();
+            }
+            (false, false) => {
+                ctx.stats.cmd_get.incr();
+                ctx.stats.get_misses.incr();
+            }
+            (true, true) => {
+                ctx.stats.cmd_touch.incr();
+                ctx.stats.touch_hits.incr();
+            }
+            (true, false) => {
+                ctx.stats.cmd_touch.incr();
+                ctx.stats.touch_misses.incr();
+            }
+        }
+    }
+    out.extend_from_slice(reply::END);
+}
+
+fn set_mode(cmd: StoreCmd) -> SetMode {
+    match cmd {
+        StoreCmd::Set => SetMode::Set,
+        StoreCmd::Add => SetMode::Add,
+        StoreCmd::Replace => SetMode::Replace,
+        StoreCmd::Append => SetMode::Append,
+        StoreCmd::Prepend => SetMode::Prepend,
+        StoreCmd::Cas => SetMode::Cas,
+    }
+}
+
+/// memcached unlinks the old value when a `set` fails for size or memory, so that a
+/// client never reads stale data after a failed overwrite.
+fn unlink_after_failed_set(ctx: &ExecCtx<'_>, cmd: StoreCmd, key: &[u8]) {
+    if cmd == StoreCmd::Set {
+        let _ = ctx.shared.store.delete(key, 0);
+    }
+}
+
+fn store_value(ctx: &ExecCtx<'_>, s: &StoreRequest<'_>, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    let exptime = store.clock().exptime(s.exptime.into());
+    let status = store.store(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
+    let line = match status {
+        StoreStatus::Stored { .. } => reply::STORED,
+        StoreStatus::NotStored => reply::NOT_STORED,
+        StoreStatus::Exists => reply::EXISTS,
+        StoreStatus::NotFound => reply::NOT_FOUND,
+        StoreStatus::TooLarge => {
+            // memcached refuses these before reading the data and does not count a set.
+            ctx.stats.store_too_large.incr();
+            unlink_after_failed_set(ctx, s.cmd, s.key);
+            answer(s.noreply, reply::TOO_LARGE, out);
+            return;
+        }
+        StoreStatus::OutOfMemory => {
+            ctx.stats.store_no_memory.incr();
+            unlink_after_failed_set(ctx, s.cmd, s.key);
+            answer(s.noreply, reply::OUT_OF_MEMORY_STORING, out);
+            return;
+        }
+    };
+    ctx.stats.cmd_set.incr();
+    if s.cmd == StoreCmd::Cas {
+        match status {
+            StoreStatus::Stored { .. } => ctx.stats.cas_hits.incr(),
+            StoreStatus::Exists => ctx.stats.cas_badval.incr(),
+            StoreStatus::NotFound => ctx.stats.cas_misses.incr(),
+            _ => {}
+        }
+    }
+    answer(s.noreply, line, out);
+}
+
+fn arith(ctx: &ExecCtx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
+    let (hits, misses) = if incr {
+        (&ctx.stats.incr_hits, &ctx.stats.incr_misses)
+    } else {
+        (&ctx.stats.decr_hits, &ctx.stats.decr_misses)
+    };
+    match ctx
+        .shared
+        .store
+        .arith(key, incr, delta, &ArithOptions::default())
+    {
+        ArithStatus::Value { value, .. } => {
+            hits.incr();
+            if !noreply {
+                write_number_line(out, value);
+            }
+        }
+        ArithStatus::NotFound => {
+            misses.incr();
+            answer(noreply, reply::NOT_FOUND, out);
+        }
+        ArithStatus::NonNumeric => answer(noreply, reply::NON_NUMERIC, out),
+        ArithStatus::OutOfMemory => answer(noreply, reply::OUT_OF_MEMORY, out),
+        // Only possible with a CAS, which the classic commands never give.
+        ArithStatus::Exists => answer(noreply, reply::EXISTS, out),
+    }
+}
+
+fn stats(ctx: &ExecCtx<'_>, s: StatsRequest<'_>, out: &mut Vec<u8>) {
+    let group = match s {
+        StatsRequest::General => "",
+        StatsRequest::Reset => {
+            crate::stats::reset(ctx);
+            out.extend_from_slice(reply::RESET);
+            return;
+        }
+        // Per-prefix stats are not kept: "on"/"off" are accepted and "dump" lists none.
+        StatsRequest::Detail(DetailCmd::On | DetailCmd::Off) => {
+            out.extend_from_slice(reply::OK);
+            return;
+        }
+        StatsRequest::Detail(DetailCmd::Dump) => {
+            out.extend_from_slice(reply::END);
+            return;
+        }
+        // The store cannot list a slab class's items.
+        StatsRequest::Cachedump => {
+            out.extend_from_slice(reply::CACHEDUMP_DISABLED);
+            return;
+        }
+        StatsRequest::Group(g) => match std::str::from_utf8(g) {
+            Ok(g) => g,
+            Err(_) => {
+                out.extend_from_slice(reply::ERROR);
+                return;
+            }
+        },
+    };
+    match crate::stats::collect(ctx, group) {
+        Some(pairs) => {
+            for (k, v) in &pairs {
+                write_stat(out, k, v);
+            }
+            out.extend_from_slice(reply::END);
+        }
+        None => out.extend_from_slice(reply::ERROR),
+    }
+}
+
+fn lru_crawler(ctx: &ExecCtx<'_>, c: LruCrawlerRequest<'_>, out: &mut Vec<u8>) {
+    // Our background sweeper plays the part of memcached's LRU crawler.
+    let running = ctx.shared.store.config().background_sweeper;
+    let line = match c {
+        LruCrawlerRequest::Crawl(_) | LruCrawlerRequest::Metadump(_) if !running => {
+            reply::CRAWLER_DISABLED
+        }
+        // The sweeper already reclaims expired items of every class continuously.
+        LruCrawlerRequest::Crawl(classes) => crawl_reply(classes),
+        LruCrawlerRequest::Metadump(_) => reply::METADUMP_DISABLED,
+        // Accepted as memcached does; the sweeper paces itself.
+        LruCrawlerRequest::Tocrawl(_) | LruCrawlerRequest::Sleep(_) => reply::OK,
+        // The sweeper's lifetime is the store's: it cannot be started or stopped here.
+        // memcached gives these answers when the thread is already running / stopping
+        // fails.
+        LruCrawlerRequest::Enable => reply::CRAWLER_START_FAILED,
+        LruCrawlerRequest::Disable if running => reply::CRAWLER_STOP_FAILED,
+        LruCrawlerRequest::Disable => reply::OK,
+    };
+    out.extend_from_slice(line);
+}
+
+/// memcached's class list check: "all", or comma-separated class ids 1..=63.
+fn crawl_reply(classes: &[u8]) -> &'static [u8] {
+    if classes == b"all" {
+        return reply::OK;
+    }
+    let mut any = false;
+    for id in classes.split(|&b| b == b',').filter(|s| !s.is_empty()) {
+        match ascii::parse_u32(id) {
+            Some(1..=MAX_SLAB_CLASS) => any = true,
+            _ => return reply::CRAWLER_BADCLASS,
+        }
+    }
+    if any {
+        reply::OK
+    } else {
+        b"NOTSTARTED no items to crawl\r\n"
+    }
 }
