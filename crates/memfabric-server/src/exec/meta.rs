@@ -1,5 +1,30 @@
-//! Meta commands: mg ms md ma mn me.
+//! Meta commands: mg ms md ma mn me, executed as memcached 1.6.18 does.
+//!
+//! The parser (`memfabric_proto::meta`) turns a line into a request; this file runs it
+//! against the store and writes the reply. Return flags are echoed in the order the
+//! client sent them, and memcached applies the item-changing flags (`T`, `N`) in that
+//! same pass, so a `t` before a `T` shows the old TTL: the reply loops below keep that.
+//!
+//! Simple requests use the store's lock-free read (`get_into`) and its memcached
+//! storage operations; anything that must inspect and change one key atomically (the
+//! recache win token, invalidation, explicit CAS compare, TTL changes) runs inside
+//! `Store::transact`.
+use memfabric_proto::meta::{
+    self as wire, ArithMode, MetaCommand, MetaError, MetaRequest, StoreMode,
+};
+use memfabric_store::{
+    AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, GetOptions, ItemInfo, LinkOptions,
+    NewItem, SetMode, StoreStatus, Txn,
+};
+
 use super::{ExecCtx, Session, Step};
+
+const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
+const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
+const NON_NUMERIC: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+const ARITH_NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory\r\n";
+const VIVIFY_NO_MEMORY: &[u8] = b"SERVER_ERROR Out of memory allocating new item\r\n";
 
 /// Called by `ascii::process_one` when `input` starts with a meta command and holds a
 /// complete line. Same contract as `ascii::process_one`.
@@ -9,6 +34,856 @@ pub fn process_one(
     input: &[u8],
     out: &mut Vec<u8>,
 ) -> Step {
-    let _ = (ctx, sess, input, out);
-    Step::Close
+    let Some((line, line_len)) = wire::split_line(input) else {
+        return Step::NeedMore(0);
+    };
+    let req = match wire::parse(line) {
+        Ok(r) => r,
+        Err(e) => {
+            ctx.stats.protocol_errors.incr();
+            wire::push_error(out, e.error);
+            // A rejected `ms` whose length was understood: its data block follows and
+            // must not be read as commands.
+            sess.swallow = e.swallow;
+            return Step::Done(line_len);
+        }
+    };
+    match req.command {
+        MetaCommand::Noop => out.extend_from_slice(wire::NOOP_REPLY),
+        MetaCommand::Debug => debug(ctx, &req, out),
+        MetaCommand::Get => get(ctx, &req, out),
+        MetaCommand::Set => return set(ctx, sess, &req, input, line_len, out),
+        MetaCommand::Delete => delete(ctx, &req, out),
+        MetaCommand::Arith => arith(ctx, &req, out),
+    }
+    Step::Done(line_len)
+}
+
+// ----- time as memcached shows it -----------------------------------------------------
+
+/// Absolute expiry for a protocol TTL (negative = already expired, as memcached).
+fn abs_exptime(clock: &Clock, ttl: i32) -> u32 {
+    clock.exptime(ttl as i64)
+}
+
+/// memcached keeps times relative to its start; an "already expired" exptime is its
+/// relative time 1. Our absolute times map onto that scale so that the odd numbers
+/// memcached prints for such items (a wrapped `t`) come out the same shape.
+fn rel_time(clock: &Clock, abs: u32) -> u32 {
+    let started = clock.started();
+    if abs > started {
+        abs - started
+    } else {
+        1
+    }
+}
+
+/// The `t` value: `None` (printed -1) for never, else memcached's 32-bit
+/// `exptime - current_time`.
+fn ttl_remaining(clock: &Clock, exptime: u32) -> Option<u32> {
+    if exptime == 0 {
+        return None;
+    }
+    let now = clock.now().saturating_sub(clock.started());
+    Some(rel_time(clock, exptime).wrapping_sub(now))
+}
+
+/// memcached's total item size: header, key + NUL, value + CRLF, the flags suffix when
+/// flags are non-zero, and the CAS field.
+fn memcached_item_size(key_len: usize, value_len: usize, flags: u32, use_cas: bool) -> usize {
+    48 + key_len
+        + 1
+        + value_len.saturating_add(2)
+        + if flags != 0 { 4 } else { 0 }
+        + if use_cas { 8 } else { 0 }
+}
+
+// ----- me -----------------------------------------------------------------------------
+
+fn debug(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    match store.peek(&req.key) {
+        Some(info) => {
+            let clock = store.clock();
+            let now = clock.now();
+            let exp = if info.exptime == 0 {
+                -1
+            } else {
+                // memcached prints `current_time - exptime` as a C int: negative while
+                // the item lives.
+                let rel_now = now.saturating_sub(clock.started());
+                rel_now.wrapping_sub(rel_time(clock, info.exptime)) as i32 as i64
+            };
+            let d = wire::DebugInfo {
+                exp,
+                la: now.wrapping_sub(info.last_access) as u64,
+                cas: info.cas,
+                fetched: info.fetched,
+                class_id: info.class_id,
+                size: memcached_item_size(
+                    req.key.len(),
+                    info.value_len as usize,
+                    info.flags,
+                    store.config().use_cas,
+                ) as u64,
+            };
+            wire::push_debug(out, &req.key, req.flags.base64, &d);
+        }
+        None => {
+            out.extend_from_slice(wire::EN);
+            out.extend_from_slice(wire::CRLF);
+        }
+    }
+    ctx.stats.meta_cmds.incr();
+}
+
+// ----- mg -----------------------------------------------------------------------------
+
+/// What writing an `mg` hit line decided.
+struct MgHit {
+    /// The item's exptime after `T`/`N`.
+    exptime: u32,
+    /// The client won the recache token (a `W` was written).
+    won: bool,
+    /// A `T` was seen (counts as a touch, not a get).
+    touched: bool,
+}
+
+/// Write an `mg` hit's reply line ("VA <len> <flags>\r\n" or "HD <flags>\r\n"),
+/// applying `T`, `N` and `R` in flag order as memcached does.
+fn mg_hit_line(
+    clock: &Clock,
+    req: &MetaRequest<'_>,
+    info: &ItemInfo,
+    created: bool,
+    out: &mut Vec<u8>,
+) -> Result<MgHit, (MetaError, u32)> {
+    let f = &req.flags;
+    if f.value {
+        wire::push_value_header(out, info.value_len as usize);
+    } else {
+        out.extend_from_slice(wire::HD);
+    }
+    let mut hit = MgHit {
+        exptime: info.exptime,
+        won: false,
+        touched: false,
+    };
+    for tok in f.tokens() {
+        match tok[0] {
+            b'T' => {
+                hit.touched = true;
+                hit.exptime = abs_exptime(clock, f.ttl.unwrap_or(0));
+            }
+            b'N' if created => {
+                hit.exptime = abs_exptime(clock, f.vivify.unwrap_or(0));
+                hit.won = true;
+            }
+            b'R' => {
+                let threshold = abs_exptime(clock, f.recache.unwrap_or(0));
+                if !info.token_sent && !created && hit.exptime != 0 && hit.exptime < threshold {
+                    hit.won = true;
+                }
+            }
+            b's' => wire::push_flag_u64(out, b's', info.value_len as u64),
+            b't' => wire::push_ttl(out, ttl_remaining(clock, hit.exptime)),
+            b'c' => wire::push_flag_u64(out, b'c', info.cas),
+            b'f' => wire::push_flag_u64(out, b'f', info.flags as u64),
+            b'l' => {
+                wire::push_flag_u64(out, b'l', clock.now().wrapping_sub(info.last_access) as u64)
+            }
+            b'h' => wire::push_flag_u64(out, b'h', info.fetched as u64),
+            b'O' => {
+                if tok.len() > wire::OPAQUE_MAX_LEN {
+                    return Err((MetaError::OpaqueTooLong, hit.exptime));
+                }
+                wire::push_opaque(out, tok);
+            }
+            b'k' => wire::push_key(out, &req.key, f.base64),
+            _ => {}
+        }
+    }
+    // Z before W is impossible by construction, and memcached writes Z, X, W in this
+    // order so that a client never sees a win together with "already won".
+    if info.token_sent {
+        wire::push_flag(out, b'Z');
+    }
+    if info.stale {
+        wire::push_flag(out, b'X');
+        if !info.token_sent {
+            hit.won = true;
+        }
+    }
+    if hit.won {
+        wire::push_flag(out, b'W');
+    }
+    out.extend_from_slice(wire::CRLF);
+    Ok(hit)
+}
+
+/// `EN` with the opaque and key echoed (nothing at all under `q`).
+fn mg_miss(req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    let f = &req.flags;
+    if f.opaque_too_long() {
+        wire::push_error(out, MetaError::OpaqueTooLong);
+        return;
+    }
+    if f.quiet {
+        return;
+    }
+    out.extend_from_slice(wire::EN);
+    push_echo_flags(req, out);
+    out.extend_from_slice(wire::CRLF);
+}
+
+/// The opaque and key return flags, in request order.
+fn push_echo_flags(req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    for tok in req.flags.tokens() {
+        match tok[0] {
+            b'O' => wire::push_opaque(out, tok),
+            b'k' => wire::push_key(out, &req.key, req.flags.base64),
+            _ => {}
+        }
+    }
+}
+
+enum MgOutcome {
+    Hit { touched: bool },
+    Miss,
+    Error,
+}
+
+fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    let f = &req.flags;
+    let outcome = if f.value && f.vivify.is_none() && f.recache.is_none() && f.ttl.is_none() {
+        mg_lockless(ctx, req, out).unwrap_or_else(|| mg_locked(ctx, req, out))
+    } else {
+        mg_locked(ctx, req, out)
+    };
+    let s = ctx.stats;
+    match outcome {
+        MgOutcome::Hit { touched: true } => {
+            s.cmd_touch.incr();
+            s.touch_hits.incr();
+        }
+        MgOutcome::Hit { touched: false } => {
+            s.cmd_get.incr();
+            s.get_hits.incr();
+        }
+        MgOutcome::Miss => {
+            s.cmd_get.incr();
+            s.get_misses.incr();
+        }
+        MgOutcome::Error => {}
+    }
+}
+
+/// The common `mg <key> v ...`: one optimistic read, no lock. `None` when the item turns
+/// out to be stale with no win token handed out yet: handing one out changes the item,
+/// so the locked path redoes the request.
+fn mg_lockless(
+    ctx: &mut ExecCtx<'_>,
+    req: &MetaRequest<'_>,
+    out: &mut Vec<u8>,
+) -> Option<MgOutcome> {
+    if req.flags.opaque_too_long() {
+        wire::push_error(out, MetaError::OpaqueTooLong);
+        return Some(MgOutcome::Error);
+    }
+    let store = &ctx.shared.store;
+    let clock = store.clock();
+    let start = out.len();
+    let opts = GetOptions {
+        touch: None,
+        bump: !req.flags.no_update,
+    };
+    let hit = store.get_into(&req.key, &opts, out, |info, out| {
+        // Without T/N/R and with the opaque checked, this cannot fail.
+        let _ = mg_hit_line(clock, req, info, false, out);
+    });
+    match hit {
+        Some(info) if info.stale && !info.token_sent => {
+            out.truncate(start);
+            None
+        }
+        Some(_) => {
+            out.extend_from_slice(wire::CRLF);
+            Some(MgOutcome::Hit { touched: false })
+        }
+        None => {
+            mg_miss(req, out);
+            Some(MgOutcome::Miss)
+        }
+    }
+}
+
+/// `mg` under the key's lock: vivify, recache, touch and the win token.
+fn mg_locked(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) -> MgOutcome {
+    let store = &ctx.shared.store;
+    let clock = store.clock();
+    let f = &req.flags;
+    let start = out.len();
+    store.transact(&req.key, |t| {
+        let mut info = t.item();
+        let mut created = false;
+        if info.is_none() && f.vivify.is_some() {
+            // An empty placeholder; its TTL is set by the N flag in the reply loop.
+            if let Ok(item) = t.alloc(0, 0, 0) {
+                t.link(item, LinkOptions::default());
+                info = t.item();
+                created = info.is_some();
+            }
+        }
+        let Some(info) = info else {
+            mg_miss(req, out);
+            return if f.opaque_too_long() {
+                MgOutcome::Error
+            } else {
+                MgOutcome::Miss
+            };
+        };
+        match mg_hit_line(clock, req, &info, created, out) {
+            Ok(hit) => {
+                if hit.exptime != info.exptime {
+                    t.set_exptime(hit.exptime);
+                }
+                if hit.won {
+                    t.set_marks(None, Some(true));
+                }
+                if f.value {
+                    t.read_value(out);
+                    out.extend_from_slice(wire::CRLF);
+                }
+                if !f.no_update {
+                    t.mark_fetched();
+                }
+                MgOutcome::Hit {
+                    touched: hit.touched,
+                }
+            }
+            Err((e, exptime)) => {
+                // memcached changed the TTL in place before it met the bad opaque.
+                if exptime != info.exptime {
+                    t.set_exptime(exptime);
+                }
+                out.truncate(start);
+                wire::push_error(out, e);
+                MgOutcome::Error
+            }
+        }
+    })
+}
+
+// ----- ms -----------------------------------------------------------------------------
+
+fn set(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    req: &MetaRequest<'_>,
+    input: &[u8],
+    line_len: usize,
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let f = &req.flags;
+    let data_len = req.data_len;
+    let cfg = store.config();
+    // memcached allocates the item before reading the data, so a value that cannot fit
+    // is refused at once and its data discarded as it arrives (never buffered).
+    if memcached_item_size(req.key.len(), data_len, f.client_flags, cfg.use_cas) > cfg.item_size_max
+    {
+        ctx.stats.store_too_large.incr();
+        drop_after_failed_store(ctx, req);
+        out.extend_from_slice(TOO_LARGE);
+        sess.swallow = data_len + 2;
+        return Step::Done(line_len);
+    }
+    let total = line_len + data_len + 2;
+    if input.len() < total {
+        return Step::NeedMore(total);
+    }
+    let data = &input[line_len..line_len + data_len];
+    ctx.stats.cmd_set.incr();
+    if &input[line_len + data_len..total] != b"\r\n" {
+        out.extend_from_slice(BAD_CHUNK);
+        return Step::Done(total);
+    }
+    // Parsing validated the mode.
+    let mode = f.store_mode().unwrap_or(StoreMode::Set);
+    let exptime = f.ttl.map_or(0, |t| abs_exptime(store.clock(), t));
+    let status = match f.cas {
+        None => store.store(
+            match mode {
+                StoreMode::Set => SetMode::Set,
+                StoreMode::Add => SetMode::Add,
+                StoreMode::Replace => SetMode::Replace,
+                StoreMode::Append => SetMode::Append,
+                StoreMode::Prepend => SetMode::Prepend,
+            },
+            &req.key,
+            data,
+            f.client_flags,
+            exptime,
+            0,
+        ),
+        Some(cas) => set_with_cas(ctx, req, mode, cas, data, exptime),
+    };
+    let (code, cas) = match status {
+        StoreStatus::Stored { cas } => (wire::HD, cas),
+        StoreStatus::NotStored => (wire::NS, 0),
+        StoreStatus::Exists => (wire::EX, 0),
+        StoreStatus::NotFound => (wire::NF, 0),
+        StoreStatus::TooLarge => {
+            ctx.stats.store_too_large.incr();
+            drop_after_failed_store(ctx, req);
+            out.extend_from_slice(TOO_LARGE);
+            return Step::Done(total);
+        }
+        StoreStatus::OutOfMemory => {
+            ctx.stats.store_no_memory.incr();
+            drop_after_failed_store(ctx, req);
+            out.extend_from_slice(NO_MEMORY);
+            return Step::Done(total);
+        }
+    };
+    if code == wire::HD && f.quiet {
+        return Step::Done(total);
+    }
+    out.extend_from_slice(code);
+    for tok in f.tokens() {
+        match tok[0] {
+            b'O' => wire::push_opaque(out, tok),
+            b'k' => wire::push_key(out, &req.key, f.base64),
+            b'c' => wire::push_flag_u64(out, b'c', cas),
+            _ => {}
+        }
+    }
+    out.extend_from_slice(wire::CRLF);
+    Step::Done(total)
+}
+
+/// memcached unlinks the old value when a store fails for size or memory, so that a
+/// client cannot go on reading data it meant to replace.
+fn drop_after_failed_store(ctx: &ExecCtx<'_>, req: &MetaRequest<'_>) {
+    ctx.shared.store.transact(&req.key, |t| {
+        t.unlink();
+    });
+}
+
+/// A new item for the transaction's key holding `parts` back to back.
+fn fill<'s>(
+    t: &Txn<'s>,
+    flags: u32,
+    exptime: u32,
+    parts: &[&[u8]],
+) -> Result<NewItem<'s>, AllocError> {
+    let len = parts.iter().map(|p| p.len()).sum();
+    t.alloc(len, flags, exptime).map(|mut item| {
+        item.write_parts(parts);
+        item
+    })
+}
+
+/// How a supplied CAS compares with the item's (memcached's `cas_res`).
+#[derive(PartialEq, Eq)]
+enum CasRes {
+    None,
+    Match,
+    /// Older than the item's, with `I`: stored, but marked stale.
+    Stale,
+    BadVal,
+}
+
+/// `ms` with `C`: memcached's `do_store_item` with the CAS compared up front, including
+/// the invalidation mode (`I`) that stores an older value as stale.
+fn set_with_cas(
+    ctx: &ExecCtx<'_>,
+    req: &MetaRequest<'_>,
+    mode: StoreMode,
+    req_cas: u64,
+    data: &[u8],
+    exptime: u32,
+) -> StoreStatus {
+    let f = &req.flags;
+    let stats = ctx.stats;
+    // A compare turns set and replace into cas; add and append/prepend keep their mode.
+    let is_cas = matches!(mode, StoreMode::Set | StoreMode::Replace);
+    let alloc_failed = |e: AllocError| match e {
+        AllocError::TooLarge => StoreStatus::TooLarge,
+        AllocError::OutOfMemory => StoreStatus::OutOfMemory,
+    };
+    ctx.shared.store.transact(&req.key, |t| {
+        let Some(old) = t.item() else {
+            return match mode {
+                StoreMode::Add => match fill(t, f.client_flags, exptime, &[data]) {
+                    Ok(item) => StoreStatus::Stored {
+                        cas: t.link(item, LinkOptions::default()),
+                    },
+                    Err(e) => alloc_failed(e),
+                },
+                _ if is_cas => {
+                    stats.cas_misses.incr();
+                    StoreStatus::NotFound
+                }
+                _ => StoreStatus::NotStored,
+            };
+        };
+        let res = if req_cas == 0 {
+            CasRes::None
+        } else if req_cas == old.cas {
+            CasRes::Match
+        } else if f.invalidate && is_cas && req_cas < old.cas {
+            CasRes::Stale
+        } else {
+            CasRes::BadVal
+        };
+        match mode {
+            StoreMode::Add => StoreStatus::NotStored,
+            StoreMode::Append | StoreMode::Prepend => {
+                if res != CasRes::None && res != CasRes::Match {
+                    return StoreStatus::Exists;
+                }
+                let mut old_value = Vec::with_capacity(old.value_len as usize);
+                t.read_value(&mut old_value);
+                let parts: [&[u8]; 2] = if mode == StoreMode::Append {
+                    [&old_value, data]
+                } else {
+                    [data, &old_value]
+                };
+                // memcached answers NOT_STORED when the combined item cannot be made.
+                match fill(t, old.flags, old.exptime, &parts) {
+                    Ok(item) => StoreStatus::Stored {
+                        cas: t.link(item, LinkOptions::default()),
+                    },
+                    Err(_) => StoreStatus::NotStored,
+                }
+            }
+            StoreMode::Set | StoreMode::Replace => match res {
+                CasRes::Match => match fill(t, f.client_flags, exptime, &[data]) {
+                    Ok(item) => {
+                        stats.cas_hits.incr();
+                        StoreStatus::Stored {
+                            cas: t.link(item, LinkOptions::default()),
+                        }
+                    }
+                    Err(e) => alloc_failed(e),
+                },
+                CasRes::Stale => {
+                    // The stale value keeps the old TTL and any win token already out.
+                    match fill(t, f.client_flags, old.exptime, &[data]) {
+                        Ok(item) => {
+                            stats.cas_hits.incr();
+                            let opts = LinkOptions {
+                                explicit_cas: None,
+                                stale: true,
+                                token_sent: old.token_sent,
+                            };
+                            StoreStatus::Stored {
+                                cas: t.link(item, opts),
+                            }
+                        }
+                        Err(e) => alloc_failed(e),
+                    }
+                }
+                CasRes::None | CasRes::BadVal => {
+                    stats.cas_badval.incr();
+                    StoreStatus::Exists
+                }
+            },
+        }
+    })
+}
+
+// ----- md -----------------------------------------------------------------------------
+
+fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    let f = &req.flags;
+    let stats = ctx.stats;
+    let code = if f.cas.is_none() && !f.invalidate {
+        match store.delete(&req.key, 0) {
+            DeleteStatus::Deleted => {
+                stats.delete_hits.incr();
+                wire::HD
+            }
+            DeleteStatus::NotFound | DeleteStatus::Exists => {
+                stats.delete_misses.incr();
+                wire::NF
+            }
+        }
+    } else {
+        let clock = store.clock();
+        store.transact(&req.key, |t| {
+            let Some(item) = t.item() else {
+                stats.delete_misses.incr();
+                return wire::NF;
+            };
+            // Unlike the classic delete, an explicit C0 is compared too.
+            if f.cas.is_some_and(|c| c != item.cas) {
+                stats.delete_misses.incr();
+                return wire::EX;
+            }
+            if f.invalidate {
+                // Keep the item but mark it stale under a new CAS; clearing the token lets
+                // the next reader win the recache.
+                if let Some(ttl) = f.ttl {
+                    t.set_exptime(abs_exptime(clock, ttl));
+                }
+                t.set_marks(Some(true), Some(false));
+                t.bump_cas(None);
+            } else {
+                t.unlink();
+                stats.delete_hits.incr();
+            }
+            wire::HD
+        })
+    };
+    if code == wire::HD && f.quiet {
+        return;
+    }
+    out.extend_from_slice(code);
+    push_echo_flags(req, out);
+    out.extend_from_slice(wire::CRLF);
+}
+
+// ----- ma -----------------------------------------------------------------------------
+
+/// Result of the arithmetic itself, before the reply.
+enum ArithDone {
+    Value { value: u64, cas: u64, created: bool },
+    NotFound,
+    Exists,
+    NonNumeric,
+    NoMemory,
+    VivifyNoMemory,
+}
+
+fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    let clock = store.clock();
+    let f = &req.flags;
+    let stats = ctx.stats;
+    // Parsing validated the mode.
+    let incr = f.arith_mode().unwrap_or(ArithMode::Incr) == ArithMode::Incr;
+    let count_hit = || {
+        if incr {
+            stats.incr_hits.incr()
+        } else {
+            stats.decr_hits.incr()
+        }
+    };
+    let count_miss = || {
+        if incr {
+            stats.incr_misses.incr()
+        } else {
+            stats.decr_misses.incr()
+        }
+    };
+    let start = out.len();
+    // Set when the reply turned into an error (a bad opaque met after the change).
+    let mut reply_error = false;
+    let needs_item = f.vivify.is_some() || f.ttl.is_some() || f.has(b't');
+    let done = if !needs_item {
+        let opts = ArithOptions {
+            cas: f.cas.unwrap_or(0),
+            create: None,
+        };
+        match store.arith(&req.key, incr, f.delta, &opts) {
+            ArithStatus::Value { value, cas } => {
+                count_hit();
+                let done = ArithDone::Value {
+                    value,
+                    cas,
+                    created: false,
+                };
+                let mut exptime = 0;
+                if let Err(e) = ma_reply(clock, req, &done, &mut exptime, out) {
+                    out.truncate(start);
+                    wire::push_error(out, e);
+                    reply_error = true;
+                }
+                done
+            }
+            ArithStatus::NotFound => ArithDone::NotFound,
+            ArithStatus::NonNumeric => ArithDone::NonNumeric,
+            ArithStatus::Exists => ArithDone::Exists,
+            ArithStatus::OutOfMemory => ArithDone::NoMemory,
+        }
+    } else {
+        store.transact(&req.key, |t| {
+            let done = ma_locked(t, req, incr);
+            if let ArithDone::Value { created, .. } = done {
+                if !created {
+                    count_hit();
+                }
+                let Some(info) = t.item() else {
+                    return done;
+                };
+                let mut exptime = info.exptime;
+                let r = ma_reply(clock, req, &done, &mut exptime, out);
+                // The TTL changes (T, N) happen in the reply loop, even when a bad opaque
+                // later turns the reply into an error.
+                if exptime != info.exptime {
+                    t.set_exptime(exptime);
+                }
+                if let Err(e) = r {
+                    out.truncate(start);
+                    wire::push_error(out, e);
+                    reply_error = true;
+                }
+            }
+            done
+        })
+    };
+    let code = match done {
+        ArithDone::Value { created, .. } => {
+            // Only a plain success is quiet; a counter created on a miss is reported,
+            // and errors always are.
+            if f.quiet && !created && !reply_error {
+                out.truncate(start);
+            }
+            return;
+        }
+        ArithDone::NotFound => {
+            count_miss();
+            wire::NF
+        }
+        ArithDone::Exists => wire::EX,
+        ArithDone::NonNumeric => {
+            out.extend_from_slice(NON_NUMERIC);
+            return;
+        }
+        ArithDone::NoMemory => {
+            out.extend_from_slice(ARITH_NO_MEMORY);
+            return;
+        }
+        ArithDone::VivifyNoMemory => {
+            out.extend_from_slice(VIVIFY_NO_MEMORY);
+            return;
+        }
+    };
+    if f.opaque_too_long() {
+        wire::push_error(out, MetaError::OpaqueTooLong);
+        return;
+    }
+    out.extend_from_slice(code);
+    push_echo_flags(req, out);
+    out.extend_from_slice(wire::CRLF);
+}
+
+/// memcached's `do_add_delta` (and the vivify on a miss) under the key's lock.
+fn ma_locked(t: &mut Txn<'_>, req: &MetaRequest<'_>, incr: bool) -> ArithDone {
+    let f = &req.flags;
+    let Some(old) = t.item() else {
+        let Some(_) = f.vivify else {
+            return ArithDone::NotFound;
+        };
+        // Created with no TTL; the N flag sets it in the reply loop.
+        let digits = f.initial.to_string();
+        return match t.alloc(digits.len(), 0, 0) {
+            Ok(mut item) => {
+                item.write(0, digits.as_bytes());
+                let cas = t.link(item, LinkOptions::default());
+                ArithDone::Value {
+                    value: f.initial,
+                    cas,
+                    created: true,
+                }
+            }
+            Err(_) => ArithDone::VivifyNoMemory,
+        };
+    };
+    if old.value_len == 0 {
+        return ArithDone::NonNumeric;
+    }
+    if let Some(c) = f.cas {
+        if c != 0 && c != old.cas {
+            return ArithDone::Exists;
+        }
+    }
+    let mut raw = Vec::with_capacity(old.value_len as usize);
+    t.read_value(&mut raw);
+    // The value is a C string to memcached: it ends at a NUL.
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let Some(current) = wire::safe_strtoull(&raw[..end]) else {
+        return ArithDone::NonNumeric;
+    };
+    let value = if incr {
+        current.wrapping_add(f.delta)
+    } else {
+        current.saturating_sub(f.delta)
+    };
+    let mut digits = value.to_string().into_bytes();
+    // memcached rewrites a number that still fits in place, blanking the rest, and
+    // keeps the item's stale/win marks; a longer number goes into a new item.
+    let in_place = digits.len() <= raw.len();
+    if in_place {
+        digits.resize(raw.len(), b' ');
+    }
+    match t.alloc(digits.len(), old.flags, old.exptime) {
+        Ok(mut item) => {
+            item.write(0, &digits);
+            let opts = LinkOptions {
+                explicit_cas: None,
+                stale: in_place && old.stale,
+                token_sent: in_place && old.token_sent,
+            };
+            let cas = t.link(item, opts);
+            ArithDone::Value {
+                value,
+                cas,
+                created: false,
+            }
+        }
+        Err(_) => ArithDone::NoMemory,
+    }
+}
+
+/// The reply of a successful `ma`, flags in request order; `T` and `N` update `exptime`
+/// as they are met. An over-long opaque is an error found mid-reply, as in memcached.
+fn ma_reply(
+    clock: &Clock,
+    req: &MetaRequest<'_>,
+    done: &ArithDone,
+    exptime: &mut u32,
+    out: &mut Vec<u8>,
+) -> Result<(), MetaError> {
+    let ArithDone::Value {
+        value,
+        cas,
+        created,
+    } = *done
+    else {
+        return Ok(());
+    };
+    let f = &req.flags;
+    let mut digits = Vec::with_capacity(20);
+    wire::push_u64(&mut digits, value);
+    if f.value {
+        wire::push_value_header(out, digits.len());
+    } else {
+        out.extend_from_slice(wire::HD);
+    }
+    for tok in f.tokens() {
+        match tok[0] {
+            b'c' => wire::push_flag_u64(out, b'c', cas),
+            b't' => wire::push_ttl(out, ttl_remaining(clock, *exptime)),
+            b'T' => *exptime = abs_exptime(clock, f.ttl.unwrap_or(0)),
+            b'N' if created => *exptime = abs_exptime(clock, f.vivify.unwrap_or(0)),
+            b'O' => {
+                if tok.len() > wire::OPAQUE_MAX_LEN {
+                    return Err(MetaError::OpaqueTooLong);
+                }
+                wire::push_opaque(out, tok);
+            }
+            b'k' => wire::push_key(out, &req.key, f.base64),
+            _ => {}
+        }
+    }
+    if f.value {
+        out.extend_from_slice(wire::CRLF);
+        out.extend_from_slice(&digits);
+    }
+    out.extend_from_slice(wire::CRLF);
+    Ok(())
 }
