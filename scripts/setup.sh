@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Installs what memfabric needs on a Debian machine, only when missing (idempotent).
+#
+#   scripts/setup.sh            everything: build deps, memcached + tools, the Python venv
+#   scripts/setup.sh --server   only what building and running memfabricd needs
+#
+# Quiet on success; on failure it says what failed and shows the tool's output.
+# Installing packages needs root (CI runs as root); without root it names what is missing.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO=$PWD
+
+mode=all
+case "${1:-}" in
+  "") ;;
+  --server) mode=server ;;
+  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  *) echo "setup.sh: unknown argument '$1' (use --server or nothing)" >&2; exit 2 ;;
+esac
+
+die() { echo "setup.sh: $*" >&2; exit 1; }
+
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+# Runs a command with its output captured; prints the output only when it fails.
+quietly() {
+  if ! "$@" >"$LOG" 2>&1; then
+    echo "setup.sh: failed: $*" >&2
+    tail -n 60 "$LOG" >&2
+    exit 1
+  fi
+}
+
+# --- Debian packages ------------------------------------------------------------------
+# Build: pkg-config, libucx-dev (the fabric's UCX), libclang-dev (bindgen), gcc.
+pkgs=(pkg-config libucx-dev libclang-dev gcc)
+if [[ $mode == all ]]; then
+  # Reference server and conformance tools, pylibmc's C library, network namespaces.
+  pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2)
+fi
+
+# Python for the interop suite: Debian's python3 when present (a fresh machine's), else
+# whatever python3 is on PATH.
+PYTHON=${PYTHON:-}
+if [[ $mode == all && -z $PYTHON ]]; then
+  if [[ -x /usr/bin/python3 ]]; then PYTHON=/usr/bin/python3; else PYTHON=python3; fi
+fi
+if [[ $mode == all ]]; then
+  if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    pkgs+=(python3 python3-venv python3-dev)
+    PYTHON=/usr/bin/python3
+  elif [[ $PYTHON == /usr/bin/python3 ]]; then
+    # venv needs ensurepip (python3-venv); building pylibmc from source needs Python.h.
+    "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
+    "$PYTHON" -c 'import sysconfig, os, sys
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' \
+      || pkgs+=(python3-dev)
+  fi
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    die "missing Debian packages: ${missing[*]} (run this script as root, or: sudo apt-get install ${missing[*]})"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  quietly apt-get update -q
+  quietly apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- Rust toolchain -----------------------------------------------------------------------
+command -v cargo >/dev/null 2>&1 || die "cargo not found: install a stable Rust toolchain (rustup) first"
+if [[ $mode == all ]]; then
+  cargo fmt --version >/dev/null 2>&1 || die "rustfmt missing (rustup component add rustfmt)"
+  cargo clippy --version >/dev/null 2>&1 || die "clippy missing (rustup component add clippy)"
+fi
+
+[[ $mode == server ]] && exit 0
+
+# --- Python venv for tests/interop ----------------------------------------------------------
+VENV=$REPO/.venv
+REQ=$REPO/tests/interop/requirements.txt
+STAMP=$VENV/.requirements.sha256
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+if [[ ! -x $VENV/bin/python ]] || [[ $(cat "$STAMP" 2>/dev/null) != "$want" ]] \
+   || ! "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc' >/dev/null 2>&1; then
+  if [[ ! -x $VENV/bin/python ]]; then
+    quietly "$PYTHON" -m venv "$VENV"
+  fi
+  quietly "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
+  "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc' >"$LOG" 2>&1 \
+    || { cat "$LOG" >&2; die "the venv at .venv cannot import pytest, pymemcache and pylibmc"; }
+  echo "$want" >"$STAMP"
+fi
