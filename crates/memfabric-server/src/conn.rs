@@ -487,22 +487,21 @@ impl Conn {
     }
 }
 
-/// `-vv`: memcached prints each command and reply; we print the request bytes and reply
-/// size, truncated, so a flood of large values does not flood the log.
+/// `-vv`: memcached prints each command and the start of each reply. We print the first
+/// line of what was consumed and of what was answered, truncated, so that large values
+/// do not flood the log.
 fn log_traffic(id: u64, req: &[u8], reply: &[u8]) {
-    const MAX: usize = 200;
-    let shown = &req[..req.len().min(MAX)];
-    tracing::debug!(
-        "<{id} {}{}",
-        String::from_utf8_lossy(shown).trim_end(),
-        if req.len() > MAX { " ..." } else { "" }
-    );
+    fn first_line(b: &[u8]) -> std::borrow::Cow<'_, str> {
+        const MAX: usize = 200;
+        let end = b
+            .iter()
+            .position(|&c| c == b'\r' || c == b'\n')
+            .unwrap_or(b.len())
+            .min(MAX);
+        String::from_utf8_lossy(&b[..end])
+    }
+    tracing::debug!("<{id} {}", first_line(req));
     if !reply.is_empty() {
-        let shown = &reply[..reply.len().min(MAX)];
-        tracing::debug!(
-            ">{id} {}{}",
-            String::from_utf8_lossy(shown).trim_end(),
-            if reply.len() > MAX { " ..." } else { "" }
-        );
+        tracing::debug!(">{id} {}", first_line(reply));
     }
 }

@@ -23,20 +23,21 @@ const DATAGRAMS_PER_ROUND: usize = 64;
 pub struct UdpPort {
     sock: mio::net::UdpSocket,
     id: u64,
-    entry: Option<Arc<ConnEntry>>,
-    name: String,
+    entry: Arc<ConnEntry>,
     buf: Vec<u8>,
     out: Vec<u8>,
 }
 
 impl UdpPort {
-    pub fn new(sock: mio::net::UdpSocket, name: String) -> UdpPort {
+    /// Wrap a worker's clone of a UDP socket and list it in `stats conns`.
+    pub fn new(shared: &Shared, sock: mio::net::UdpSocket, name: String) -> UdpPort {
         let id = sock.as_raw_fd() as u64;
+        let entry = Arc::new(ConnEntry::new(name, None, true, ConnState::Read));
+        shared.conns.insert(id, Arc::clone(&entry));
         UdpPort {
             sock,
             id,
-            entry: None,
-            name,
+            entry,
             // The largest UDP payload there is.
             buf: vec![0; 65536],
             out: Vec::new(),
@@ -47,18 +48,13 @@ impl UdpPort {
         &mut self.sock
     }
 
+    /// Forget the socket in `stats conns` (the worker is exiting).
+    pub fn unregister(&self, shared: &Shared) {
+        shared.conns.remove(self.id);
+    }
+
     /// Handle pending datagrams. Returns true if the socket may hold more (call again).
     pub fn drain(&mut self, shared: &Shared, stats: &ThreadStats) -> bool {
-        if self.entry.is_none() {
-            let e = Arc::new(ConnEntry::new(
-                self.name.clone(),
-                None,
-                true,
-                ConnState::Read,
-            ));
-            shared.conns.insert(self.id, Arc::clone(&e));
-            self.entry = Some(e);
-        }
         for _ in 0..DATAGRAMS_PER_ROUND {
             let (n, peer) = match self.sock.recv_from(&mut self.buf) {
                 Ok(x) => x,
@@ -71,9 +67,7 @@ impl UdpPort {
                 }
             };
             stats.bytes_read.add(n as u64);
-            if let Some(e) = &self.entry {
-                e.touch(shared.store.clock().now());
-            }
+            self.entry.touch(shared.store.clock().now());
             self.handle(shared, stats, n, peer);
         }
         true

@@ -67,7 +67,7 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel();
     let mut ports = Vec::new();
     for (i, (sock, name)) in udp.into_iter().enumerate() {
-        let mut p = UdpPort::new(mio::net::UdpSocket::from_std(sock), name);
+        let mut p = UdpPort::new(&shared, mio::net::UdpSocket::from_std(sock), name);
         poll.registry()
             .register(p.socket_mut(), Token(1 + i), Interest::READABLE)?;
         ports.push(p);
@@ -259,6 +259,9 @@ impl Worker {
 
     /// Shutdown: send what is already queued (best effort, without waiting), then close.
     fn close_all(&mut self) {
+        for p in &self.udp {
+            p.unregister(&self.shared);
+        }
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         let now = self.shared.store.clock().now();
         for t in tokens {
