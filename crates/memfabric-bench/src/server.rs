@@ -91,9 +91,9 @@ impl ServerSpec {
             "-c".into(),
             "4096".into(),
         ];
-        // memcached refuses to run as root unless told which user to be.
-        let is_memcached = self.path.file_name().is_some_and(|f| f == "memcached");
-        if is_memcached && running_as_root() {
+        // memcached refuses to run as root unless told which user to be; memfabricd accepts
+        // the same flag, and both servers get the same command line.
+        if running_as_root() {
             a.push("-u".into());
             a.push("root".into());
         }
