@@ -407,3 +407,39 @@ fn sigterm_stops_the_server_and_removes_its_socket() {
     }
     assert!(!path.exists(), "socket file left behind");
 }
+
+#[test]
+fn shutdown_command_with_dash_a_stops_the_server() {
+    let mut d = Daemon::start(&["-A"]);
+    let mut c = d.tcp();
+    c.write_all(b"shutdown\r\n").expect("write");
+    let start = Instant::now();
+    loop {
+        if let Some(st) = d.child.try_wait().expect("wait") {
+            assert!(st.success(), "exit status {st:?}");
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "did not stop on shutdown");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn stats_conns_lists_listener_udp_sockets_and_clients() {
+    let port = free_port();
+    let d = Daemon::start(&["-U", &port.to_string()]);
+    let mut c = d.tcp();
+    let r = String::from_utf8(request(&mut c, b"stats conns\r\n", b"END\r\n")).expect("utf-8");
+    assert!(
+        r.contains(&format!(":addr tcp:127.0.0.1:{}\r\n", d.port)),
+        "{r}"
+    );
+    assert!(r.contains(":state conn_listening\r\n"), "{r}");
+    // One UDP line per worker, as memcached lists one per thread.
+    assert_eq!(r.matches(":UDP UDP\r\n").count(), 2, "{r}");
+    assert!(
+        r.contains(&format!(":listen_addr tcp:127.0.0.1:{}\r\n", d.port)),
+        "{r}"
+    );
+    assert!(r.contains(":state conn_parse_cmd\r\n"), "{r}");
+}
