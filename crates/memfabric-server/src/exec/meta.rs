@@ -279,16 +279,17 @@ fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 }
 
 /// The common `mg <key> v ...`: one optimistic read, no lock. `None` when the item turns
-/// out to be stale with no win token handed out yet: handing one out changes the item,
-/// so the locked path redoes the request.
+/// out to be stale with no win token handed out yet (handing one out changes the item,
+/// so the locked path redoes the request), or for an over-long opaque.
 fn mg_lockless(
     ctx: &mut ExecCtx<'_>,
     req: &MetaRequest<'_>,
     out: &mut Vec<u8>,
 ) -> Option<MgOutcome> {
     if req.flags.opaque_too_long() {
-        wire::push_error(out, MetaError::OpaqueTooLong);
-        return Some(MgOutcome::Error);
+        // Rare: whether it counts as a miss depends on the lookup; let the locked path
+        // sort it out.
+        return None;
     }
     let store = &ctx.shared.store;
     let clock = store.clock();
@@ -335,12 +336,9 @@ fn mg_locked(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) ->
             }
         }
         let Some(info) = info else {
+            // memcached counts the miss before it looks at the opaque.
             mg_miss(req, out);
-            return if f.opaque_too_long() {
-                MgOutcome::Error
-            } else {
-                MgOutcome::Miss
-            };
+            return MgOutcome::Miss;
         };
         match mg_hit_line(clock, req, &info, created, out) {
             Ok(hit) => {
