@@ -224,6 +224,10 @@ fn execute(
 /// get, gets, gat, gats: one `VALUE` block per hit, then `END`. A key longer than 250
 /// bytes fails the whole command with nothing but the error (keys before it were
 /// looked up and counted, as in memcached).
+///
+/// Deliberate difference: memcached 1.6.18 then also discards the replies of earlier
+/// pipelined requests that it has not written yet (so how many replies a client gets
+/// depends on timing). We keep them: a client waiting for those replies would hang.
 fn get(ctx: &ExecCtx<'_>, keys: Keys<'_>, cas: bool, touch: Option<i32>, out: &mut Vec<u8>) {
     let store = &ctx.shared.store;
     let start = out.len();
