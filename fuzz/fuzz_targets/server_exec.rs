@@ -1,6 +1,53 @@
 #![no_main]
+//! The whole executor: arbitrary bytes as one connection's input (ascii, meta or binary,
+//! chosen by the first byte as the server does), fed in two pieces split at an arbitrary
+//! point, against a real store. It must never panic or loop.
 use libfuzzer_sys::fuzz_target;
+use memfabric_server::exec::{process, ExecCtx, Session, Shared, Transport};
+use memfabric_server::settings::Settings;
+use memfabric_store::{Store, StoreConfig};
+use std::sync::OnceLock;
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let cfg = StoreConfig {
+            memory_limit: 4 << 20,
+            slab_automove: false,
+            background_sweeper: false,
+            ..StoreConfig::default()
+        };
+        let settings = Settings { store: cfg.clone(), ..Settings::default() };
+        Shared::new(settings, Store::new(cfg).expect("store"))
+    })
+}
+
+/// Feed `chunks` one after another like a socket would, keeping unconsumed bytes.
+fn run(chunks: &[&[u8]]) -> Vec<u8> {
+    let shared = shared();
+    let stats = shared.register_thread();
+    let mut ctx = ExecCtx { shared, stats: &stats, transport: Transport::Tcp, conn_id: 1 };
+    let mut sess = Session::default();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut out = Vec::new();
+    for chunk in chunks {
+        buf.extend_from_slice(chunk);
+        loop {
+            let p = process(&mut ctx, &mut sess, &buf, &mut out, usize::MAX);
+            buf.drain(..p.consumed);
+            if p.close {
+                return out;
+            }
+            if p.consumed == 0 {
+                break;
+            }
+        }
+    }
+    out
+}
 
 fuzz_target!(|data: &[u8]| {
-    let _ = data;
+    let Some((&first, rest)) = data.split_first() else { return };
+    let (a, b) = rest.split_at(first as usize % (rest.len() + 1));
+    let _ = run(&[a, b]);
 });
