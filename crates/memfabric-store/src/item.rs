@@ -10,7 +10,7 @@
 //!   4   1  state      FREE / ALLOCATED / LINKED / UNLINKED / CHAINED
 //!   5   1  class      slab class id of this chunk
 //!   6   1  key_len    1..=250
-//!   7   1  iflags     CHUNKED STALE TOKEN_SENT | FETCHED REFERENCED (atomic)
+//!   7   1  iflags     CHUNKED STALE TOKEN_SENT KEY_BINARY | FETCHED REFERENCED (atomic)
 //!   8   8  cas        CAS unique (for a CHAINED chunk: offset of its head item)
 //!  16   4  value_len
 //!  20   4  flags      client flags
@@ -58,6 +58,8 @@ pub const F_STALE: u8 = 2;
 pub const F_TOKEN_SENT: u8 = 4;
 pub const F_FETCHED: u8 = 8;
 pub const F_REFERENCED: u8 = 16;
+/// Meta protocol: the key was given base64-encoded (`b`), so replies echo it that way.
+pub const F_KEY_BINARY: u8 = 32;
 
 /// A snapshot of an item header, read without locks (validate before trusting it).
 #[derive(Clone, Copy, Debug, Default)]

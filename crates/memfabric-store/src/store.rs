@@ -23,6 +23,8 @@ pub struct ItemInfo {
     pub stale: bool,
     /// Meta protocol: a recache "win" token has been handed out for this item.
     pub token_sent: bool,
+    /// Meta protocol: the key was stored base64-encoded (`ms ... b`).
+    pub key_binary: bool,
     /// Slab class holding the item.
     pub class_id: u8,
 }
@@ -290,6 +292,11 @@ impl Store {
         self.get_into(key, opts, out, |_, _| {})
     }
 
+    /// Would memcached 1.6 reject an item of this shape as "object too large for cache"?
+    pub fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
+        self.inner.too_large(key_len, value_len, flags)
+    }
+
     /// Metadata only (no value copy, no access recorded).
     pub fn peek(&self, key: &[u8]) -> Option<ItemInfo> {
         if key.is_empty() || key.len() > KEY_MAX_LEN {
@@ -478,6 +485,7 @@ impl Inner {
             fetched: h.iflags & item::F_FETCHED != 0,
             stale: h.iflags & item::F_STALE != 0,
             token_sent: h.iflags & item::F_TOKEN_SENT != 0,
+            key_binary: h.iflags & item::F_KEY_BINARY != 0,
             class_id: h.class,
         }
     }
@@ -724,7 +732,7 @@ impl Inner {
     /// Would memcached 1.6 call this item too large? Its header, key + NUL, value + CRLF,
     /// the flags suffix and the CAS field count against `-I`; matching that exactly keeps
     /// the too-large boundary identical for clients.
-    fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
+    pub(crate) fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
         let memcached_total = 48
             + key_len
             + 1
@@ -983,7 +991,9 @@ impl Inner {
                 item::CHAINED => {
                     // Part of a large item: evict the item that owns it.
                     let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
-                    if !head.is_multiple_of(8) || head + HDR > a.len() || item::state(a, head) != item::LINKED
+                    if !head.is_multiple_of(8)
+                        || head + HDR > a.len()
+                        || item::state(a, head) != item::LINKED
                     {
                         continue;
                     }
@@ -1400,6 +1410,17 @@ impl<'s> Txn<'s> {
                 }
                 None => {}
             }
+        }
+    }
+
+    /// Mark whether the live item's key was given base64-encoded (meta `b`).
+    pub fn set_key_binary(&mut self, binary: bool) {
+        let Some((_, _, off)) = self.cur else { return };
+        let f = self.inner.arena.u8_at(off + item::OFF_IFLAGS);
+        if binary {
+            f.fetch_or(item::F_KEY_BINARY, Ordering::Relaxed);
+        } else {
+            f.fetch_and(!item::F_KEY_BINARY, Ordering::Relaxed);
         }
     }
 

@@ -127,7 +127,7 @@ fn debug(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                     store.config().use_cas,
                 ) as u64,
             };
-            wire::push_debug(out, &req.key, req.flags.base64, &d);
+            wire::push_debug(out, &req.key, info.key_binary, &d);
         }
         None => {
             out.extend_from_slice(wire::EN);
@@ -199,7 +199,7 @@ fn mg_hit_line(
                 }
                 wire::push_opaque(out, tok);
             }
-            b'k' => wire::push_key(out, &req.key, f.base64),
+            b'k' => wire::push_key(out, &req.key, info.key_binary),
             _ => {}
         }
     }
@@ -426,6 +426,15 @@ fn set(
         ),
         Some(cas) => set_with_cas(ctx, req, mode, cas, data, exptime),
     };
+    if let (StoreStatus::Stored { cas }, true) = (status, f.base64) {
+        // memcached remembers that the key came base64-encoded and echoes it that way on
+        // later hits. The CAS identifies the item this command stored.
+        store.transact(&req.key, |t| {
+            if t.item().is_some_and(|i| i.cas == cas) {
+                t.set_key_binary(true);
+            }
+        });
+    }
     let (code, cas) = match status {
         StoreStatus::Stored { cas } => (wire::HD, cas),
         StoreStatus::NotStored => (wire::NS, 0),
