@@ -266,8 +266,9 @@ pub enum StatsRequest<'a> {
     Reset,
     /// `stats detail on|off|dump`
     Detail(DetailCmd),
-    /// `stats cachedump ...` (arguments are only looked at when dumping is enabled).
-    Cachedump,
+    /// `stats cachedump <class> <limit>`: the raw argument tokens, `None` when fewer
+    /// than two were given (memcached validates them only when dumping is enabled).
+    Cachedump(Option<(&'a [u8], &'a [u8])>),
     /// `stats <group>`: settings, items, slabs, conns, sizes, or anything else.
     Group(&'a [u8]),
 }
@@ -994,7 +995,7 @@ fn stats<'a>(t: &Tokens<'a>) -> Request<'a> {
                 }
             }
         }
-        b"cachedump" => StatsRequest::Cachedump,
+        b"cachedump" => StatsRequest::Cachedump((ntokens(t) >= 5).then(|| (t.get(2), t.get(3)))),
         group => StatsRequest::Group(group),
     })
 }
@@ -1240,7 +1241,13 @@ impl Request<'_> {
                     StatsRequest::Detail(DetailCmd::On) => b" detail on",
                     StatsRequest::Detail(DetailCmd::Off) => b" detail off",
                     StatsRequest::Detail(DetailCmd::Dump) => b" detail dump",
-                    StatsRequest::Cachedump => b" cachedump",
+                    StatsRequest::Cachedump(None) => b" cachedump",
+                    StatsRequest::Cachedump(Some((class, limit))) => {
+                        out.extend_from_slice(b" cachedump ");
+                        out.extend_from_slice(class);
+                        out.push(b' ');
+                        limit
+                    }
                     StatsRequest::Group(g) => {
                         out.push(b' ');
                         g
@@ -2158,7 +2165,7 @@ mod tests {
         );
         assert_eq!(
             req(b"stats cachedump 1 1\r\n"),
-            Request::Stats(StatsRequest::Cachedump)
+            Request::Stats(StatsRequest::Cachedump(Some((b"1", b"1"))))
         );
     }
 

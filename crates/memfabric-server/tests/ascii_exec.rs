@@ -578,7 +578,7 @@ fn http_request_closes_the_connection() {
 }
 
 #[test]
-fn admin_commands_answer_as_memcached_with_the_feature_disabled() {
+fn admin_commands_answer_as_memcached_does() {
     let s = server();
     let mut c = Conn::new(&s);
     let cases = [
@@ -592,8 +592,10 @@ fn admin_commands_answer_as_memcached_with_the_feature_disabled() {
             "MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n",
         ),
         ("cache_memlimit 64\r\n", "OK\r\n"),
+        // The arena has room to grow to twice its starting size (64 MB here).
+        ("cache_memlimit 100\r\n", "OK\r\n"),
         (
-            "cache_memlimit 100\r\n",
+            "cache_memlimit 200\r\n",
             "MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n",
         ),
         (
@@ -605,7 +607,15 @@ fn admin_commands_answer_as_memcached_with_the_feature_disabled() {
         ("slabs\r\n", "ERROR\r\n"),
         (
             "slabs reassign 1 2\r\n",
-            "CLIENT_ERROR slab reassignment disabled\r\n",
+            "NOSPARE source class has no spare pages\r\n",
+        ),
+        (
+            "slabs reassign 1 1\r\n",
+            "SAME src and dst class are identical\r\n",
+        ),
+        (
+            "slabs reassign 1 99\r\n",
+            "BADCLASS invalid src or dst class id\r\n",
         ),
         ("slabs automove 1\r\n", "OK\r\n"),
         ("slabs automove 3\r\n", "ERROR\r\n"),
@@ -644,7 +654,7 @@ fn admin_commands_answer_as_memcached_with_the_feature_disabled() {
             "lru tune 10 10 0 2\r\n",
             "ERROR hot/warm age factors must be greater than 0\r\n",
         ),
-        ("lru mode flat\r\n", "ERROR\r\n"),
+        ("lru mode flat\r\n", "OK\r\n"),
         ("refresh_certs\r\n", "Error TLS not enabled\r\n"),
         ("extstore item_size 5\r\n", "ERROR\r\n"),
         ("debugtime 1\r\n", "ERROR\r\n"),
@@ -671,9 +681,18 @@ fn stats_subcommands() {
         c.send_str("stats detail on\r\nstats detail dump\r\nstats detail off\r\n"),
         "OK\r\nEND\r\nOK\r\n"
     );
+    assert_eq!(c.send_str("stats cachedump 1 1\r\n"), "END\r\n");
     assert_eq!(
-        c.send_str("stats cachedump 1 1\r\n"),
-        "CLIENT_ERROR stats cachedump not allowed\r\n"
+        c.send_str("set k 0 0 2\r\nhi\r\nstats cachedump 1 0\r\n"),
+        "STORED\r\nITEM k [2 b; 0 s]\r\nEND\r\n"
+    );
+    assert_eq!(
+        c.send_str("stats cachedump 1\r\n"),
+        "CLIENT_ERROR bad command line\r\n"
+    );
+    assert_eq!(
+        c.send_str("stats cachedump 64 1\r\n"),
+        "CLIENT_ERROR Illegal slab id\r\n"
     );
     assert!(c.send_str("stats settings\r\n").ends_with("END\r\n"));
 }

@@ -27,7 +27,10 @@ pub use clock::Clock;
 pub use config::StoreConfig;
 pub use ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
-pub use store::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, Store, Txn};
+pub use store::{
+    AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, ReassignStatus, Store,
+    Txn,
+};
 
 /// Longest key memcached accepts.
 pub const KEY_MAX_LEN: usize = 250;

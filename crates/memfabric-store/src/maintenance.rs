@@ -186,7 +186,12 @@ impl Inner {
             index::backoff(&mut spins);
         }
         self.grace.synchronize();
-        // 4. Re-carve for the new class.
+        // 4. Re-carve for the new class (class 0: back to the unassigned pool).
+        if to == 0 {
+            self.slabs.return_to_pool(page);
+            self.count_page_move();
+            return true;
+        }
         let dst = self.slabs.classes[to as usize];
         let mut st = self.slabs.lock(to);
         self.carve_page(&dst, &mut st, page);

@@ -5,7 +5,7 @@
 //! demand; like memcached, a class that has no page yet may take one even when the memory
 //! limit is reached (so every item size can be stored once memory is full), which is why
 //! the arena reserves one extra page per class.
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::item::HDR;
@@ -56,9 +56,11 @@ pub struct ClassCounters {
 
 pub struct Slabs {
     pub page_size: usize,
-    /// Pages the memory limit allows.
-    pub limit_pages: usize,
-    /// Pages in the arena (limit + one reserve page per class).
+    /// Pages the memory limit allows (`cache_memlimit` changes it at run time).
+    pub limit_pages: AtomicUsize,
+    /// Largest limit the arena has room for.
+    pub max_limit_pages: usize,
+    /// Pages in the arena (largest limit + one reserve page per class).
     pub total_pages: usize,
     pub classes: Vec<ClassInfo>,
     pub state: Vec<Mutex<ClassState>>,
@@ -92,7 +94,12 @@ pub fn class_sizes(min_chunk: usize, factor: f64, max_chunk: usize) -> Vec<usize
 }
 
 impl Slabs {
-    pub fn new(page_size: usize, limit_pages: usize, sizes: &[usize]) -> Slabs {
+    pub fn new(
+        page_size: usize,
+        limit_pages: usize,
+        max_limit_pages: usize,
+        sizes: &[usize],
+    ) -> Slabs {
         let mut classes = vec![ClassInfo {
             id: 0,
             size: 0,
@@ -105,10 +112,12 @@ impl Slabs {
                 per_page: page_size / size,
             });
         }
-        let total_pages = limit_pages + sizes.len();
+        let max_limit_pages = max_limit_pages.max(limit_pages);
+        let total_pages = max_limit_pages + sizes.len();
         Slabs {
             page_size,
-            limit_pages,
+            limit_pages: AtomicUsize::new(limit_pages),
+            max_limit_pages,
             total_pages,
             state: (0..classes.len())
                 .map(|_| Mutex::new(ClassState::default()))
@@ -144,13 +153,24 @@ impl Slabs {
     /// owns no page yet may take one.
     pub fn take_page(&self, class_has_pages: bool) -> Option<u32> {
         let used = self.pages_used.load(Ordering::Relaxed) as usize;
-        if used >= self.limit_pages && class_has_pages {
+        if used >= self.limit_pages.load(Ordering::Relaxed) && class_has_pages {
             return None;
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         let p = pool.pop()?;
         self.pages_used.fetch_add(1, Ordering::Relaxed);
         Some(p)
+    }
+
+    /// Give an emptied page back to the unassigned pool.
+    pub fn return_to_pool(&self, page: u32) {
+        self.page_class[page as usize].store(0, Ordering::Release);
+        self.page_draining[page as usize].store(false, Ordering::Release);
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(page);
+        self.pages_used.fetch_sub(1, Ordering::Relaxed);
     }
 
     pub fn page_of(&self, off: usize) -> usize {
@@ -188,7 +208,7 @@ mod tests {
 
     #[test]
     fn class_for_picks_the_smallest_fitting_class() {
-        let sl = Slabs::new(1 << 20, 4, &class_sizes(48, 1.25, 512 * 1024));
+        let sl = Slabs::new(1 << 20, 4, 4, &class_sizes(48, 1.25, 512 * 1024));
         assert_eq!(sl.class_for(1), Some(1));
         assert_eq!(sl.class_for(88), Some(1));
         assert_eq!(sl.class_for(89), Some(2));
@@ -198,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_class_without_pages_may_exceed_the_limit_once() {
-        let sl = Slabs::new(1 << 20, 1, &[100, 200]);
+        let sl = Slabs::new(1 << 20, 1, 1, &[100, 200]);
         assert!(sl.take_page(false).is_some());
         assert!(sl.take_page(true).is_none());
         assert!(sl.take_page(false).is_some());

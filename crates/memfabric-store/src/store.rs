@@ -83,6 +83,19 @@ pub struct ArithOptions {
 pub struct Store {
     inner: Arc<Inner>,
     maintenance: Option<std::thread::JoinHandle<()>>,
+    /// Serializes `slabs reassign` requests (memcached answers BUSY to a second one).
+    reassigning: Mutex<()>,
+}
+
+/// Outcome of `Store::slabs_reassign`, one per memcached reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReassignStatus {
+    Ok,
+    /// Another move is running, or no page of the source could be moved now.
+    Busy,
+    BadClass,
+    NoSpare,
+    Same,
 }
 
 /// The shared state behind `Store` (not nameable outside the crate).
@@ -169,7 +182,9 @@ impl Store {
             .max(HDR + cfg.min_chunk + 8)
             .next_multiple_of(8);
         let sizes = slab::class_sizes(cfg.min_chunk, cfg.growth_factor, max_chunk);
-        let slabs = Slabs::new(cfg.page_size, limit_pages, &sizes);
+        // Address space for `cache_memlimit` to grow into: twice the start limit. Untouched
+        // pages of the mapping cost nothing (MAP_NORESERVE).
+        let slabs = Slabs::new(cfg.page_size, limit_pages, limit_pages * 2, &sizes);
         let arena = Arena::new(slabs.total_pages * cfg.page_size)?;
         let power = match cfg.hashpower {
             Some(p) => (p as u32).clamp(4, 32),
@@ -210,7 +225,11 @@ impl Store {
         } else {
             None
         };
-        Ok(Store { inner, maintenance })
+        Ok(Store {
+            inner,
+            maintenance,
+            reassigning: Mutex::new(()),
+        })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -360,6 +379,88 @@ impl Store {
         }
     }
 
+    /// `cache_memlimit`: change the memory limit at run time. Growing is possible up to
+    /// twice the limit the store started with (the arena's reserved address space);
+    /// shrinking stops new pages from being taken (pages in use stay). Returns false
+    /// when the new limit does not fit.
+    pub fn set_memory_limit(&self, bytes: usize) -> bool {
+        let pages = bytes.div_ceil(self.slabs.page_size).max(2);
+        if pages > self.slabs.max_limit_pages {
+            return false;
+        }
+        self.slabs.limit_pages.store(pages, Ordering::Relaxed);
+        true
+    }
+
+    /// `slabs reassign <src> <dst>`: move one page from class `src` (-1 = any class with
+    /// a spare page) to class `dst` (0 = the unassigned pool), evicting its items.
+    pub fn slabs_reassign(&self, src: i32, dst: i32) -> ReassignStatus {
+        let largest = (self.slabs.classes.len() - 1) as i32;
+        if src == dst {
+            return ReassignStatus::Same;
+        }
+        let src = if src == -1 {
+            // The class with the most pages, as memcached's "pick any" prefers a donor
+            // that can spare one.
+            (1..=largest)
+                .filter(|&c| c != dst)
+                .max_by_key(|&c| self.slabs.lock(c as u8).pages.len())
+                .unwrap_or(-1)
+        } else {
+            src
+        };
+        if !(1..=largest).contains(&src) || !(0..=largest).contains(&dst) {
+            return ReassignStatus::BadClass;
+        }
+        if self.slabs.lock(src as u8).pages.len() < 2 {
+            return ReassignStatus::NoSpare;
+        }
+        let _one_at_a_time = match self.reassigning.try_lock() {
+            Ok(g) => g,
+            Err(_) => return ReassignStatus::Busy,
+        };
+        if self.inner.move_page(src as u8, dst as u8) {
+            ReassignStatus::Ok
+        } else {
+            ReassignStatus::Busy
+        }
+    }
+
+    /// `stats cachedump <class> <limit>`: up to `limit` live items of a class (0 = as
+    /// many as fit in 2 MB of output, like memcached), as (key, value length, exptime).
+    pub fn cachedump(&self, class: u8, limit: usize) -> Vec<(Vec<u8>, u32, u32)> {
+        let Some(ci) = self.slabs.classes.get(class as usize).copied() else {
+            return Vec::new();
+        };
+        if class == 0 {
+            return Vec::new();
+        }
+        let now = self.clock.now();
+        let st = self.slabs.lock(class);
+        let mut v = Vec::new();
+        let mut bytes = 0;
+        'pages: for &p in &st.pages {
+            for i in 0..ci.per_page {
+                let off = self.slabs.chunk_off(&ci, p, i);
+                if item::state(&self.arena, off) != item::LINKED {
+                    continue;
+                }
+                let h = item::read_header(&self.arena, off);
+                if self.dead(&h, now).is_some() {
+                    continue;
+                }
+                let mut key = vec![0u8; h.key_len as usize];
+                self.arena.read(item::key_off(off), &mut key);
+                bytes += key.len() + 40;
+                v.push((key, h.value_len, h.exptime));
+                if (limit != 0 && v.len() >= limit) || bytes > (2 << 20) - 1024 {
+                    break 'pages;
+                }
+            }
+        }
+        v
+    }
+
     pub fn stats(&self) -> StoreStats {
         let c = &self.c;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -374,7 +475,8 @@ impl Store {
             evicted_active: r(&c.evicted_active),
             get_expired: r(&c.get_expired),
             get_flushed: r(&c.get_flushed),
-            limit_maxbytes: (self.slabs.limit_pages * self.slabs.page_size) as u64,
+            limit_maxbytes: (self.slabs.limit_pages.load(Ordering::Relaxed) * self.slabs.page_size)
+                as u64,
             total_malloced: self.slabs.pages_used.load(Ordering::Relaxed)
                 * self.slabs.page_size as u64,
             slabs_moved: r(&c.slabs_moved),

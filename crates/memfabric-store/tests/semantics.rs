@@ -360,3 +360,52 @@ fn automove_gives_pages_to_a_class_that_keeps_evicting() {
     );
     assert!(held(&s) > 48, "only {} large items retained", held(&s));
 }
+
+#[test]
+fn slabs_reassign_moves_a_page_and_reports_memcached_errors() {
+    use memfabric_store::ReassignStatus;
+    let s = Store::new(StoreConfig {
+        memory_limit: 8 << 20,
+        slab_automove: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    assert_eq!(s.slabs_reassign(1, 1), ReassignStatus::Same);
+    assert_eq!(s.slabs_reassign(1, 99), ReassignStatus::BadClass);
+    assert_eq!(s.slabs_reassign(1, 2), ReassignStatus::NoSpare);
+    for i in 0..30_000 {
+        s.store(SetMode::Set, format!("k{i}").as_bytes(), b"v", 0, 0, 0);
+    }
+    let class = s.peek(b"k1").unwrap().class_id;
+    let pages = |s: &Store, c: u8| {
+        s.slab_stats()
+            .iter()
+            .find(|x| x.id == c)
+            .map_or(0, |x| x.total_pages)
+    };
+    let before = pages(&s, class);
+    assert!(before >= 2);
+    assert_eq!(s.slabs_reassign(class as i32, 5), ReassignStatus::Ok);
+    assert_eq!(pages(&s, class), before - 1);
+    assert_eq!(pages(&s, 5), 1);
+    assert_eq!(s.stats().slabs_moved, 1);
+}
+
+#[test]
+fn cachedump_lists_live_items_of_a_class() {
+    let s = store();
+    set(&s, "alpha", "12345");
+    let class = s.peek(b"alpha").unwrap().class_id;
+    let dump = s.cachedump(class, 10);
+    assert_eq!(dump, vec![(b"alpha".to_vec(), 5, 0)]);
+    assert!(s.cachedump(0, 10).is_empty());
+}
+
+#[test]
+fn memory_limit_can_grow_to_twice_the_start_and_shrink() {
+    let s = store(); // 8 MiB
+    assert!(s.set_memory_limit(16 << 20));
+    assert_eq!(s.stats().limit_maxbytes, 16 << 20);
+    assert!(!s.set_memory_limit(17 << 20));
+    assert!(s.set_memory_limit(4 << 20));
+}

@@ -2,8 +2,9 @@
 //!
 //! `process_one` frames one request with `memfabric_proto::ascii::parse`, runs it against
 //! the store and appends memcached 1.6.18's reply. Where memcached's answer depends on a
-//! feature we do not have (watch, cachedump/metadump, slab page moves, the segmented LRU,
-//! TLS), we answer as memcached does with that feature disabled.
+//! feature we do not have (watch, metadump, extstore, TLS), we answer as memcached does
+//! with that feature disabled; `lru mode`/`lru temp_ttl` are accepted and have no effect
+//! (CLOCK eviction has no LRU segments).
 use std::sync::atomic::Ordering;
 
 use memfabric_proto::ascii::{
@@ -11,7 +12,9 @@ use memfabric_proto::ascii::{
     ErrorReply, Keys, Limits, LruCrawlerRequest, Parse, Request, StatsRequest, StoreCmd,
     StoreRequest, Verb, KEY_MAX_LEN, MAX_VERBOSITY_LEVEL,
 };
-use memfabric_store::{ArithOptions, ArithStatus, DeleteStatus, GetOptions, SetMode, StoreStatus};
+use memfabric_store::{
+    ArithOptions, ArithStatus, DeleteStatus, GetOptions, ReassignStatus, SetMode, StoreStatus,
+};
 
 use super::{ExecCtx, Session, Step};
 
@@ -172,26 +175,36 @@ fn execute(
                 reply::MEMLIMIT_TOO_SMALL
             } else if megabytes > 1_000_000_000 {
                 reply::MEMLIMIT_NOT_MEGABYTES
-            } else if (megabytes as usize).checked_mul(1 << 20) == Some(store.config().memory_limit)
-            {
+            } else if store.set_memory_limit(megabytes as usize * (1 << 20)) {
                 reply::OK
             } else {
-                // The arena is mapped (and registered for RDMA) once and cannot change
-                // size: memcached gives this answer when it cannot adjust either.
+                // The arena reserves room for twice the starting limit; beyond that it
+                // cannot grow (it is registered for RDMA as one region).
                 reply::MEMLIMIT_ADJUST_FAILED
             };
             answer(noreply, line, out);
         }
-        // The store moves pages between classes only on its own (automove).
-        Request::SlabsReassign { .. } => out.extend_from_slice(reply::SLAB_REASSIGN_DISABLED),
+        Request::SlabsReassign { classes } => {
+            let line: &[u8] = match classes {
+                None => b"CLIENT_ERROR bad command line format\r\n",
+                Some((src, dst)) => match store.slabs_reassign(src, dst) {
+                    ReassignStatus::Ok => reply::OK,
+                    ReassignStatus::Busy => b"BUSY currently processing reassign request\r\n",
+                    ReassignStatus::BadClass => b"BADCLASS invalid src or dst class id\r\n",
+                    ReassignStatus::NoSpare => b"NOSPARE source class has no spare pages\r\n",
+                    ReassignStatus::Same => b"SAME src and dst class are identical\r\n",
+                },
+            };
+            out.extend_from_slice(line);
+        }
         // Accepted as memcached does; the store's automove policy is fixed at start.
         Request::SlabsAutomove { noreply, .. } => answer(noreply, reply::OK, out),
         Request::LruCrawler(c) => lru_crawler(ctx, c, out),
         Request::LruTune { noreply, .. } => answer(noreply, reply::OK, out),
-        // Our store has no segmented LRU: memcached without the LRU maintainer answers
-        // ERROR to these.
+        // The store's CLOCK eviction has no segments to switch: accepted as memcached
+        // (with its LRU maintainer, the 1.6 default) accepts them, with no effect.
         Request::LruMode { noreply, .. } | Request::LruTempTtl { noreply, .. } => {
-            answer(noreply, reply::ERROR, out)
+            answer(noreply, reply::OK, out)
         }
         Request::Watch { noreply } => answer(noreply, reply::WATCH_DISABLED, out),
         Request::RefreshCerts => out.extend_from_slice(reply::TLS_NOT_ENABLED),
@@ -376,9 +389,8 @@ fn stats(ctx: &ExecCtx<'_>, s: StatsRequest<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(reply::END);
             return;
         }
-        // The store cannot list a slab class's items.
-        StatsRequest::Cachedump => {
-            out.extend_from_slice(reply::CACHEDUMP_DISABLED);
+        StatsRequest::Cachedump(args) => {
+            cachedump(ctx, args, out);
             return;
         }
         StatsRequest::Group(g) => match std::str::from_utf8(g) {
@@ -439,4 +451,30 @@ fn crawl_reply(classes: &[u8]) -> &'static [u8] {
     } else {
         b"NOTSTARTED no items to crawl\r\n"
     }
+}
+
+/// `stats cachedump <class> <limit>`, with memcached's validation and line format.
+fn cachedump(ctx: &ExecCtx<'_>, args: Option<(&[u8], &[u8])>, out: &mut Vec<u8>) {
+    let Some((class, limit)) = args else {
+        out.extend_from_slice(b"CLIENT_ERROR bad command line\r\n");
+        return;
+    };
+    let (Some(class), Some(limit)) = (
+        memfabric_proto::ascii::parse_u32(class),
+        memfabric_proto::ascii::parse_u32(limit),
+    ) else {
+        out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n");
+        return;
+    };
+    // memcached's MAX_NUMBER_OF_SLAB_CLASSES.
+    if class >= 64 {
+        out.extend_from_slice(b"CLIENT_ERROR Illegal slab id\r\n");
+        return;
+    }
+    for (key, len, exptime) in ctx.shared.store.cachedump(class as u8, limit as usize) {
+        out.extend_from_slice(b"ITEM ");
+        out.extend_from_slice(&key);
+        out.extend_from_slice(format!(" [{len} b; {exptime} s]\r\n").as_bytes());
+    }
+    out.extend_from_slice(reply::END);
 }
