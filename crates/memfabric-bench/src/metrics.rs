@@ -275,7 +275,8 @@ pub struct RunSummary {
     pub p999_us: f64,
     pub get_p99_us: f64,
     pub set_p99_us: f64,
-    pub hit_ratio: f64,
+    /// Hits / gets; None when the run had no gets.
+    pub hit_ratio: Option<f64>,
     pub gets: u64,
     pub sets: u64,
     pub misses: u64,
@@ -309,11 +310,7 @@ impl RunSummary {
             p999_us: pct_us(&all, 0.999),
             get_p99_us: pct_us(&s.get_hist, 0.99),
             set_p99_us: pct_us(&s.set_hist, 0.99),
-            hit_ratio: if s.gets > 0 {
-                s.hits as f64 / s.gets as f64
-            } else {
-                0.0
-            },
+            hit_ratio: (s.gets > 0).then(|| s.hits as f64 / s.gets as f64),
             gets: s.gets,
             sets: s.sets,
             misses: s.misses,

@@ -65,7 +65,8 @@ pub fn runs_table(runs: &[RunSummary]) -> String {
                 format!("{:.1}", r.p50_us),
                 format!("{:.1}", r.p99_us),
                 format!("{:.1}", r.p999_us),
-                format!("{:.2}%", 100.0 * r.hit_ratio),
+                r.hit_ratio
+                    .map_or_else(|| "-".into(), |h| format!("{:.2}%", 100.0 * h)),
                 format!("{}", r.errors + r.mismatches),
                 opt(r.server_cpu_s, 2),
                 opt(r.server_cpu_s_per_mop, 2),
