@@ -52,6 +52,8 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
     pub log: PathBuf,
     child: Child,
+    /// Answered `version`: startup succeeded.
+    started: bool,
 }
 
 const STARTUP: Duration = Duration::from_secs(15);
@@ -133,8 +135,10 @@ impl ServerSpec {
             addr,
             log,
             child,
+            started: false,
         };
         proc.wait_ready()?;
+        proc.started = true;
         Ok(proc)
     }
 }
@@ -177,6 +181,11 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.stop();
+        // The log only matters when startup failed (the error names it, and then no
+        // ServerProcess is kept); after a normal run it is clutter in /tmp.
+        if self.started {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
