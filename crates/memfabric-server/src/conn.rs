@@ -326,6 +326,7 @@ impl Conn {
             if self.rend == self.rbuf.len() {
                 break;
             }
+            let room = self.rbuf.len() - self.rend;
             match self.stream.read(&mut self.rbuf[self.rend..]) {
                 Ok(0) => {
                     self.eof = true;
@@ -336,6 +337,13 @@ impl Conn {
                     self.rend += n;
                     total += n;
                     stats.bytes_read.add(n as u64);
+                    if n < room {
+                        // A short read drained the socket: asking again would only
+                        // return WouldBlock (one wasted syscall per request). Data that
+                        // arrives later raises a new edge-triggered event.
+                        self.may_read = false;
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.may_read = false;
