@@ -717,7 +717,10 @@ fn me_dumps_metadata_in_memcacheds_format() {
     c.s("ms foo 2 F5\r\nhi\r\n");
     assert!(c.s("me foo\r\n").contains("fetch=no"));
     assert!(c.s("me foo\r\n").ends_with(" size=68\r\n"));
-    assert!(c.s("me Zm9v b\r\n").starts_with("ME Zm9v exp=-1 "));
+    // memcached echoes the key the way the item was stored: `foo` was set plainly.
+    assert!(c.s("me Zm9v b\r\n").starts_with("ME foo exp=-1 "));
+    c.s("ms Zm9v 1 b\r\ny\r\n");
+    assert!(c.s("me foo\r\n").starts_with("ME Zm9v exp=-1 "));
     assert_eq!(
         c.s("me foo b\r\n"),
         "CLIENT_ERROR bad command line format\r\n"
