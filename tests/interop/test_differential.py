@@ -118,6 +118,12 @@ def test_memfabricd_matches_memcached(name, idx):
     t = _transcript(name)
     expected = _run("memcached", name, 0)[idx]
     got = _run("memfabricd", name, 0)[idx]
+    if t.steps[idx].deviation:
+        # memcached's reply here is a bug we do not copy (see the comment above the step
+        # in the transcript); memfabricd must still answer at once.
+        crash = _crashes.get(("memfabricd", name, 0))
+        assert got.lines and not crash, _step_report(t, idx, "memcached", expected, "memfabricd", got)
+        return
     if expected.lines != got.lines:
         report = _step_report(t, idx, "memcached", expected, "memfabricd", got)
         crash = _crashes.get(("memfabricd", name, 0))

@@ -150,6 +150,9 @@ class Step:
     quiet: float = DEFAULT_QUIET
     reconnect: bool = False
     mn: int | None = None
+    # A deliberate, documented difference from memcached (a memcached bug we do not
+    # copy): memfabricd must answer, but need not answer as memcached does.
+    deviation: bool = False
 
 
 @dataclass
@@ -204,6 +207,8 @@ def parse_transcript(path: Path) -> Transcript:
                         step.sentinel = False
                     elif key == "reconnect" and not val:
                         step.reconnect = True
+                    elif key == "deviation" and not val:
+                        step.deviation = True
                     elif key == "mn":
                         step.mn = int(val)
                     else:
