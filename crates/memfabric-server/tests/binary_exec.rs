@@ -15,7 +15,10 @@ struct Server {
 }
 
 fn server_with(item_size_max: usize) -> Server {
-    let mut settings = Settings::default();
+    server_from(item_size_max, Settings::default())
+}
+
+fn server_from(item_size_max: usize, mut settings: Settings) -> Server {
     settings.store.memory_limit = 8 << 20;
     settings.store.item_size_max = item_size_max;
     settings.store.slab_automove = false;
@@ -479,6 +482,32 @@ fn flush_invalidates_everything_and_flushq_is_silent() {
     );
     assert_eq!(one(&mut c, &rq(GET, &[], b"c", &[])).status, 0);
     assert_eq!(srv.stats.cmd_flush.get(), 3);
+}
+
+#[test]
+fn flush_disabled_by_dash_f_is_an_auth_error_even_when_quiet() {
+    let srv = server_from(
+        1 << 20,
+        Settings {
+            flush_enabled: false,
+            ..Settings::default()
+        },
+    );
+    let mut c = Conn::new(&srv);
+    c.send(&set(SET, b"a", b"1", 0, 0));
+    let mut reqs = rq(FLUSH, &[], &[], &[]);
+    reqs.extend(rq(FLUSHQ, &[], &[], &[]));
+    let r = responses(&c.send(&reqs));
+    let got: Vec<(u8, u16, &str)> = r.iter().map(|r| (r.op, r.status, status_text(r))).collect();
+    assert_eq!(
+        got,
+        vec![
+            (FLUSH, 0x20, "Auth failure."),
+            (FLUSHQ, 0x20, "Auth failure.")
+        ]
+    );
+    assert_eq!(one(&mut c, &rq(GET, &[], b"a", &[])).status, 0);
+    assert_eq!(srv.stats.cmd_flush.get(), 0);
 }
 
 #[test]

@@ -17,9 +17,6 @@ use super::{ExecCtx, Session, Step};
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
 
-/// What VERSION answers (memcached's version: clients gate features on it).
-const VERSION: &str = "1.6.18";
-
 /// Per-connection binary state. Empty: every request is framed from the input alone,
 /// so replies do not depend on how the input was split into reads.
 #[derive(Default)]
@@ -102,6 +99,12 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
             exptime,
         } => arith(ctx, h, incr, key, delta, initial, exptime, quiet, out),
         Command::Flush { exptime } => {
+            if !ctx.shared.settings.flush_enabled {
+                // `-F`: memcached refuses with an auth error, even to FLUSHQ, and does
+                // not count it.
+                bp::write_error(out, h.opcode, h.opaque, Status::AuthError);
+                return Flow::Continue;
+            }
             ctx.stats.cmd_flush.incr();
             let store = &ctx.shared.store;
             // memcached: a zero exptime (or none) flushes now.
@@ -122,7 +125,7 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
             0,
             &[],
             &[],
-            VERSION.as_bytes(),
+            crate::stats::VERSION.as_bytes(),
         ),
         Command::Quit => {
             if !quiet {
@@ -259,7 +262,8 @@ fn store(
     let exptime = store.clock().exptime(i64::from(head.exptime));
     let status = store.store(mode, head.key, value, head.flags, exptime, h.cas);
     let s = ctx.stats;
-    // memcached counts a set once the item is allocated, whatever happens next.
+    // memcached counts a set once the item is allocated, whatever happens next. Its
+    // binary path does not count store_too_large / store_no_memory (ascii does).
     if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
         s.cmd_set.incr();
     }
