@@ -754,14 +754,8 @@ impl Inner {
         let h = item::read_header(&self.arena, off);
         self.index.set_slot(b, i, None);
         item::set_state(&self.arena, off, item::UNLINKED);
-        self.c.curr_items.fetch_sub(1, Ordering::Relaxed);
-        self.c
-            .bytes
-            .fetch_sub(self.item_total(&h) as i64, Ordering::Relaxed);
+        self.account(&h, -1);
         let k = &self.slabs.counters[h.class as usize];
-        k.items.fetch_sub(1, Ordering::Relaxed);
-        k.requested
-            .fetch_sub(self.item_total(&h) as u64, Ordering::Relaxed);
         let fetched = h.iflags & item::F_FETCHED != 0;
         match why {
             Removal::Client => {}
@@ -812,21 +806,26 @@ impl Inner {
     }
 
     /// Link the filled item `off` into slot (b, i) (bucket lock held).
-    fn link_at(&self, b: usize, i: usize, off: usize) {
+    fn link_at(&self, b: usize, i: usize, off: usize, tag: u16) {
         let h = item::read_header(&self.arena, off);
         item::set_state(&self.arena, off, item::LINKED);
         let class = self.slabs.class_of(off);
         self.index
-            .set_slot(b, i, Some(index::Slot { tag: 0, class, off }));
-        self.c.curr_items.fetch_add(1, Ordering::Relaxed);
+            .set_slot(b, i, Some(index::Slot { tag, class, off }));
         self.c.total_items.fetch_add(1, Ordering::Relaxed);
-        self.c
-            .bytes
-            .fetch_add(self.item_total(&h) as i64, Ordering::Relaxed);
+        self.account(&h, 1);
+    }
+
+    /// Item and byte counts, store-wide and per class, for an item entering (+1) or
+    /// leaving (-1) the index.
+    fn account(&self, h: &Header, sign: i64) {
+        let total = self.item_total(h) as i64;
+        self.c.curr_items.fetch_add(sign, Ordering::Relaxed);
+        self.c.bytes.fetch_add(sign * total, Ordering::Relaxed);
         let k = &self.slabs.counters[h.class as usize];
-        k.items.fetch_add(1, Ordering::Relaxed);
+        k.items.fetch_add(sign as u64, Ordering::Relaxed);
         k.requested
-            .fetch_add(self.item_total(&h) as u64, Ordering::Relaxed);
+            .fetch_add((sign * total) as u64, Ordering::Relaxed);
     }
 
     // ----- allocation ---------------------------------------------------------------
@@ -992,14 +991,9 @@ impl Inner {
     /// waiting for its bucket locks. Call with no class lock held.
     pub(crate) fn remove_at_location(&self, off: usize, swept: bool) {
         let a = &self.arena;
-        let h = item::read_header(a, off);
-        let klen = h.key_len as usize;
-        if klen == 0 || klen > KEY_MAX_LEN {
+        let Some(kh) = self.key_hash_at(off) else {
             return;
-        }
-        let mut key = [0u8; KEY_MAX_LEN];
-        a.read(item::key_off(off), &mut key[..klen]);
-        let kh = self.index.hash(&key[..klen]);
+        };
         self.index.lock_pair(&kh);
         let mut removed = false;
         if let Some((b, i)) = self.slot_pointing_at(&kh, off) {
@@ -1147,18 +1141,24 @@ impl Inner {
         v
     }
 
+    /// Where the key of the item at `off` is indexed (None if the header is not an item's).
+    fn key_hash_at(&self, off: usize) -> Option<KeyHash> {
+        let klen = item::read_header(&self.arena, off).key_len as usize;
+        if klen == 0 || klen > KEY_MAX_LEN {
+            return None;
+        }
+        let mut key = [0u8; KEY_MAX_LEN];
+        self.arena.read(item::key_off(off), &mut key[..klen]);
+        Some(self.index.hash(&key[..klen]))
+    }
+
     /// Unlink the LINKED item at `off` if its buckets can be locked right now and still
     /// point at it. On success the item is UNLINKED and owned by the caller.
     fn unlink_by_location(&self, off: usize, why: Removal) -> bool {
         let a = &self.arena;
-        let h = item::read_header(a, off);
-        let klen = h.key_len as usize;
-        if klen == 0 || klen > KEY_MAX_LEN {
+        let Some(kh) = self.key_hash_at(off) else {
             return false;
-        }
-        let mut key = [0u8; KEY_MAX_LEN];
-        a.read(item::key_off(off), &mut key[..klen]);
-        let kh = self.index.hash(&key[..klen]);
+        };
         if !self.index.try_lock_pair(&kh) {
             return false;
         }
@@ -1411,17 +1411,7 @@ impl<'s> Txn<'s> {
             }
             None => self.free_slot(),
         };
-        inner.link_at(b, i, off);
-        // The slot's tag was written as 0 by link_at's generic path; set the real one.
-        inner.index.set_slot(
-            b,
-            i,
-            Some(index::Slot {
-                tag: self.kh.tag,
-                class: inner.slabs.class_of(off),
-                off,
-            }),
-        );
+        inner.link_at(b, i, off, self.kh.tag);
         self.cur = Some((b, i, off));
         if inner.cfg.use_cas {
             cas
