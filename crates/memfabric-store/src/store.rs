@@ -254,17 +254,8 @@ impl Store {
         if key.is_empty() || key.len() > KEY_MAX_LEN {
             return None;
         }
-        if let Some(exptime) = opts.touch {
-            return self.transact(key, |t| {
-                let info = t.item()?;
-                t.set_exptime(exptime);
-                header(&info, out);
-                t.read_value(out);
-                if opts.bump {
-                    t.mark_fetched();
-                }
-                Some(info)
-            });
+        if opts.touch.is_some() {
+            return self.get_locked(key, opts, out, header);
         }
         let start = out.len();
         let _guard = self.grace.enter();
@@ -295,8 +286,23 @@ impl Store {
         }
         // A key written continuously: read it under its lock instead of spinning forever.
         out.truncate(start);
+        self.get_locked(key, opts, out, header)
+    }
+
+    /// A read under the key's bucket locks (touching reads, and reads that lost too many
+    /// races with writers).
+    fn get_locked(
+        &self,
+        key: &[u8],
+        opts: &GetOptions,
+        out: &mut Vec<u8>,
+        mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+    ) -> Option<ItemInfo> {
         self.transact(key, |t| {
             let info = t.item()?;
+            if let Some(exptime) = opts.touch {
+                t.set_exptime(exptime);
+            }
             header(&info, out);
             t.read_value(out);
             if opts.bump {
