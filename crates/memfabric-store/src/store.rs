@@ -1150,7 +1150,9 @@ impl Inner {
     /// Where the key of the item at `off` is indexed (None if the header is not an item's).
     fn key_hash_at(&self, off: usize) -> Option<KeyHash> {
         let klen = item::read_header(&self.arena, off).key_len as usize;
-        if klen == 0 || klen > KEY_MAX_LEN {
+        // The chunk may have been reused (even re-carved) since the caller looked at it:
+        // treat its header as untrusted.
+        if klen == 0 || klen > KEY_MAX_LEN || item::key_off(off) + klen > self.arena.len() {
             return None;
         }
         let mut key = [0u8; KEY_MAX_LEN];
