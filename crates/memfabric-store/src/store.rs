@@ -322,6 +322,12 @@ impl Store {
         self.inner.too_large(key_len, value_len, flags)
     }
 
+    /// The size memcached 1.6 gives an item of this shape (meta `me` prints it, and the
+    /// `-I` limit is checked against it).
+    pub fn memcached_item_size(&self, key_len: usize, value_len: usize, flags: u32) -> usize {
+        self.inner.memcached_item_size(key_len, value_len, flags)
+    }
+
     /// Metadata only (no value copy, no access recorded).
     pub fn peek(&self, key: &[u8]) -> Option<ItemInfo> {
         if key.is_empty() || key.len() > KEY_MAX_LEN {
@@ -840,13 +846,15 @@ impl Inner {
     /// the flags suffix and the CAS field count against `-I`; matching that exactly keeps
     /// the too-large boundary identical for clients.
     pub(crate) fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
-        let memcached_total = 48
-            + key_len
+        self.memcached_item_size(key_len, value_len, flags) > self.cfg.item_size_max
+    }
+
+    fn memcached_item_size(&self, key_len: usize, value_len: usize, flags: u32) -> usize {
+        48 + key_len
             + 1
             + if flags != 0 { 4 } else { 0 }
             + value_len.saturating_add(2)
-            + if self.cfg.use_cas { 8 } else { 0 };
-        memcached_total > self.cfg.item_size_max
+            + if self.cfg.use_cas { 8 } else { 0 }
     }
 
     fn alloc_item(

@@ -88,16 +88,6 @@ fn ttl_remaining(clock: &Clock, exptime: u32) -> Option<u32> {
     Some(rel_time(clock, exptime).wrapping_sub(now))
 }
 
-/// memcached's total item size: header, key + NUL, value + CRLF, the flags suffix when
-/// flags are non-zero, and the CAS field.
-fn memcached_item_size(key_len: usize, value_len: usize, flags: u32, use_cas: bool) -> usize {
-    48 + key_len
-        + 1
-        + value_len.saturating_add(2)
-        + if flags != 0 { 4 } else { 0 }
-        + if use_cas { 8 } else { 0 }
-}
-
 // ----- me -----------------------------------------------------------------------------
 
 fn debug(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
@@ -120,12 +110,8 @@ fn debug(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 cas: info.cas,
                 fetched: info.fetched,
                 class_id: info.class_id,
-                size: memcached_item_size(
-                    req.key.len(),
-                    info.value_len as usize,
-                    info.flags,
-                    store.config().use_cas,
-                ) as u64,
+                size: store.memcached_item_size(req.key.len(), info.value_len as usize, info.flags)
+                    as u64,
             };
             wire::push_debug(out, &req.key, info.key_binary, &d);
         }
@@ -385,11 +371,9 @@ fn set(
     let store = &ctx.shared.store;
     let f = &req.flags;
     let data_len = req.data_len;
-    let cfg = store.config();
     // memcached allocates the item before reading the data, so a value that cannot fit
     // is refused at once and its data discarded as it arrives (never buffered).
-    if memcached_item_size(req.key.len(), data_len, f.client_flags, cfg.use_cas) > cfg.item_size_max
-    {
+    if store.too_large(req.key.len(), data_len, f.client_flags) {
         ctx.stats.store_too_large.incr();
         drop_after_failed_store(ctx, req);
         out.extend_from_slice(TOO_LARGE);
