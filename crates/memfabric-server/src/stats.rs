@@ -244,6 +244,12 @@ fn general(shared: &Shared, v: &mut Stats) {
         )
     };
     let (sb, base_total, base_rejected, base_disabled) = base;
+    // A store counter as counted since the last `stats reset`.
+    macro_rules! since_reset {
+        ($field:ident) => {
+            st.$field.wrapping_sub(sb.$field)
+        };
+    }
     let t = thread_totals(shared);
     let (ru, rs) = rusage();
     let curr = shared.curr_connections.load(Ordering::Relaxed);
@@ -290,8 +296,8 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("cmd_meta", t.meta_cmds);
     v.put("get_hits", t.get_hits);
     v.put("get_misses", t.get_misses);
-    v.put("get_expired", st.get_expired.wrapping_sub(sb.get_expired));
-    let store_flushed = st.get_flushed.wrapping_sub(sb.get_flushed);
+    v.put("get_expired", since_reset!(get_expired));
+    let store_flushed = since_reset!(get_flushed);
     v.put(
         "get_flushed",
         if store_flushed > 0 {
@@ -342,14 +348,11 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("slab_reassign_busy_items", 0);
     v.put("slab_reassign_busy_deletes", 0);
     v.put("slab_reassign_running", 0);
-    v.put("slabs_moved", st.slabs_moved.wrapping_sub(sb.slabs_moved));
+    v.put("slabs_moved", since_reset!(slabs_moved));
     v.put("lru_crawler_running", 0);
     v.put("lru_crawler_starts", 0);
     v.put("lru_maintainer_juggles", 0);
-    v.put(
-        "malloc_fails",
-        st.malloc_fails.wrapping_sub(sb.malloc_fails),
-    );
+    v.put("malloc_fails", since_reset!(malloc_fails));
     v.put("log_worker_dropped", 0);
     v.put("log_worker_written", 0);
     v.put("log_watcher_skipped", 0);
@@ -359,26 +362,14 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("round_robin_fallback", 0);
     v.put("bytes", st.bytes);
     v.put("curr_items", st.curr_items);
-    v.put("total_items", st.total_items.wrapping_sub(sb.total_items));
+    v.put("total_items", since_reset!(total_items));
     v.put("slab_global_page_pool", 0);
-    v.put(
-        "expired_unfetched",
-        st.expired_unfetched.wrapping_sub(sb.expired_unfetched),
-    );
-    v.put(
-        "evicted_unfetched",
-        st.evicted_unfetched.wrapping_sub(sb.evicted_unfetched),
-    );
-    v.put(
-        "evicted_active",
-        st.evicted_active.wrapping_sub(sb.evicted_active),
-    );
-    v.put("evictions", st.evictions.wrapping_sub(sb.evictions));
-    v.put("reclaimed", st.reclaimed.wrapping_sub(sb.reclaimed));
-    v.put(
-        "crawler_reclaimed",
-        st.crawler_reclaimed.wrapping_sub(sb.crawler_reclaimed),
-    );
+    v.put("expired_unfetched", since_reset!(expired_unfetched));
+    v.put("evicted_unfetched", since_reset!(evicted_unfetched));
+    v.put("evicted_active", since_reset!(evicted_active));
+    v.put("evictions", since_reset!(evictions));
+    v.put("reclaimed", since_reset!(reclaimed));
+    v.put("crawler_reclaimed", since_reset!(crawler_reclaimed));
     v.put("crawler_items_checked", 0);
     v.put("lrutail_reflocked", 0);
     v.put("moves_to_cold", 0);
