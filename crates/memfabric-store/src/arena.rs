@@ -55,6 +55,19 @@ impl Arena {
         self.len
     }
 
+    /// Base address and length of the mapping (for registration with a NIC).
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.base, self.len)
+    }
+
+    /// Address of the `n` bytes at `off` (bounds-checked), for foreign code that reads
+    /// or writes them under the store's ownership rules (pending / pinned items).
+    /// Producing the pointer is safe: `wrapping_add` dereferences nothing.
+    pub fn ptr_at(&self, off: usize, n: usize) -> *mut u8 {
+        self.check(off, n);
+        self.base.wrapping_add(off)
+    }
+
     #[inline]
     fn check(&self, off: usize, n: usize) {
         assert!(

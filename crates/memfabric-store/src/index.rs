@@ -80,6 +80,11 @@ impl Index {
         self.power
     }
 
+    /// Base address and length of the bucket mapping.
+    pub fn region(&self) -> (*mut u8, usize) {
+        self.mem.region()
+    }
+
     pub fn bytes(&self) -> usize {
         (self.mask + 1) * BUCKET_BYTES
     }

@@ -19,6 +19,7 @@ mod index;
 mod item;
 mod maintenance;
 mod ops;
+mod pins;
 mod slab;
 mod stats;
 mod store;
@@ -26,6 +27,7 @@ mod store;
 pub use clock::Clock;
 pub use config::StoreConfig;
 pub use ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};
+pub use pins::{PendingItem, PinnedItem};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
 pub use store::{
     AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, ReassignStatus, Store,

@@ -141,10 +141,11 @@ impl Inner {
             let mut st = self.slabs.lock(from);
             let mut chosen = None;
             for (pos, &p) in st.pages.iter().enumerate() {
-                let movable = (0..src.per_page).all(|i| {
-                    let s = item::state(a, self.slabs.chunk_off(&src, p, i));
-                    s == item::FREE || s == item::LINKED
-                });
+                let movable = !self.pins.page_pinned(p as usize)
+                    && (0..src.per_page).all(|i| {
+                        let s = item::state(a, self.slabs.chunk_off(&src, p, i));
+                        s == item::FREE || s == item::LINKED
+                    });
                 if movable {
                     chosen = Some((pos, p));
                     break;
@@ -178,8 +179,10 @@ impl Inner {
         while (0..src.per_page)
             .any(|i| item::state(a, self.slabs.chunk_off(&src, page, i)) != item::FREE)
         {
-            if Instant::now() > deadline {
-                // Something holds a chunk for very long: give the page back as it is.
+            // An item in the page was pinned after the page was chosen (its memory stays
+            // until the pin goes), or something holds a chunk for very long: give the
+            // page back as it is; a later move retries.
+            if self.pins.page_pinned(page as usize) || Instant::now() > deadline {
                 self.return_page(from, page);
                 return false;
             }

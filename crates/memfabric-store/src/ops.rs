@@ -52,7 +52,7 @@ pub enum ArithStatus {
     OutOfMemory,
 }
 
-use crate::store::{AllocError, ArithOptions, LinkOptions, NewItem, Store};
+use crate::store::{AllocError, ArithOptions, ItemInfo, LinkOptions, NewItem, Store, Txn};
 
 impl From<AllocError> for StoreStatus {
     fn from(e: AllocError) -> Self {
@@ -107,6 +107,7 @@ impl Store {
     }
 
     /// Store a prefilled `NewItem` (large values received straight into item memory).
+    /// Append and prepend copy the old value and the item's into a new item.
     pub fn store_item<'s>(&'s self, mode: SetMode, item: NewItem<'s>, cas: u64) -> StoreStatus {
         let mode = match mode {
             SetMode::Set | SetMode::Add | SetMode::Replace if cas != 0 => SetMode::Cas,
@@ -125,6 +126,12 @@ impl Store {
                     StoreStatus::NotStored
                 }
                 (SetMode::Cas, None) => StoreStatus::NotFound,
+                (SetMode::Append | SetMode::Prepend, Some(old)) => {
+                    let mut added = Vec::with_capacity(item.value_len());
+                    item.read_value(&mut added);
+                    drop(item);
+                    concat_locked(t, mode, &old, &added, cas)
+                }
                 (SetMode::Cas, Some(old)) => {
                     if cas_check(cas, old.cas) == CasCheck::Match && old.cas != 0 {
                         StoreStatus::Stored {
@@ -148,27 +155,9 @@ impl Store {
             Ok(probe) => drop(probe),
             Err(e) => return e.into(),
         }
-        self.transact(key, |t| {
-            let Some(old) = t.item() else {
-                return StoreStatus::NotStored;
-            };
-            if cas_check(cas, old.cas) == CasCheck::BadVal {
-                return StoreStatus::Exists;
-            }
-            let mut old_value = Vec::with_capacity(old.value_len as usize);
-            t.read_value(&mut old_value);
-            let mut it = match t.alloc(old_value.len() + value.len(), old.flags, old.exptime) {
-                Ok(it) => it,
-                Err(_) => return StoreStatus::NotStored,
-            };
-            if mode == SetMode::Append {
-                it.write_parts(&[&old_value, value]);
-            } else {
-                it.write_parts(&[value, &old_value]);
-            }
-            StoreStatus::Stored {
-                cas: t.link(it, LinkOptions::default()),
-            }
+        self.transact(key, |t| match t.item() {
+            Some(old) => concat_locked(t, mode, &old, value, cas),
+            None => StoreStatus::NotStored,
         })
     }
 
@@ -242,6 +231,34 @@ impl Store {
             t.mark_fetched();
             true
         })
+    }
+}
+
+/// append/prepend `value` to the live item `old` (bucket locks held): a new item with
+/// the old one's flags and exptime replaces it.
+fn concat_locked(
+    t: &mut Txn<'_>,
+    mode: SetMode,
+    old: &ItemInfo,
+    value: &[u8],
+    cas: u64,
+) -> StoreStatus {
+    if cas_check(cas, old.cas) == CasCheck::BadVal {
+        return StoreStatus::Exists;
+    }
+    let mut old_value = Vec::with_capacity(old.value_len as usize);
+    t.read_value(&mut old_value);
+    let mut it = match t.alloc(old_value.len() + value.len(), old.flags, old.exptime) {
+        Ok(it) => it,
+        Err(_) => return StoreStatus::NotStored,
+    };
+    if mode == SetMode::Append {
+        it.write_parts(&[&old_value, value]);
+    } else {
+        it.write_parts(&[value, &old_value]);
+    }
+    StoreStatus::Stored {
+        cas: t.link(it, LinkOptions::default()),
     }
 }
 

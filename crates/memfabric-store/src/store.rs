@@ -107,6 +107,7 @@ pub struct Inner {
     pub(crate) index: Index,
     pub(crate) slabs: Slabs,
     pub(crate) grace: Grace,
+    pub(crate) pins: Pins,
     next_cas: AtomicU64,
     /// Items with a CAS below this were flushed (`flush_all` without delay).
     flush_cas: AtomicU64,
@@ -201,12 +202,14 @@ impl Store {
             t ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15
         };
         let index = Index::new(power, seed)?;
+        let total_pages = slabs.total_pages;
         let inner = Arc::new(Inner {
             clock: Clock::new(),
             arena,
             index,
             slabs,
             grace: Grace::default(),
+            pins: Pins::new(total_pages, cfg.page_size),
             next_cas: AtomicU64::new(0),
             flush_cas: AtomicU64::new(0),
             flush_time: AtomicU32::new(0),
@@ -230,6 +233,11 @@ impl Store {
             maintenance,
             reassigning: Mutex::new(()),
         })
+    }
+
+    /// A share of the internals, for handles that must not borrow the `Store`.
+    pub(crate) fn shared(&self) -> Arc<Inner> {
+        self.inner.clone()
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -345,7 +353,8 @@ impl Store {
         flags: u32,
         exptime: u32,
     ) -> Result<NewItem<'_>, AllocError> {
-        self.inner.alloc_item(key, value_len, flags, exptime)
+        let inner: &Inner = &self.inner;
+        inner.alloc_item(Owner::Borrowed(inner), key, value_len, flags, exptime)
     }
 
     /// Run `f` with `key`'s index buckets locked against other writers (readers never
@@ -857,13 +866,16 @@ impl Inner {
             + if self.cfg.use_cas { 8 } else { 0 }
     }
 
-    fn alloc_item(
+    /// Allocate an item owned by `owner`, which must be (or point at) `self`.
+    pub(crate) fn alloc_item<'s>(
         &self,
+        owner: Owner<'s>,
         key: &[u8],
         value_len: usize,
         flags: u32,
         exptime: u32,
-    ) -> Result<NewItem<'_>, AllocError> {
+    ) -> Result<NewItem<'s>, AllocError> {
+        debug_assert!(std::ptr::eq(&*owner, self));
         if key.is_empty() || key.len() > KEY_MAX_LEN || value_len > u32::MAX as usize - 8 {
             return Err(AllocError::TooLarge);
         }
@@ -890,7 +902,7 @@ impl Inner {
             .ok_or(AllocError::TooLarge)?;
         let head = self.alloc_chunk(class)?;
         let mut it = NewItem {
-            inner: self,
+            owner,
             off: head,
             chain: Vec::new(),
             value_len,
@@ -1111,7 +1123,12 @@ impl Inner {
                 }
                 _ => continue,
             };
-            if !self.unlink_by_location(victim, why) {
+            // A pinned item is being sent from: leave it (and its memory) alone.
+            if self.pins.is_pinned(victim) || !self.unlink_by_location(victim, why) {
+                continue;
+            }
+            // Pinned between the check and the unlink: its last unpin frees it.
+            if self.pins.defer_free(victim) {
                 continue;
             }
             // The victim and its chain are ours now. Chunks of this class are reused or
@@ -1139,8 +1156,31 @@ impl Inner {
         None
     }
 
+    /// The value of an item as (arena offset, length) pieces in value order: one for a
+    /// normal item (`chain` empty), one per chained chunk for a large one. Empty pieces
+    /// are left out. The one place that knows how a value is spread over its chunks.
+    pub(crate) fn value_segments<'a>(
+        &self,
+        head: usize,
+        key_len: usize,
+        value_len: usize,
+        chain: &'a [usize],
+    ) -> impl Iterator<Item = (usize, usize)> + 'a {
+        let payload = self.slabs.max_chunk() - HDR;
+        let single = chain
+            .is_empty()
+            .then(|| (item::value_off(head, key_len), value_len));
+        let mut left = value_len;
+        let chained = chain.iter().map(move |&c| {
+            let take = left.min(payload);
+            left -= take;
+            (c + HDR, take)
+        });
+        single.into_iter().chain(chained).filter(|s| s.1 > 0)
+    }
+
     /// Every chunk of an item: the head and its chain.
-    fn item_chunks(&self, off: usize) -> Vec<usize> {
+    pub(crate) fn item_chunks(&self, off: usize) -> Vec<usize> {
         let a = &self.arena;
         let mut v = vec![off];
         let h = item::read_header(a, off);
@@ -1191,7 +1231,11 @@ impl Inner {
 
     /// Free an UNLINKED (or never linked) item and its chain. Takes class locks; call
     /// with no class lock held.
+    /// A pinned item is not freed here: its last `PinnedItem` frees it (see `pins.rs`).
     pub(crate) fn free_item(&self, off: usize) {
+        if self.pins.defer_free(off) {
+            return;
+        }
         for c in self.item_chunks(off) {
             self.free_chunk(c);
         }
@@ -1241,11 +1285,28 @@ impl Inner {
     }
 }
 
+/// Who keeps the store alive for a `NewItem`: a borrow (`Store::alloc`, `Txn::alloc`) or
+/// a share of the internals (`Store::alloc_pending`, which must not borrow the store).
+pub(crate) enum Owner<'s> {
+    Borrowed(&'s Inner),
+    Shared(Arc<Inner>),
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        match self {
+            Owner::Borrowed(i) => i,
+            Owner::Shared(a) => a,
+        }
+    }
+}
+
 /// An allocated, not yet linked item. Dropping it frees its memory.
 pub struct NewItem<'s> {
-    inner: &'s Inner,
-    off: usize,
-    chain: Vec<usize>,
+    pub(crate) owner: Owner<'s>,
+    pub(crate) off: usize,
+    pub(crate) chain: Vec<usize>,
     value_len: usize,
     key_len: usize,
 }
@@ -1255,35 +1316,43 @@ impl NewItem<'_> {
         self.value_len
     }
 
+    /// The value's memory as (arena offset, length) pieces, in value order.
+    pub(crate) fn segments(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.owner
+            .value_segments(self.off, self.key_len, self.value_len, &self.chain)
+    }
+
     /// Copy `bytes` into the value at `offset`. Bytes past the value's end are ignored.
     pub fn write(&mut self, offset: usize, bytes: &[u8]) {
         let end = offset.saturating_add(bytes.len()).min(self.value_len);
         if offset >= end {
             return;
         }
-        let bytes = &bytes[..end - offset];
-        let a = &self.inner.arena;
-        if self.chain.is_empty() {
-            a.write(item::value_off(self.off, self.key_len) + offset, bytes);
-            return;
+        let a = &self.owner.arena;
+        let mut pos = 0;
+        for (at, len) in self.segments() {
+            let (lo, hi) = (offset.max(pos), end.min(pos + len));
+            if lo < hi {
+                a.write(at + (lo - pos), &bytes[lo - offset..hi - offset]);
+            }
+            pos += len;
+            if pos >= end {
+                break;
+            }
         }
-        let payload = self.inner.slabs.max_chunk() - HDR;
-        let mut pos = offset;
-        let mut src = bytes;
-        while !src.is_empty() {
-            let (ci, within) = (pos / payload, pos % payload);
-            let Some(&c) = self.chain.get(ci) else { return };
-            let take = src.len().min(payload - within);
-            a.write(c + HDR + within, &src[..take]);
-            src = &src[take..];
-            pos += take;
+    }
+
+    /// Append the value written so far (all of it) to `out`.
+    pub(crate) fn read_value(&self, out: &mut Vec<u8>) {
+        for (at, len) in self.segments() {
+            self.owner.arena.read_into(at, len, out);
         }
     }
 
     /// The key this item was allocated for.
     pub fn key(&self) -> Vec<u8> {
         let mut k = vec![0u8; self.key_len];
-        self.inner.arena.read(item::key_off(self.off), &mut k);
+        self.owner.arena.read(item::key_off(self.off), &mut k);
         k
     }
 
@@ -1298,29 +1367,20 @@ impl NewItem<'_> {
 
     /// crc32c of key and value.
     fn checksum(&self) -> u32 {
-        let a = &self.inner.arena;
-        let mut crc = a.crc(0, item::key_off(self.off), self.key_len);
-        if self.chain.is_empty() {
-            return a.crc(crc, item::value_off(self.off, self.key_len), self.value_len);
-        }
-        let payload = self.inner.slabs.max_chunk() - HDR;
-        let mut left = self.value_len;
-        for &c in &self.chain {
-            let take = left.min(payload);
-            crc = a.crc(crc, c + HDR, take);
-            left -= take;
-        }
-        crc
+        let a = &self.owner.arena;
+        let crc = a.crc(0, item::key_off(self.off), self.key_len);
+        self.segments()
+            .fold(crc, |crc, (at, len)| a.crc(crc, at, len))
     }
 }
 
 impl Drop for NewItem<'_> {
     fn drop(&mut self) {
         if self.off != usize::MAX {
-            item::seq_end(&self.inner.arena, self.off);
-            self.inner.free_chunk(self.off);
+            item::seq_end(&self.owner.arena, self.off);
+            self.owner.free_chunk(self.off);
             for &c in &self.chain {
-                self.inner.free_chunk(c);
+                self.owner.free_chunk(c);
             }
         }
     }
@@ -1371,6 +1431,11 @@ impl<'s> Txn<'s> {
         &self.key_buf[..self.key_len]
     }
 
+    /// Arena offset of the live item.
+    pub(crate) fn current_off(&self) -> Option<usize> {
+        self.cur.map(|(_, _, off)| off)
+    }
+
     /// The live item under this key (expired and flushed items count as absent).
     pub fn item(&self) -> Option<ItemInfo> {
         let (_, _, off) = self.cur?;
@@ -1394,7 +1459,14 @@ impl<'s> Txn<'s> {
         flags: u32,
         exptime: u32,
     ) -> Result<NewItem<'s>, AllocError> {
-        self.inner.alloc_item(self.key(), value_len, flags, exptime)
+        let inner = self.inner;
+        inner.alloc_item(
+            Owner::Borrowed(inner),
+            self.key(),
+            value_len,
+            flags,
+            exptime,
+        )
     }
 
     /// Link `item`, replacing the current one. Returns its CAS.
@@ -1663,6 +1735,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use crate::arena::Arena;
 use crate::index::{self, Index, KeyHash};
 use crate::item::{self, Header, HDR};
+use crate::pins::Pins;
 use crate::slab::{self, ClassInfo, ClassState, Slabs};
 use crate::stats::{ItemClassStats, SlabClassStats, StoreStats};
 use crate::KEY_MAX_LEN;
