@@ -68,6 +68,31 @@ impl Arena {
         self.base.wrapping_add(off)
     }
 
+    /// The `n` bytes at `off` as a slice, for a value range that nobody writes while the
+    /// borrow lives: only a pinned item's value (pins.rs: a pinned item is never freed,
+    /// reused or rewritten in place; writers build new items).
+    pub(crate) fn pinned_bytes(&self, off: usize, n: usize) -> &[u8] {
+        self.check(off, n);
+        // SAFETY: in bounds (checked); the mapping lives as long as &self; the range is a
+        // pinned value that no thread writes until the pin (which outlives the returned
+        // borrow, see PinnedItem::value_slices) is dropped.
+        unsafe { std::slice::from_raw_parts(self.base.add(off), n) }
+    }
+
+    /// The `n` bytes at `off` as a mutable slice, for the value range of a pending item
+    /// (allocated, not yet linked): the chunk belongs to that item alone, so no store
+    /// thread writes it; lock-free readers that still probe a chunk's old contents copy
+    /// bytes out and discard them when the item's seq says it changed.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn pending_bytes_mut(&self, off: usize, n: usize) -> &mut [u8] {
+        self.check(off, n);
+        // SAFETY: in bounds (checked); the mapping lives as long as &self; the range is a
+        // pending item's value, owned exclusively by the PendingItem whose &mut borrow
+        // bounds the returned slice (PendingItem::value_slices_mut), and the ranges of one
+        // item's segments do not overlap.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(off), n) }
+    }
+
     #[inline]
     fn check(&self, off: usize, n: usize) {
         assert!(

@@ -165,6 +165,16 @@ impl PendingItem {
             .map(|(off, len)| (a.ptr_at(off, len), len))
             .collect()
     }
+
+    /// The value's memory as mutable slices in value order (see `value_segments`): what
+    /// a zero-copy receive fills.
+    pub fn value_slices_mut(&mut self) -> Vec<&mut [u8]> {
+        let a = &self.0.owner.arena;
+        self.0
+            .segments()
+            .map(|(off, len)| a.pending_bytes_mut(off, len))
+            .collect()
+    }
 }
 
 /// A linked item's value, kept in place: until this is dropped the item's chunks are
@@ -192,6 +202,16 @@ impl PinnedItem {
         self.segments
             .iter()
             .map(|&(off, len)| (a.ptr_at(off, len) as *const u8, len))
+            .collect()
+    }
+
+    /// The value as slices in value order, borrowed from the pinned memory: what a
+    /// zero-copy send reads.
+    pub fn value_slices(&self) -> Vec<&[u8]> {
+        let a = &self.inner.arena;
+        self.segments
+            .iter()
+            .map(|&(off, len)| a.pinned_bytes(off, len))
             .collect()
     }
 

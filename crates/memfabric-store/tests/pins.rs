@@ -543,3 +543,42 @@ fn regions_cover_the_mappings() {
         assert!(ptr as usize >= lo && ptr as usize + len <= hi);
     }
 }
+
+#[test]
+fn slices_receive_and_send_a_chained_value_in_place() {
+    let store = small_store_for_slices();
+    let len = 3 * 1024 * 1024 + 17;
+    let mut p = store.alloc_pending(b"big-slices", len, 5, 0).unwrap();
+    let mut at = 0usize;
+    for s in p.value_slices_mut() {
+        for b in s.iter_mut() {
+            *b = (at % 253) as u8;
+            at += 1;
+        }
+    }
+    assert_eq!(at, len, "mutable slices cover the value exactly");
+    assert!(matches!(
+        store.store_pending(memfabric_store::SetMode::Set, p, 0),
+        memfabric_store::StoreStatus::Stored { .. }
+    ));
+    let (_, pinned) = store
+        .get_pinned(b"big-slices", &memfabric_store::GetOptions::default())
+        .unwrap();
+    let mut n = 0usize;
+    for s in pinned.value_slices() {
+        for &b in s {
+            assert_eq!(b, (n % 253) as u8);
+            n += 1;
+        }
+    }
+    assert_eq!(n, len);
+}
+
+fn small_store_for_slices() -> memfabric_store::Store {
+    memfabric_store::Store::new(memfabric_store::StoreConfig {
+        memory_limit: 64 << 20,
+        item_size_max: 8 << 20,
+        ..Default::default()
+    })
+    .unwrap()
+}

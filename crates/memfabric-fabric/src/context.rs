@@ -1,0 +1,70 @@
+//! The UCP context: one per process, shared by every worker.
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use crate::status::{check, Result};
+use crate::sys;
+
+/// A UCP application context with the AM, RMA and WAKEUP features. Its configuration
+/// comes from the `UCX_*` environment variables (`UCX_TLS`, `UCX_NET_DEVICES`, ...).
+pub struct Context {
+    pub(crate) h: sys::ucp_context_h,
+    /// Serialises worker creation and destruction: workers are created by the threads that
+    /// own them, and the context's worker list is not ours to race on.
+    pub(crate) workers_lock: Mutex<()>,
+}
+
+// SAFETY: UCX (built with --enable-mt, as Debian's is) allows a context to be used from
+// several threads once created; the only context-level calls made after creation are
+// worker creation/destruction (serialised by `workers_lock`) and memory (un)mapping and
+// rkey packing, which UCX protects with the context's own lock.
+unsafe impl Send for Context {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Create a context named `name` (shown in UCX's own logs).
+    pub fn new(name: &str) -> Result<Arc<Context>> {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: NULL env prefix and file name mean "UCX_ from the environment"; config is
+        // an out-pointer that UCX fills on success.
+        check(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
+        let cname = std::ffi::CString::new(name).unwrap_or_default();
+        let params = sys::ucp_params_t {
+            field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
+            features: (sys::UCP_FEATURE_AM | sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP) as u64,
+            name: cname.as_ptr(),
+            ..Default::default()
+        };
+        let mut h: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: params is fully initialised for the fields named in field_mask; config is
+        // the live configuration read above; h is an out-pointer. ucp_init is a static
+        // inline wrapper in the header, so its body (ucp_init_version with the header's API
+        // version) is called directly.
+        let st = unsafe {
+            sys::ucp_init_version(
+                sys::UCP_API_MAJOR,
+                sys::UCP_API_MINOR,
+                &params,
+                config,
+                &mut h,
+            )
+        };
+        // SAFETY: config came from ucp_config_read and is released exactly once; UCX copied
+        // what it needs during ucp_init.
+        unsafe { sys::ucp_config_release(config) };
+        check(st)?;
+        Ok(Arc::new(Context {
+            h,
+            workers_lock: Mutex::new(()),
+        }))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every Worker holds an Arc<Context>, so no worker is alive here; h came
+        // from ucp_init and is cleaned up once.
+        unsafe { sys::ucp_cleanup(self.h) };
+    }
+}

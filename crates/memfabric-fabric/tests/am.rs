@@ -1,0 +1,175 @@
+//! The runtime end to end inside one process: two workers on one thread, progressed in
+//! turn. Run under each `UCX_TLS` the CI uses (posix,cma,self and tcp,self).
+use std::time::{Duration, Instant};
+
+use memfabric_fabric::{AmData, Context, Endpoint, Event, Posted, Proto, SendHow, Worker};
+
+const AM_PING: u16 = 1;
+
+/// Progress both workers until `pred` holds on an event of `b`, collecting a's events too.
+fn pump(a: &mut Worker, b: &mut Worker, mut pred: impl FnMut(Event) -> Option<Event>) -> Event {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        a.progress();
+        b.progress();
+        for e in b.drain() {
+            if let Some(e) = pred(e) {
+                return e;
+            }
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for an event");
+    }
+}
+
+/// The sockaddr listener needs a network transport on the listening device (UCX's
+/// connection manager wires up over it), so it works with `tcp` in UCX_TLS (or no
+/// UCX_TLS) and not with shared memory alone.
+fn listener_usable() -> bool {
+    std::env::var("UCX_TLS").map_or(true, |t| t.split(',').any(|x| x == "tcp" || x == "all"))
+}
+
+/// Close both endpoints and progress both workers until the closes finish.
+fn close_both(a: &mut Worker, aep: Endpoint, b: &mut Worker, bep: Endpoint) {
+    a.close(aep, false);
+    b.close(bep, false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.closing() + b.closing() > 0 {
+        a.progress();
+        b.progress();
+        assert!(Instant::now() < deadline, "endpoint close never finished");
+    }
+}
+
+/// Connect `client` to `server`: through a listener when the transports allow it,
+/// otherwise by exchanging worker addresses (the way memfabricd bootstraps).
+fn connect(server: &mut Worker, client: &mut Worker) -> (Endpoint, Endpoint) {
+    if !listener_usable() {
+        let cep = client.connect_address(&server.address().unwrap()).unwrap();
+        let sep = server.connect_address(&client.address().unwrap()).unwrap();
+        return (cep, sep);
+    }
+    let listener = server.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    assert_ne!(addr.port(), 0);
+    let cep = client.connect_sockaddr(addr).unwrap();
+    let req = pump(client, server, |e| match e {
+        Event::ConnRequest(r) => Some(Event::ConnRequest(r)),
+        _ => None,
+    });
+    let Event::ConnRequest(req) = req else {
+        unreachable!()
+    };
+    let sep = server.accept(req).unwrap();
+    (cep, sep)
+}
+
+fn roundtrip(size: usize, proto: Proto) {
+    let ctx = Context::new("am-test").unwrap();
+    let mut server = Worker::new(&ctx).unwrap();
+    let mut client = Worker::new(&ctx).unwrap();
+    server.set_am_handler(AM_PING).unwrap();
+    let (cep, sep) = connect(&mut server, &mut client);
+    let value: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let header = b"hdr-bytes".to_vec();
+    match client
+        .am_send(
+            &cep,
+            AM_PING,
+            header.clone(),
+            Some(Box::new(value.clone())),
+            SendHow {
+                proto,
+                reply: false,
+            },
+            42,
+        )
+        .unwrap()
+    {
+        Posted::Done(_) | Posted::Pending => {}
+    }
+    let msg = pump(&mut client, &mut server, |e| match e {
+        Event::Am(m) => Some(Event::Am(m)),
+        _ => None,
+    });
+    let Event::Am(msg) = msg else { unreachable!() };
+    assert_eq!(msg.id, AM_PING);
+    assert_eq!(msg.header, header);
+    let got = match msg.data {
+        AmData::None => Vec::new(),
+        AmData::Eager(v) => v,
+        AmData::Rndv(d) => {
+            assert_eq!(d.len(), size);
+            match server.recv_rndv(d, Box::new(vec![0u8; size]), 7).unwrap() {
+                Posted::Done(b) => *b.unwrap().downcast::<Vec<u8>>().unwrap(),
+                Posted::Pending => {
+                    let done = pump(&mut client, &mut server, |e| match e {
+                        Event::Done { token: 7, .. } => Some(e),
+                        _ => None,
+                    });
+                    let Event::Done { result, buf, .. } = done else {
+                        unreachable!()
+                    };
+                    result.unwrap();
+                    *buf.unwrap().downcast::<Vec<u8>>().unwrap()
+                }
+            }
+        }
+    };
+    assert_eq!(got.len(), value.len());
+    assert!(got == value, "payload differs");
+    close_both(&mut client, cep, &mut server, sep);
+}
+
+#[test]
+fn eager_small_and_empty() {
+    roundtrip(0, Proto::Eager);
+    roundtrip(1, Proto::Eager);
+    roundtrip(4096, Proto::Eager);
+}
+
+#[test]
+fn rendezvous_large() {
+    roundtrip(8193, Proto::Rndv);
+    roundtrip(4 << 20, Proto::Rndv);
+}
+
+#[test]
+fn worker_address_connect_and_rma_read() {
+    let ctx = Context::new("rma-test").unwrap();
+    let mut server = Worker::new(&ctx).unwrap();
+    let mut client = Worker::new(&ctx).unwrap();
+    server.set_am_handler(AM_PING).unwrap();
+    let addr = server.address().unwrap();
+    let mut cep = client.connect_address(&addr).unwrap();
+    let sep = server.connect_address(&client.address().unwrap()).unwrap();
+    // Registered server memory read one-sidedly by the client.
+    let mut region_mem = vec![0u8; 65536];
+    for (i, b) in region_mem.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let region = server
+        .mem_map(region_mem.as_mut_ptr(), region_mem.len())
+        .unwrap();
+    let rkey = cep.unpack_rkey(&region.pack_rkey().unwrap()).unwrap();
+    let buf = vec![0u8; 1000];
+    let got = match client
+        .get(&cep, region.addr() + 1234, rkey, Box::new(buf), 9)
+        .unwrap()
+    {
+        Posted::Done(b) => *b.unwrap().downcast::<Vec<u8>>().unwrap(),
+        Posted::Pending => {
+            let done = pump(&mut server, &mut client, |e| match e {
+                Event::Done { token: 9, .. } => Some(e),
+                _ => None,
+            });
+            let Event::Done { result, buf, .. } = done else {
+                unreachable!()
+            };
+            result.unwrap();
+            *buf.unwrap().downcast::<Vec<u8>>().unwrap()
+        }
+    };
+    assert_eq!(&got[..], &region_mem[1234..2234]);
+    close_both(&mut client, cep, &mut server, sep);
+    drop(region);
+}
