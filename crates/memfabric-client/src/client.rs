@@ -1,0 +1,755 @@
+//! The client: a pool of servers, ketama routing, down-marking, and the async core (issue a
+//! request, get a [`Handle`], then [`Client::test`] / [`Client::wait`] / [`Client::wait_all`]).
+//! The blocking calls are issue + wait.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::addr::{check_one_scheme, ServerAddr};
+use crate::error::Error;
+use crate::ketama::{Continuum, Distribution, Node};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::transport::{make_transport, Completion, ConnId, Transport};
+
+/// Client settings. `Config::default()` matches the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Deadline of every request, from when it is issued (default 1 s). A request that passes
+    /// it fails with [`Error::Timeout`] and its server is marked down.
+    pub timeout: Duration,
+    /// How long a connect may take (default 1 s).
+    pub connect_timeout: Duration,
+    /// How long a server stays marked down after a timeout or connection failure (default 2 s);
+    /// it is reconnected lazily by the first operation after that.
+    pub retry_timeout: Duration,
+    /// Send a key whose server is down to the next live server on the ring (default off: the
+    /// operation fails with [`Error::ServerDown`]).
+    pub failover: bool,
+    /// Key placement (default libmemcached's weighted ketama).
+    pub distribution: Distribution,
+    /// At most this many requests in flight per server; issuing more first waits for some to
+    /// complete (default 65536).
+    pub max_in_flight: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            retry_timeout: Duration::from_secs(2),
+            failover: false,
+            distribution: Distribution::default(),
+            max_in_flight: 65536,
+        }
+    }
+}
+
+/// A request in flight or finished but not yet collected. Cheap to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle(u64);
+
+impl Handle {
+    /// The request id the transport sees.
+    pub fn id(self) -> u64 {
+        self.0
+    }
+}
+
+/// Anything that names a server list: `"h1:11211,h2:11211:2"`, or addresses already parsed.
+pub trait IntoServers {
+    fn into_servers(self) -> Result<Vec<ServerAddr>, Error>;
+}
+
+impl IntoServers for &str {
+    fn into_servers(self) -> Result<Vec<ServerAddr>, Error> {
+        ServerAddr::parse_list(self)
+    }
+}
+
+impl IntoServers for &String {
+    fn into_servers(self) -> Result<Vec<ServerAddr>, Error> {
+        ServerAddr::parse_list(self)
+    }
+}
+
+impl IntoServers for Vec<ServerAddr> {
+    fn into_servers(self) -> Result<Vec<ServerAddr>, Error> {
+        check_one_scheme(&self)?;
+        Ok(self)
+    }
+}
+
+impl IntoServers for &[ServerAddr] {
+    fn into_servers(self) -> Result<Vec<ServerAddr>, Error> {
+        self.to_vec().into_servers()
+    }
+}
+
+struct Server {
+    addr: ServerAddr,
+    name: String,
+    conn: Option<ConnId>,
+    down_until: Option<Instant>,
+    inflight: usize,
+}
+
+struct Pending {
+    server: usize,
+    conn: ConnId,
+    deadline: Instant,
+}
+
+/// A memcached client over a pool of servers. Single-threaded: use one per thread, like a
+/// libmemcached `memcached_st`.
+pub struct Client {
+    config: Config,
+    servers: Vec<Server>,
+    ring: Continuum,
+    transport: Box<dyn Transport>,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    finished: HashMap<u64, Result<Reply, Error>>,
+    conn_server: HashMap<ConnId, usize>,
+    done: Vec<Completion>,
+    failed: Vec<ConnId>,
+}
+
+/// `STAT` name/value pairs of one server.
+pub type Stats = Vec<(String, String)>;
+
+fn unexpected(r: Reply) -> Error {
+    Error::Protocol(format!("unexpected reply {r:?}"))
+}
+
+impl Client {
+    /// A client for `servers` (nothing is connected until the first operation needs it).
+    pub fn new(servers: impl IntoServers, config: Config) -> Result<Client, Error> {
+        let list = servers.into_servers()?;
+        let first = list.first().ok_or(Error::NoServers)?;
+        let transport = make_transport(first.scheme)?;
+        Ok(Self::with_transport(list, config, transport))
+    }
+
+    /// A client over a transport built by the caller (for tests and other transports).
+    pub fn with_transport(
+        list: Vec<ServerAddr>,
+        config: Config,
+        transport: Box<dyn Transport>,
+    ) -> Client {
+        let nodes: Vec<Node> = list
+            .iter()
+            .map(|a| Node {
+                host: a.host.clone(),
+                port: a.port,
+                weight: a.weight,
+            })
+            .collect();
+        let ring = Continuum::new(&nodes, config.distribution);
+        let servers = list
+            .into_iter()
+            .map(|addr| Server {
+                name: addr.host_port(),
+                addr,
+                conn: None,
+                down_until: None,
+                inflight: 0,
+            })
+            .collect();
+        Client {
+            config,
+            servers,
+            ring,
+            transport,
+            next_id: 1,
+            pending: HashMap::new(),
+            finished: HashMap::new(),
+            conn_server: HashMap::new(),
+            done: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The servers of the pool, in the order given.
+    pub fn servers(&self) -> Vec<&ServerAddr> {
+        self.servers.iter().map(|s| &s.addr).collect()
+    }
+
+    /// The server `key` belongs to on the ring (ignoring down-marking).
+    pub fn locate(&self, key: &[u8]) -> Option<&ServerAddr> {
+        self.ring.locate(key).map(|i| &self.servers[i].addr)
+    }
+
+    /// Whether the server at `index` is currently marked down.
+    pub fn is_down(&self, index: usize) -> bool {
+        self.servers[index]
+            .down_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Requests issued and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn is_up(&self, s: usize, now: Instant) -> bool {
+        !matches!(self.servers[s].down_until, Some(t) if now < t)
+    }
+
+    fn route(&self, key: &[u8]) -> Result<usize, Error> {
+        let home = self.ring.locate(key).ok_or(Error::NoServers)?;
+        let now = Instant::now();
+        if self.is_up(home, now) {
+            return Ok(home);
+        }
+        let down = || Error::ServerDown {
+            server: self.servers[home].name.clone(),
+        };
+        if self.config.failover {
+            self.ring
+                .locate_live(key, |s| self.is_up(s, now))
+                .ok_or_else(down)
+        } else {
+            Err(down())
+        }
+    }
+
+    fn ensure_conn(&mut self, s: usize) -> Result<ConnId, Error> {
+        let now = Instant::now();
+        if !self.is_up(s, now) {
+            return Err(Error::ServerDown {
+                server: self.servers[s].name.clone(),
+            });
+        }
+        if let Some(c) = self.servers[s].conn {
+            return Ok(c);
+        }
+        match self
+            .transport
+            .connect(&self.servers[s].addr, self.config.connect_timeout)
+        {
+            Ok(c) => {
+                self.servers[s].conn = Some(c);
+                self.servers[s].down_until = None;
+                self.conn_server.insert(c, s);
+                Ok(c)
+            }
+            Err(e) => {
+                self.servers[s].down_until = Some(Instant::now() + self.config.retry_timeout);
+                Err(e)
+            }
+        }
+    }
+
+    fn new_handle(&mut self) -> Handle {
+        let h = Handle(self.next_id);
+        self.next_id += 1;
+        h
+    }
+
+    fn fail_now(&mut self, e: Error) -> Handle {
+        let h = self.new_handle();
+        self.finished.insert(h.0, Err(e));
+        h
+    }
+
+    /// Issues `op` to server `s`. Errors before sending complete the handle at once.
+    fn issue_to(&mut self, s: usize, op: Op) -> Handle {
+        let conn = match self.ensure_conn(s) {
+            Ok(c) => c,
+            Err(e) => return self.fail_now(e),
+        };
+        // Back-pressure: let some requests of this server finish first.
+        while self.servers[s].inflight >= self.config.max_in_flight.max(1)
+            && self.servers[s].conn == Some(conn)
+        {
+            let until = self.nearest_deadline().unwrap_or_else(Instant::now);
+            if let Err(e) = self.round(until) {
+                return self.fail_now(e);
+            }
+        }
+        let conn = match self.ensure_conn(s) {
+            Ok(c) => c,
+            Err(e) => return self.fail_now(e),
+        };
+        let h = self.new_handle();
+        match self.transport.submit(conn, h.0, op) {
+            Ok(()) => {
+                let deadline = Instant::now() + self.config.timeout;
+                self.pending.insert(
+                    h.0,
+                    Pending {
+                        server: s,
+                        conn,
+                        deadline,
+                    },
+                );
+                self.servers[s].inflight += 1;
+            }
+            Err(e) => {
+                self.finished.insert(h.0, Err(e));
+            }
+        }
+        h
+    }
+
+    /// Issues any keyed operation to the key's server, or a server-wide one to the first server.
+    /// The result is collected with [`Client::test`], [`Client::wait`] or [`Client::wait_all`].
+    pub fn submit(&mut self, op: Op) -> Handle {
+        let s = match op.key() {
+            Some(key) => self.route(key),
+            None => Ok(0),
+        };
+        match s {
+            Ok(s) => self.issue_to(s, op),
+            Err(e) => self.fail_now(e),
+        }
+    }
+
+    fn nearest_deadline(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
+    /// One round of progress: wait for the transport at most until `until`, take completions,
+    /// handle failed connections, expire requests past their deadline.
+    fn round(&mut self, until: Instant) -> Result<(), Error> {
+        let wait = until.saturating_duration_since(Instant::now());
+        let res = self
+            .transport
+            .progress(wait, &mut self.done, &mut self.failed);
+        for c in std::mem::take(&mut self.done) {
+            if let Some(p) = self.pending.remove(&c.id) {
+                self.servers[p.server].inflight -= 1;
+                self.finished.insert(c.id, c.result);
+            }
+        }
+        let now = Instant::now();
+        for conn in std::mem::take(&mut self.failed) {
+            if let Some(s) = self.conn_server.remove(&conn) {
+                if self.servers[s].conn == Some(conn) {
+                    self.servers[s].conn = None;
+                    self.servers[s].down_until = Some(now + self.config.retry_timeout);
+                }
+            }
+        }
+        let expired: Vec<(usize, ConnId)> = self
+            .pending
+            .values()
+            .filter(|p| p.deadline <= now)
+            .map(|p| (p.server, p.conn))
+            .collect();
+        for (s, conn) in expired {
+            self.mark_down_timeout(s, conn, now);
+        }
+        res
+    }
+
+    /// A request on `conn` of server `s` timed out: every request on that connection fails with
+    /// `Timeout`, the connection is closed and the server marked down.
+    fn mark_down_timeout(&mut self, s: usize, conn: ConnId, now: Instant) {
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.conn == conn)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.pending.remove(&id);
+            self.servers[s].inflight -= 1;
+            self.finished.insert(
+                id,
+                Err(Error::Timeout {
+                    server: self.servers[s].name.clone(),
+                }),
+            );
+        }
+        if self.servers[s].conn == Some(conn) {
+            self.servers[s].conn = None;
+            self.servers[s].down_until = Some(now + self.config.retry_timeout);
+        }
+        self.conn_server.remove(&conn);
+        self.transport.close(conn);
+    }
+
+    /// Forgets a request the caller stopped waiting for; its reply is dropped when it comes.
+    fn abandon(&mut self, id: u64) -> Error {
+        match self.pending.remove(&id) {
+            Some(p) => {
+                self.servers[p.server].inflight -= 1;
+                Error::Timeout {
+                    server: self.servers[p.server].name.clone(),
+                }
+            }
+            None => Error::UnknownHandle,
+        }
+    }
+
+    /// Progress once without blocking; the result if the request has finished. A result is
+    /// returned once: after that the handle is unknown.
+    pub fn test(&mut self, h: Handle) -> Option<Result<Reply, Error>> {
+        if let Some(r) = self.finished.remove(&h.0) {
+            return Some(r);
+        }
+        if !self.pending.contains_key(&h.0) {
+            return Some(Err(Error::UnknownHandle));
+        }
+        if let Err(e) = self.round(Instant::now()) {
+            return Some(Err(e));
+        }
+        self.finished.remove(&h.0)
+    }
+
+    fn wait_until(&mut self, h: Handle, limit: Option<Instant>) -> Result<Reply, Error> {
+        loop {
+            if let Some(r) = self.finished.remove(&h.0) {
+                return r;
+            }
+            let deadline = match self.pending.get(&h.0) {
+                Some(p) => p.deadline,
+                None => return Err(Error::UnknownHandle),
+            };
+            let now = Instant::now();
+            if limit.is_some_and(|l| now >= l) {
+                return Err(self.abandon(h.0));
+            }
+            let until = limit.map_or(deadline, |l| l.min(deadline));
+            self.round(until)?;
+        }
+    }
+
+    /// Waits for one request, at most `timeout` (and never past the request's own deadline).
+    /// If `timeout` passes first the request is abandoned and `Error::Timeout` returned (its
+    /// server is not marked down for that).
+    pub fn wait(&mut self, h: Handle, timeout: Duration) -> Result<Reply, Error> {
+        self.wait_until(h, Some(Instant::now() + timeout))
+    }
+
+    fn gather(&mut self, hs: &[Handle], limit: Option<Instant>) -> Vec<Result<Reply, Error>> {
+        loop {
+            let waiting = hs
+                .iter()
+                .any(|h| !self.finished.contains_key(&h.0) && self.pending.contains_key(&h.0));
+            let now = Instant::now();
+            if !waiting || limit.is_some_and(|l| now >= l) {
+                break;
+            }
+            let nearest = hs
+                .iter()
+                .filter_map(|h| self.pending.get(&h.0))
+                .map(|p| p.deadline)
+                .min();
+            let until = match (nearest, limit) {
+                (Some(d), Some(l)) => d.min(l),
+                (Some(d), None) => d,
+                (None, Some(l)) => l,
+                (None, None) => now,
+            };
+            if let Err(e) = self.round(until) {
+                return hs.iter().map(|_| Err(e.clone())).collect();
+            }
+        }
+        hs.iter()
+            .map(|h| match self.finished.remove(&h.0) {
+                Some(r) => r,
+                None => Err(self.abandon(h.0)),
+            })
+            .collect()
+    }
+
+    /// Waits for all `hs`, at most `timeout` in all; results in the order of `hs`.
+    pub fn wait_all(&mut self, hs: &[Handle], timeout: Duration) -> Vec<Result<Reply, Error>> {
+        self.gather(hs, Some(Instant::now() + timeout))
+    }
+
+    fn call(&mut self, op: Op) -> Result<Reply, Error> {
+        let h = self.submit(op);
+        self.wait_until(h, None)
+    }
+
+    // ---- non-blocking, in the style of RDMA-Libmemcached ----
+
+    /// Issues a set now; completes later. `value` is sent without a copy (it is shared).
+    pub fn iset(&mut self, key: &[u8], value: Bytes, flags: u32, exptime: u32) -> Handle {
+        self.submit(Op::Store {
+            mode: StoreMode::Set,
+            key: key.to_vec(),
+            value,
+            flags,
+            exptime,
+            cas: 0,
+        })
+    }
+
+    /// Issues a get now; completes later with `Reply::Value`.
+    pub fn iget(&mut self, key: &[u8]) -> Handle {
+        self.submit(Op::Get {
+            key: key.to_vec(),
+            cas: false,
+        })
+    }
+
+    /// Issues a set and returns once `value` may be reused (it was copied and sending started).
+    pub fn bset(&mut self, key: &[u8], value: &[u8], flags: u32, exptime: u32) -> Handle {
+        let h = self.iset(key, Bytes::copy_from_slice(value), flags, exptime);
+        let _ = self.round(Instant::now());
+        h
+    }
+
+    /// Issues a get and returns once `key` may be reused (the request was queued and sending
+    /// started); completes later with `Reply::Value`.
+    pub fn bget(&mut self, key: &[u8]) -> Handle {
+        let h = self.iget(key);
+        let _ = self.round(Instant::now());
+        h
+    }
+
+    // ---- blocking ----
+
+    fn value(&mut self, op: Op) -> Result<Option<Value>, Error> {
+        match self.call(op)? {
+            Reply::Value(v) => Ok(v),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// The value of `key` (`cas` is 0), or `None`.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Value>, Error> {
+        self.value(Op::Get {
+            key: key.to_vec(),
+            cas: false,
+        })
+    }
+
+    /// The value of `key` with its CAS value, or `None`.
+    pub fn gets(&mut self, key: &[u8]) -> Result<Option<Value>, Error> {
+        self.value(Op::Get {
+            key: key.to_vec(),
+            cas: true,
+        })
+    }
+
+    /// Get and touch: the value (with CAS) and a new expiry time.
+    pub fn gat(&mut self, key: &[u8], exptime: u32) -> Result<Option<Value>, Error> {
+        self.value(Op::Gat {
+            key: key.to_vec(),
+            exptime,
+        })
+    }
+
+    /// Fetches many keys: requests go to all their servers at once, then are gathered. Hits
+    /// only; keys whose server failed are left out (an error is returned only when every
+    /// request failed).
+    pub fn get_multi(&mut self, keys: &[&[u8]]) -> Result<HashMap<Vec<u8>, Value>, Error> {
+        let hs: Vec<Handle> = keys
+            .iter()
+            .map(|k| {
+                self.submit(Op::Get {
+                    key: k.to_vec(),
+                    cas: true,
+                })
+            })
+            .collect();
+        let results = self.gather(&hs, None);
+        let mut out = HashMap::new();
+        let mut first_err = None;
+        let mut ok = 0;
+        for (key, r) in keys.iter().zip(results) {
+            match r {
+                Ok(Reply::Value(Some(v))) => {
+                    ok += 1;
+                    out.insert(key.to_vec(), v);
+                }
+                Ok(Reply::Value(None)) => ok += 1,
+                Ok(r) => first_err = first_err.or(Some(unexpected(r))),
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        match first_err {
+            Some(e) if ok == 0 => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    fn store(
+        &mut self,
+        mode: StoreMode,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+    ) -> Result<StoreStatus, Error> {
+        let value = Bytes::copy_from_slice(value);
+        match self.call(Op::Store {
+            mode,
+            key: key.to_vec(),
+            value,
+            flags,
+            exptime,
+            cas,
+        })? {
+            Reply::Stored(s) => Ok(s),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    fn stored(s: StoreStatus) -> bool {
+        matches!(s, StoreStatus::Stored { .. })
+    }
+
+    pub fn set(&mut self, key: &[u8], value: &[u8], flags: u32, exptime: u32) -> Result<(), Error> {
+        match self.store(StoreMode::Set, key, value, flags, exptime, 0)? {
+            StoreStatus::Stored { .. } => Ok(()),
+            s => Err(Error::Protocol(format!("set answered {s:?}"))),
+        }
+    }
+
+    /// Stores only if `key` is missing; `false` if it exists.
+    pub fn add(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<bool, Error> {
+        self.store(StoreMode::Add, key, value, flags, exptime, 0)
+            .map(Self::stored)
+    }
+
+    /// Stores only if `key` exists; `false` if it is missing.
+    pub fn replace(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<bool, Error> {
+        self.store(StoreMode::Replace, key, value, flags, exptime, 0)
+            .map(Self::stored)
+    }
+
+    /// Appends to an existing item; `false` if it is missing.
+    pub fn append(&mut self, key: &[u8], value: &[u8]) -> Result<bool, Error> {
+        self.store(StoreMode::Append, key, value, 0, 0, 0)
+            .map(Self::stored)
+    }
+
+    /// Prepends to an existing item; `false` if it is missing.
+    pub fn prepend(&mut self, key: &[u8], value: &[u8]) -> Result<bool, Error> {
+        self.store(StoreMode::Prepend, key, value, 0, 0, 0)
+            .map(Self::stored)
+    }
+
+    /// Stores only if the item's CAS value is still `cas`: `Stored`, `Exists` (modified since)
+    /// or `NotFound`.
+    pub fn cas(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+    ) -> Result<StoreStatus, Error> {
+        self.store(StoreMode::Cas, key, value, flags, exptime, cas)
+    }
+
+    /// `false` if the key was not found.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
+        match self.call(Op::Delete { key: key.to_vec() })? {
+            Reply::Deleted(d) => Ok(d),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    fn arith(&mut self, key: &[u8], delta: u64, incr: bool) -> Result<Option<u64>, Error> {
+        match self.call(Op::Arith {
+            key: key.to_vec(),
+            delta,
+            incr,
+        })? {
+            Reply::Counter(c) => Ok(c),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// The new value, or `None` if the key was not found.
+    pub fn incr(&mut self, key: &[u8], delta: u64) -> Result<Option<u64>, Error> {
+        self.arith(key, delta, true)
+    }
+
+    /// The new value (never below 0), or `None` if the key was not found.
+    pub fn decr(&mut self, key: &[u8], delta: u64) -> Result<Option<u64>, Error> {
+        self.arith(key, delta, false)
+    }
+
+    /// `false` if the key was not found.
+    pub fn touch(&mut self, key: &[u8], exptime: u32) -> Result<bool, Error> {
+        match self.call(Op::Touch {
+            key: key.to_vec(),
+            exptime,
+        })? {
+            Reply::Touched(t) => Ok(t),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Sends `op` to every server at once and gathers the replies, in server order.
+    fn broadcast(&mut self, op: Op) -> Vec<(String, Result<Reply, Error>)> {
+        let hs: Vec<Handle> = (0..self.servers.len())
+            .map(|s| self.issue_to(s, op.clone()))
+            .collect();
+        let results = self.gather(&hs, None);
+        self.servers
+            .iter()
+            .map(|s| s.name.clone())
+            .zip(results)
+            .collect()
+    }
+
+    /// Flushes every server; the first error if any failed.
+    pub fn flush_all(&mut self, delay: u32) -> Result<(), Error> {
+        for (_, r) in self.broadcast(Op::FlushAll { delay }) {
+            match r? {
+                Reply::Ok => {}
+                r => return Err(unexpected(r)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `stats [group]` of every server: `(server, result)` in server order.
+    pub fn stats(&mut self, group: Option<&str>) -> Vec<(String, Result<Stats, Error>)> {
+        self.broadcast(Op::Stats {
+            group: group.map(str::to_string),
+        })
+        .into_iter()
+        .map(|(s, r)| {
+            let r = r.and_then(|r| match r {
+                Reply::Stats(v) => Ok(v),
+                r => Err(unexpected(r)),
+            });
+            (s, r)
+        })
+        .collect()
+    }
+
+    /// The version of every server: `(server, result)` in server order.
+    pub fn version(&mut self) -> Vec<(String, Result<String, Error>)> {
+        self.broadcast(Op::Version)
+            .into_iter()
+            .map(|(s, r)| {
+                let r = r.and_then(|r| match r {
+                    Reply::Version(v) => Ok(v),
+                    r => Err(unexpected(r)),
+                });
+                (s, r)
+            })
+            .collect()
+    }
+}

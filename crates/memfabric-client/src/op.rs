@@ -1,0 +1,128 @@
+//! Operations and their replies, independent of the transport that carries them.
+
+use bytes::Bytes;
+
+/// How a store operation treats an existing (or missing) item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreMode {
+    /// Store unconditionally.
+    Set,
+    /// Store only if the key is missing.
+    Add,
+    /// Store only if the key exists.
+    Replace,
+    /// Append the data to an existing item.
+    Append,
+    /// Prepend the data to an existing item.
+    Prepend,
+    /// Store only if the item's CAS value still equals the one given.
+    Cas,
+}
+
+/// One request to one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// `get` (or `gets` when `cas` is true).
+    Get {
+        key: Vec<u8>,
+        cas: bool,
+    },
+    /// Get and touch: fetch the item and set its expiry time; the reply carries the CAS value.
+    Gat {
+        key: Vec<u8>,
+        exptime: u32,
+    },
+    /// set/add/replace/append/prepend/cas. `cas` is used only by [`StoreMode::Cas`].
+    Store {
+        mode: StoreMode,
+        key: Vec<u8>,
+        value: Bytes,
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// incr (`incr` = true) or decr.
+    Arith {
+        key: Vec<u8>,
+        delta: u64,
+        incr: bool,
+    },
+    Touch {
+        key: Vec<u8>,
+        exptime: u32,
+    },
+    FlushAll {
+        delay: u32,
+    },
+    Stats {
+        group: Option<String>,
+    },
+    Version,
+    Noop,
+}
+
+impl Op {
+    /// The key this operation is routed by; `None` for server-wide operations.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            Op::Get { key, .. }
+            | Op::Gat { key, .. }
+            | Op::Store { key, .. }
+            | Op::Delete { key }
+            | Op::Arith { key, .. }
+            | Op::Touch { key, .. } => Some(key),
+            Op::FlushAll { .. } | Op::Stats { .. } | Op::Version | Op::Noop => None,
+        }
+    }
+}
+
+/// A fetched item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Value {
+    pub data: Bytes,
+    pub flags: u32,
+    /// The item's CAS value (0 when the server was not asked for it).
+    pub cas: u64,
+}
+
+/// The outcome of a store operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreStatus {
+    /// Stored; `cas` is the new item's CAS value (0 if the server did not say).
+    Stored { cas: u64 },
+    /// The mode's condition failed (add of an existing key, replace/append/prepend of a missing one).
+    NotStored,
+    /// cas: the item was modified since its CAS value was read.
+    Exists,
+    /// cas: the item does not exist.
+    NotFound,
+}
+
+/// The reply to an [`Op`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Get/Gat: `None` is a miss.
+    Value(Option<Value>),
+    Stored(StoreStatus),
+    /// Delete: `false` = not found.
+    Deleted(bool),
+    /// incr/decr: the new value, `None` = not found.
+    Counter(Option<u64>),
+    /// Touch: `false` = not found.
+    Touched(bool),
+    /// flush_all, noop.
+    Ok,
+    Stats(Vec<(String, String)>),
+    Version(String),
+}
+
+/// The longest key memcached accepts.
+pub const MAX_KEY_LEN: usize = 250;
+
+/// A key memcached's text protocols can carry: 1..=250 bytes, no whitespace or control characters.
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > 0x20 && b != 0x7f)
+}

@@ -1,0 +1,299 @@
+//! The TCP transport: non-blocking sockets polled together through `mio`, requests pipelined,
+//! replies matched to requests in order per connection, meta protocol on the wire.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream as StdTcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::addr::ServerAddr;
+use crate::error::Error;
+use crate::meta::{self, Expect, OutQueue, Parsed};
+use crate::op::Op;
+use crate::transport::{Completion, ConnId, Transport};
+
+const READ_CHUNK: usize = 256 * 1024;
+const MAX_IOVECS: usize = 64;
+
+struct Conn {
+    stream: TcpStream,
+    name: String,
+    out: OutQueue,
+    inbuf: BytesMut,
+    /// Bytes the reply at the front needs before it can be parsed again.
+    need: usize,
+    inflight: VecDeque<(u64, Expect)>,
+}
+
+/// See the module documentation.
+pub struct TcpTransport {
+    poll: Poll,
+    events: Events,
+    conns: HashMap<ConnId, Conn>,
+    next_conn: ConnId,
+    /// Requests of closed connections, completed with `Error::Closed` at the next progress.
+    orphans: Vec<u64>,
+    scratch: Vec<u8>,
+}
+
+impl TcpTransport {
+    pub fn new() -> Result<Self, Error> {
+        let poll = Poll::new().map_err(|e| Error::Io {
+            server: "poll".into(),
+            msg: e.to_string(),
+        })?;
+        Ok(TcpTransport {
+            poll,
+            events: Events::with_capacity(256),
+            conns: HashMap::new(),
+            next_conn: 1,
+            orphans: Vec::new(),
+            scratch: vec![0; READ_CHUNK],
+        })
+    }
+
+    fn resolve(addr: &ServerAddr) -> Result<Vec<SocketAddr>, Error> {
+        (addr.host.as_str(), addr.port)
+            .to_socket_addrs()
+            .map(|it| it.collect())
+            .map_err(|e| Error::Io {
+                server: addr.host_port(),
+                msg: format!("resolve: {e}"),
+            })
+    }
+
+    /// Removes a failed connection, completing its requests with `err`.
+    fn fail(
+        &mut self,
+        id: ConnId,
+        msg: String,
+        done: &mut Vec<Completion>,
+        failed: &mut Vec<ConnId>,
+    ) {
+        if let Some(mut c) = self.conns.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            for (rid, _) in c.inflight.drain(..) {
+                done.push(Completion {
+                    id: rid,
+                    result: Err(Error::Io {
+                        server: c.name.clone(),
+                        msg: msg.clone(),
+                    }),
+                });
+            }
+            failed.push(id);
+        }
+    }
+}
+
+/// Writes as much queued output as the socket takes. `Err` = the connection is broken.
+fn flush(c: &mut Conn) -> io::Result<()> {
+    while !c.out.is_empty() {
+        let slices = c.out.slices(MAX_IOVECS);
+        match c.stream.write_vectored(&slices) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+            Ok(n) => c.out.advance(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads everything available and completes the requests whose replies are whole.
+/// `Err` = the connection is broken or out of step.
+fn read_and_parse(
+    c: &mut Conn,
+    scratch: &mut [u8],
+    done: &mut Vec<Completion>,
+) -> Result<(), String> {
+    loop {
+        match c.stream.read(scratch) {
+            Ok(0) => {
+                parse_ready(c, done)?;
+                return Err("connection closed by server".into());
+            }
+            Ok(n) => {
+                c.inbuf.extend_from_slice(&scratch[..n]);
+                if c.inbuf.len() >= c.need {
+                    parse_ready(c, done)?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn parse_ready(c: &mut Conn, done: &mut Vec<Completion>) -> Result<(), String> {
+    while let Some(&(id, expect)) = c.inflight.front() {
+        if c.inbuf.is_empty() {
+            break;
+        }
+        match meta::parse(&mut c.inbuf, expect)? {
+            Parsed::Incomplete { need } => {
+                c.need = need;
+                if need > c.inbuf.capacity() {
+                    c.inbuf.reserve(need - c.inbuf.len());
+                }
+                return Ok(());
+            }
+            Parsed::Done(result) => {
+                c.inflight.pop_front();
+                c.need = 0;
+                done.push(Completion { id, result });
+            }
+        }
+    }
+    if c.inflight.is_empty() && !c.inbuf.is_empty() {
+        return Err(format!("{} unexpected bytes from server", c.inbuf.len()));
+    }
+    c.need = 0;
+    Ok(())
+}
+
+impl Transport for TcpTransport {
+    fn connect(&mut self, addr: &ServerAddr, timeout: Duration) -> Result<ConnId, Error> {
+        let name = addr.host_port();
+        let mut last = Error::ServerDown {
+            server: name.clone(),
+        };
+        let deadline = Instant::now() + timeout;
+        for sa in Self::resolve(addr)? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout { server: name });
+            }
+            match StdTcpStream::connect_timeout(&sa, left) {
+                Ok(s) => {
+                    let io_err = |e: io::Error| Error::Io {
+                        server: name.clone(),
+                        msg: e.to_string(),
+                    };
+                    s.set_nonblocking(true).map_err(io_err)?;
+                    s.set_nodelay(true).map_err(io_err)?;
+                    let mut stream = TcpStream::from_std(s);
+                    let id = self.next_conn;
+                    self.next_conn += 1;
+                    self.poll
+                        .registry()
+                        .register(
+                            &mut stream,
+                            Token(id),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
+                        .map_err(io_err)?;
+                    self.conns.insert(
+                        id,
+                        Conn {
+                            stream,
+                            name,
+                            out: OutQueue::default(),
+                            inbuf: BytesMut::with_capacity(16 * 1024),
+                            need: 0,
+                            inflight: VecDeque::new(),
+                        },
+                    );
+                    return Ok(id);
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    last = Error::Timeout {
+                        server: name.clone(),
+                    }
+                }
+                Err(e) => {
+                    last = Error::Io {
+                        server: name.clone(),
+                        msg: format!("connect: {e}"),
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn submit(&mut self, conn: ConnId, id: u64, op: Op) -> Result<(), Error> {
+        let c = self.conns.get_mut(&conn).ok_or(Error::Closed)?;
+        let expect = meta::encode(op, &mut c.out)?;
+        c.inflight.push_back((id, expect));
+        Ok(())
+    }
+
+    fn progress(
+        &mut self,
+        timeout: Duration,
+        done: &mut Vec<Completion>,
+        failed: &mut Vec<ConnId>,
+    ) -> Result<(), Error> {
+        let start_len = done.len();
+        done.extend(self.orphans.drain(..).map(|id| Completion {
+            id,
+            result: Err(Error::Closed),
+        }));
+        let mut broken = Vec::new();
+        for (&id, c) in self.conns.iter_mut() {
+            if let Err(e) = flush(c) {
+                broken.push((id, format!("write: {e}")));
+            }
+        }
+        for (id, msg) in broken.drain(..) {
+            self.fail(id, msg, done, failed);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let wait = if done.len() > start_len || !failed.is_empty() {
+                Duration::ZERO
+            } else {
+                deadline.saturating_duration_since(Instant::now())
+            };
+            match self.poll.poll(&mut self.events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Error::Io {
+                        server: "poll".into(),
+                        msg: e.to_string(),
+                    })
+                }
+            }
+            for ev in self.events.iter() {
+                let id = ev.token().0;
+                let Some(c) = self.conns.get_mut(&id) else {
+                    continue;
+                };
+                if ev.is_writable() {
+                    if let Err(e) = flush(c) {
+                        broken.push((id, format!("write: {e}")));
+                        continue;
+                    }
+                }
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    if let Err(msg) = read_and_parse(c, &mut self.scratch, done) {
+                        broken.push((id, msg));
+                    }
+                } else if ev.is_write_closed() && !c.out.is_empty() {
+                    broken.push((id, "connection closed by server".into()));
+                }
+            }
+            for (id, msg) in broken.drain(..) {
+                self.fail(id, msg, done, failed);
+            }
+            if done.len() > start_len || !failed.is_empty() || Instant::now() >= deadline {
+                return Ok(());
+            }
+        }
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        if let Some(mut c) = self.conns.remove(&conn) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.orphans.extend(c.inflight.drain(..).map(|(id, _)| id));
+        }
+    }
+}

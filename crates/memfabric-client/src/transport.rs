@@ -1,0 +1,46 @@
+//! The transport interface: one transport object carries the requests to all servers of a pool.
+
+use std::time::Duration;
+
+use crate::addr::{Scheme, ServerAddr};
+use crate::error::Error;
+use crate::op::{Op, Reply};
+
+/// A connection of a transport, named by the transport.
+pub type ConnId = usize;
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion {
+    pub id: u64,
+    pub result: Result<Reply, Error>,
+}
+
+/// One transport serves all servers of a pool (a UCX transport shares one UCX worker across
+/// them). Requests on one connection complete in the order they were submitted.
+pub trait Transport {
+    /// Opens a connection, waiting at most `timeout`.
+    fn connect(&mut self, addr: &ServerAddr, timeout: Duration) -> Result<ConnId, Error>;
+    /// Queue `op` with request id `id` on `conn`; may send at once or at the next progress.
+    fn submit(&mut self, conn: ConnId, id: u64, op: Op) -> Result<(), Error>;
+    /// Send what is queued and collect finished requests. Blocks at most `timeout` (ZERO = poll
+    /// once) and returns early as soon as at least one completion is pushed. A connection that
+    /// fails completes all its in-flight requests with an error and is reported in `failed`.
+    fn progress(
+        &mut self,
+        timeout: Duration,
+        done: &mut Vec<Completion>,
+        failed: &mut Vec<ConnId>,
+    ) -> Result<(), Error>;
+    /// Drop a connection; its in-flight requests are completed with Error::Closed at the next
+    /// progress.
+    fn close(&mut self, conn: ConnId);
+}
+
+/// The one place a scheme becomes a transport. A UCX transport plugs in here (`crate::ucx`).
+pub fn make_transport(scheme: Scheme) -> Result<Box<dyn Transport>, Error> {
+    match scheme {
+        Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
+        Scheme::Ucx => Err(Error::Protocol("ucx transport not built".into())),
+    }
+}
