@@ -1,0 +1,562 @@
+//! The fabric protocol: the TCP bootstrap frames (HELLO / WELCOME) and the active-message
+//! headers that carry memcached operations over UCX. `docs/fabric-protocol.md` is the
+//! normative description; this module encodes and decodes it.
+//!
+//! All integers are little-endian. Decoders never panic and never trust a length field:
+//! every malformed or truncated input is a [`DecodeError`].
+
+/// First bytes of both bootstrap frames.
+pub const MAGIC: [u8; 4] = *b"MFAB";
+/// Protocol version spoken by this build.
+pub const VERSION: u16 = 1;
+
+/// AM id of requests (client → server).
+pub const AM_REQUEST: u16 = 1;
+/// AM id of responses (server → client).
+pub const AM_RESPONSE: u16 = 2;
+
+/// Size of the fixed part of a request header (the key follows).
+pub const REQUEST_FIXED: usize = 40;
+/// Size of a response header.
+pub const RESPONSE_LEN: usize = 32;
+/// Longest key, as memcached.
+pub const KEY_MAX: usize = 250;
+/// Largest worker address or rkey accepted in a bootstrap frame.
+pub const BLOB_MAX: usize = 64 * 1024;
+/// Default eager/rendezvous boundary (value bytes).
+pub const DEFAULT_EAGER_MAX: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("truncated")]
+    Truncated,
+    #[error("bad magic")]
+    BadMagic,
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u8),
+    #[error("unknown status {0}")]
+    UnknownStatus(u8),
+    #[error("bad key length {0}")]
+    BadKeyLength(usize),
+    #[error("field too large")]
+    TooLarge,
+    #[error("trailing bytes")]
+    Trailing,
+}
+
+macro_rules! byte_enum {
+    ($(#[$m:meta])* $name:ident, $err:ident { $($(#[$vm:meta])* $v:ident = $n:expr,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum $name { $($(#[$vm])* $v = $n,)* }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$v,)*];
+            pub fn from_u8(b: u8) -> Result<$name, DecodeError> {
+                match b { $($n => Ok($name::$v),)* _ => Err(DecodeError::$err(b)) }
+            }
+        }
+    };
+}
+
+byte_enum!(
+    /// What a request asks for.
+    Opcode, UnknownOpcode {
+        /// Value, flags and CAS of a key (get and gets are the same: CAS always comes back).
+        Get = 1,
+        /// Get and touch: `exptime` is the new expiry.
+        Gat = 2,
+        Set = 3,
+        Add = 4,
+        Replace = 5,
+        Append = 6,
+        Prepend = 7,
+        /// Set if the item's CAS still equals `cas`.
+        Cas = 8,
+        Delete = 9,
+        /// `cas` field carries the delta.
+        Incr = 10,
+        Decr = 11,
+        Touch = 12,
+        /// `exptime` carries the delay in seconds (0 = now).
+        FlushAll = 13,
+        /// The key field names the group ("" = general stats).
+        Stats = 14,
+        Version = 15,
+        Noop = 16,
+    }
+);
+
+byte_enum!(
+    /// Outcome of a request. Values follow the binary protocol's status codes where one
+    /// exists.
+    Status, UnknownStatus {
+        Ok = 0,
+        /// Miss / NOT_FOUND.
+        NotFound = 1,
+        /// CAS mismatch (EXISTS).
+        Exists = 2,
+        /// Value larger than the item size limit.
+        TooLarge = 3,
+        /// Malformed request (bad key, bad lengths, value where none belongs).
+        Invalid = 4,
+        /// add on an existing key, replace/append/prepend on a missing one.
+        NotStored = 5,
+        /// incr/decr on a value that is not a number.
+        NonNumeric = 6,
+        /// The request names a session this worker does not know.
+        UnknownSession = 0x80,
+        UnknownCommand = 0x81,
+        /// SERVER_ERROR out of memory.
+        NoMemory = 0x82,
+        /// The server gave up on the request (the value transfer failed).
+        Failed = 0x84,
+    }
+);
+
+/// Request flag: send no response on success (errors are still answered).
+pub const FLAG_NOREPLY: u8 = 1;
+
+/// A request header. The value, when there is one, travels as the AM's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub opcode: Opcode,
+    pub flags: u8,
+    pub session: u32,
+    pub opaque: u64,
+    pub item_flags: u32,
+    pub exptime: u32,
+    /// The CAS to compare (Cas, and Delete with a CAS), or the delta (Incr/Decr).
+    pub cas: u64,
+    /// Declared value length; must equal the AM data length.
+    pub value_len: u64,
+    pub key: &'a [u8],
+}
+
+impl Request<'_> {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(REQUEST_FIXED + self.key.len());
+        out.push(self.opcode as u8);
+        out.push(self.flags);
+        out.extend_from_slice(&(self.key.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.opaque.to_le_bytes());
+        out.extend_from_slice(&self.item_flags.to_le_bytes());
+        out.extend_from_slice(&self.exptime.to_le_bytes());
+        out.extend_from_slice(&self.cas.to_le_bytes());
+        out.extend_from_slice(&self.value_len.to_le_bytes());
+        out.extend_from_slice(self.key);
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(REQUEST_FIXED + self.key.len());
+        self.encode(&mut v);
+        v
+    }
+}
+
+/// The fixed fields of a request that decode even when the rest is bad, so the server
+/// can address its error response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestIds {
+    pub opcode: u8,
+    pub session: u32,
+    pub opaque: u64,
+}
+
+/// Peek at the routing fields of a request header (None when even those are missing).
+pub fn request_ids(b: &[u8]) -> Option<RequestIds> {
+    if b.len() < 16 {
+        return None;
+    }
+    Some(RequestIds {
+        opcode: b[0],
+        session: u32_at(b, 4),
+        opaque: u64_at(b, 8),
+    })
+}
+
+/// Decode a request header; the key must end the header exactly.
+pub fn decode_request(b: &[u8]) -> Result<Request<'_>, DecodeError> {
+    if b.len() < REQUEST_FIXED {
+        return Err(DecodeError::Truncated);
+    }
+    let opcode = Opcode::from_u8(b[0])?;
+    let key_len = u16::from_le_bytes([b[2], b[3]]) as usize;
+    if key_len > KEY_MAX {
+        return Err(DecodeError::BadKeyLength(key_len));
+    }
+    let end = REQUEST_FIXED + key_len;
+    if b.len() < end {
+        return Err(DecodeError::Truncated);
+    }
+    if b.len() > end {
+        return Err(DecodeError::Trailing);
+    }
+    Ok(Request {
+        opcode,
+        flags: b[1],
+        session: u32_at(b, 4),
+        opaque: u64_at(b, 8),
+        item_flags: u32_at(b, 16),
+        exptime: u32_at(b, 20),
+        cas: u64_at(b, 24),
+        value_len: u64_at(b, 32),
+        key: &b[REQUEST_FIXED..end],
+    })
+}
+
+/// A response header. The value (get), stats text or version string is the AM's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    pub opcode: Opcode,
+    pub status: Status,
+    pub item_flags: u32,
+    pub opaque: u64,
+    pub cas: u64,
+    /// Value length for Get/Gat; the counter's new value for Incr/Decr.
+    pub value: u64,
+}
+
+impl Response {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RESPONSE_LEN);
+        out.push(self.opcode as u8);
+        out.push(self.status as u8);
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.item_flags.to_le_bytes());
+        out.extend_from_slice(&self.opaque.to_le_bytes());
+        out.extend_from_slice(&self.cas.to_le_bytes());
+        out.extend_from_slice(&self.value.to_le_bytes());
+        out
+    }
+
+    /// A response with only a status (errors, and successes that carry nothing).
+    pub fn status_only(opcode: Opcode, opaque: u64, status: Status) -> Response {
+        Response {
+            opcode,
+            status,
+            item_flags: 0,
+            opaque,
+            cas: 0,
+            value: 0,
+        }
+    }
+}
+
+pub fn decode_response(b: &[u8]) -> Result<Response, DecodeError> {
+    if b.len() < RESPONSE_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if b.len() > RESPONSE_LEN {
+        return Err(DecodeError::Trailing);
+    }
+    Ok(Response {
+        opcode: Opcode::from_u8(b[0])?,
+        status: Status::from_u8(b[1])?,
+        item_flags: u32_at(b, 4),
+        opaque: u64_at(b, 8),
+        cas: u64_at(b, 16),
+        value: u64_at(b, 24),
+    })
+}
+
+/// The client's bootstrap frame: who it is and where its UCX worker listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub worker_address: Vec<u8>,
+}
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12 + self.worker_address.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        put_blob(&mut out, &self.worker_address);
+        out
+    }
+}
+
+/// Decode a HELLO from the start of `b`: `Ok(None)` when more bytes are needed,
+/// otherwise the frame and its length.
+pub fn decode_hello(b: &[u8]) -> Result<Option<(Hello, usize)>, DecodeError> {
+    if b.len() >= 4 && b[..4] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut r = Reader { b, at: 0 };
+    let res = (|| {
+        r.take(4)?;
+        let version = r.u16()?;
+        r.take(2)?;
+        let worker_address = r.blob()?;
+        Ok(Hello {
+            version,
+            worker_address,
+        })
+    })();
+    need_more(res, r.at)
+}
+
+/// The server's bootstrap answer. With `status` Ok, everything a client needs to talk to
+/// the worker that took it, and (for one-sided reads) the registered memory's keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u16,
+    /// 0 = accepted; 1 = unsupported version; 2 = refused (no UCX worker available).
+    pub status: u8,
+    pub session: u32,
+    /// Values up to this many bytes travel eagerly; larger ones by rendezvous.
+    pub eager_max: u32,
+    pub item_size_max: u64,
+    /// The server's clock (memcached "current time": seconds since it started) and the
+    /// unix time it started at.
+    pub clock: u32,
+    pub started_unix: u64,
+    pub arena_base: u64,
+    pub arena_len: u64,
+    pub index_base: u64,
+    pub index_len: u64,
+    pub worker_address: Vec<u8>,
+    pub arena_rkey: Vec<u8>,
+    pub index_rkey: Vec<u8>,
+}
+
+pub const WELCOME_OK: u8 = 0;
+pub const WELCOME_BAD_VERSION: u8 = 1;
+pub const WELCOME_REFUSED: u8 = 2;
+
+impl Welcome {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96 + self.worker_address.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.push(self.status);
+        out.push(0);
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.eager_max.to_le_bytes());
+        out.extend_from_slice(&self.item_size_max.to_le_bytes());
+        out.extend_from_slice(&self.clock.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.started_unix.to_le_bytes());
+        out.extend_from_slice(&self.arena_base.to_le_bytes());
+        out.extend_from_slice(&self.arena_len.to_le_bytes());
+        out.extend_from_slice(&self.index_base.to_le_bytes());
+        out.extend_from_slice(&self.index_len.to_le_bytes());
+        put_blob(&mut out, &self.worker_address);
+        put_blob(&mut out, &self.arena_rkey);
+        put_blob(&mut out, &self.index_rkey);
+        out
+    }
+}
+
+/// Decode a WELCOME from the start of `b` (`Ok(None)`: need more bytes).
+pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError> {
+    if b.len() >= 4 && b[..4] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut r = Reader { b, at: 0 };
+    let res = (|| {
+        r.take(4)?;
+        let version = r.u16()?;
+        let status = r.take(2)?[0];
+        let session = r.u32()?;
+        let eager_max = r.u32()?;
+        let item_size_max = r.u64()?;
+        let clock = r.u32()?;
+        r.take(4)?;
+        Ok(Welcome {
+            version,
+            status,
+            session,
+            eager_max,
+            item_size_max,
+            clock,
+            started_unix: r.u64()?,
+            arena_base: r.u64()?,
+            arena_len: r.u64()?,
+            index_base: r.u64()?,
+            index_len: r.u64()?,
+            worker_address: r.blob()?,
+            arena_rkey: r.blob()?,
+            index_rkey: r.blob()?,
+        })
+    })();
+    need_more(res, r.at)
+}
+
+fn need_more<T>(res: Result<T, DecodeError>, at: usize) -> Result<Option<(T, usize)>, DecodeError> {
+    match res {
+        Ok(v) => Ok(Some((v, at))),
+        Err(DecodeError::Truncated) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn put_blob(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).ok_or(DecodeError::TooLarge)?;
+        let s = self.b.get(self.at..end).ok_or(DecodeError::Truncated)?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32_at(self.take(4)?, 0))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64_at(self.take(8)?, 0))
+    }
+    fn blob(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let n = self.u32()? as usize;
+        if n > BLOB_MAX {
+            return Err(DecodeError::TooLarge);
+        }
+        Ok(self.take(n)?.to_vec())
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn request_roundtrip_and_exact_length() {
+        let r = Request {
+            opcode: Opcode::Cas,
+            flags: FLAG_NOREPLY,
+            session: 7,
+            opaque: u64::MAX - 3,
+            item_flags: 0xdead_beef,
+            exptime: 30,
+            cas: 99,
+            value_len: 1 << 33,
+            key: b"some:key",
+        };
+        let b = r.to_vec();
+        assert_eq!(b.len(), REQUEST_FIXED + 8);
+        assert_eq!(decode_request(&b).unwrap(), r);
+        assert_eq!(
+            decode_request(&b[..b.len() - 1]),
+            Err(DecodeError::Truncated)
+        );
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode_request(&long), Err(DecodeError::Trailing));
+        let ids = request_ids(&b).unwrap();
+        assert_eq!((ids.session, ids.opaque), (7, u64::MAX - 3));
+    }
+
+    #[test]
+    fn request_rejects_bad_opcode_and_key_length() {
+        let mut b = Request {
+            opcode: Opcode::Get,
+            flags: 0,
+            session: 1,
+            opaque: 1,
+            item_flags: 0,
+            exptime: 0,
+            cas: 0,
+            value_len: 0,
+            key: b"k",
+        }
+        .to_vec();
+        b[0] = 200;
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOpcode(200)));
+        b[0] = Opcode::Get as u8;
+        b[2..4].copy_from_slice(&251u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BadKeyLength(251)));
+    }
+
+    #[test]
+    fn response_roundtrip() {
+        for &status in Status::ALL {
+            let r = Response {
+                opcode: Opcode::Incr,
+                status,
+                item_flags: 3,
+                opaque: 12,
+                cas: 5,
+                value: 77,
+            };
+            assert_eq!(decode_response(&r.encode()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn bootstrap_frames_roundtrip_and_report_short_input() {
+        let h = Hello {
+            version: VERSION,
+            worker_address: vec![1, 2, 3, 4, 5],
+        };
+        let b = h.encode();
+        for cut in 0..b.len() {
+            assert_eq!(decode_hello(&b[..cut]).unwrap(), None, "cut {cut}");
+        }
+        assert_eq!(decode_hello(&b).unwrap(), Some((h, b.len())));
+        let w = Welcome {
+            version: VERSION,
+            status: WELCOME_OK,
+            session: 9,
+            eager_max: 8192,
+            item_size_max: 1 << 20,
+            clock: 5,
+            started_unix: 1_700_000_000,
+            arena_base: 0x7f00_0000_0000,
+            arena_len: 64 << 20,
+            index_base: 0x7e00_0000_0000,
+            index_len: 1 << 20,
+            worker_address: vec![9; 300],
+            arena_rkey: vec![1; 40],
+            index_rkey: vec![2; 41],
+        };
+        let b = w.encode();
+        for cut in 0..b.len() {
+            assert_eq!(decode_welcome(&b[..cut]).unwrap(), None, "cut {cut}");
+        }
+        assert_eq!(decode_welcome(&b).unwrap(), Some((w, b.len())));
+        assert_eq!(decode_hello(b"XXXX\x01\x00"), Err(DecodeError::BadMagic));
+        let mut huge = MAGIC.to_vec();
+        huge.extend_from_slice(&[1, 0, 0, 0]);
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_hello(&huge), Err(DecodeError::TooLarge));
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = decode_request(&b);
+            let _ = decode_response(&b);
+            let _ = decode_hello(&b);
+            let _ = decode_welcome(&b);
+            let _ = request_ids(&b);
+        }
+    }
+}
