@@ -38,6 +38,7 @@ pub mod meta;
 pub mod op;
 pub mod tcp;
 pub mod transport;
+pub mod ucx;
 
 pub use addr::{Scheme, ServerAddr};
 pub use client::{Client, Config, Handle, IntoServers};

@@ -41,6 +41,6 @@ pub trait Transport {
 pub fn make_transport(scheme: Scheme) -> Result<Box<dyn Transport>, Error> {
     match scheme {
         Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
-        Scheme::Ucx => Err(Error::Protocol("ucx transport not built".into())),
+        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new()?)),
     }
 }

@@ -61,6 +61,14 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Register `len` bytes at `addr` with UCX (see `Worker::mem_map`). The memory must
+    /// stay mapped while the region lives.
+    pub fn mem_map(self: &Arc<Self>, addr: *mut u8, len: usize) -> Result<crate::MemRegion> {
+        crate::worker::MemRegion::new(self, addr, len)
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every Worker holds an Arc<Context>, so no worker is alive here; h came

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
 use crate::buf::{RecvBuf, SendBuf};
@@ -101,7 +101,7 @@ pub struct RndvData {
     desc: *mut c_void,
     len: usize,
     worker: sys::ucp_worker_h,
-    alive: Rc<()>,
+    alive: Weak<()>,
 }
 
 impl RndvData {
@@ -117,12 +117,12 @@ impl RndvData {
 impl Drop for RndvData {
     fn drop(&mut self) {
         // A descriptor that outlived its worker has nothing left to release.
-        if self.desc.is_null() || Rc::strong_count(&self.alive) < 2 {
+        if self.desc.is_null() || self.alive.strong_count() == 0 {
             return;
         }
         // SAFETY: desc is a rendezvous descriptor this worker's AM callback kept (by
         // returning UCS_INPROGRESS) and that was neither received nor released: `recv_rndv`
-        // nulls it. The worker is still alive (the Rc's other owner is the Worker).
+        // nulls it. The worker is still alive (it holds the only strong Rc).
         unsafe { sys::ucp_am_data_release(self.worker, self.desc) };
     }
 }
@@ -131,7 +131,7 @@ impl Drop for RndvData {
 pub struct ConnRequest {
     h: sys::ucp_conn_request_h,
     listener: sys::ucp_listener_h,
-    alive: Rc<()>,
+    alive: Weak<()>,
 }
 
 impl ConnRequest {
@@ -153,7 +153,7 @@ impl ConnRequest {
 
 impl Drop for ConnRequest {
     fn drop(&mut self) {
-        if self.h.is_null() || Rc::strong_count(&self.alive) < 2 {
+        if self.h.is_null() || self.alive.strong_count() == 0 {
             return;
         }
         // SAFETY: an unaccepted request on a live listener (accept nulls h); rejecting
@@ -178,7 +178,7 @@ struct AmHandlerArg {
     queue: *const Queue,
     id: u16,
     worker: sys::ucp_worker_h,
-    alive: Rc<()>,
+    alive: Weak<()>,
 }
 
 /// Argument of an endpoint's error callback.
@@ -191,7 +191,7 @@ struct EpArg {
 struct ListenerArg {
     queue: *const Queue,
     listener: sys::ucp_listener_h,
-    alive: Rc<()>,
+    alive: Weak<()>,
 }
 
 /// Per-operation state, boxed and passed to UCX as `user_data`, freed by the completion.
@@ -228,7 +228,8 @@ pub struct Worker {
     epoch: u64,
     /// Ask UCX for peer-failure handling on endpoints created by address.
     peer_errors: bool,
-    /// Strong count > 1 while the worker lives; descriptors check it before touching UCX.
+    /// The only strong reference: descriptors, endpoints and listeners hold weak ones and
+    /// check them before touching UCX.
     alive: Rc<()>,
     _not_send: PhantomData<*mut ()>,
 }
@@ -353,7 +354,7 @@ impl Worker {
             queue: &*self.queue,
             id,
             worker: self.h,
-            alive: Rc::clone(&self.alive),
+            alive: Rc::downgrade(&self.alive),
         });
         let params = sys::ucp_am_handler_param_t {
             field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
@@ -378,7 +379,7 @@ impl Worker {
         let mut arg = Box::new(ListenerArg {
             queue: &*self.queue,
             listener: ptr::null_mut(),
-            alive: Rc::clone(&self.alive),
+            alive: Rc::downgrade(&self.alive),
         });
         let params = sys::ucp_listener_params_t {
             field_mask: (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
@@ -399,7 +400,7 @@ impl Worker {
         // destroys the UCX listener before dropping it.
         check(unsafe { sys::ucp_listener_create(self.h, &params, &mut h) })?;
         arg.listener = h;
-        Ok(Listener { h, _arg: arg })
+        Ok(Listener { h, arg })
     }
 
     /// Accept a connection request on this worker.
@@ -477,6 +478,7 @@ impl Worker {
             id,
             arg: Some(arg),
             rkeys: Vec::new(),
+            alive: Rc::downgrade(&self.alive),
         })
     }
 
@@ -850,7 +852,7 @@ impl Drop for Worker {
 /// A listening socket address (server side of the connection establishment).
 pub struct Listener {
     h: sys::ucp_listener_h,
-    _arg: Box<ListenerArg>,
+    arg: Box<ListenerArg>,
 }
 
 impl Listener {
@@ -869,6 +871,9 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        if self.arg.alive.strong_count() == 0 {
+            return; // destroyed with its worker
+        }
         // SAFETY: h came from ucp_listener_create and is destroyed once, on the worker's
         // thread (Listener is !Send through its raw pointer).
         unsafe { sys::ucp_listener_destroy(self.h) };
@@ -882,6 +887,9 @@ pub struct Endpoint {
     id: EpId,
     arg: Option<Box<EpArg>>,
     rkeys: Vec<sys::ucp_rkey_h>,
+    /// Shared with the worker: an endpoint dropped after its worker has nothing to close
+    /// (UCX destroyed it with the worker).
+    alive: Weak<()>,
 }
 
 /// An unpacked remote key, usable on the endpoint that unpacked it.
@@ -919,7 +927,11 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        if self.h.is_null() {
+        if self.h.is_null() || self.alive.strong_count() == 0 {
+            // Closed already, or the worker (and with it this endpoint) is gone.
+            if let Some(a) = self.arg.take() {
+                std::mem::forget(a);
+            }
             return;
         }
         self.destroy_rkeys();
@@ -959,7 +971,7 @@ unsafe impl Send for MemRegion {}
 unsafe impl Sync for MemRegion {}
 
 impl MemRegion {
-    fn new(ctx: &Arc<Context>, addr: *mut u8, len: usize) -> Result<MemRegion> {
+    pub(crate) fn new(ctx: &Arc<Context>, addr: *mut u8, len: usize) -> Result<MemRegion> {
         if addr.is_null() || len == 0 {
             return Err(Error::invalid_param());
         }
@@ -1103,7 +1115,7 @@ unsafe extern "C" fn am_recv_cb(
             desc: data,
             len: length,
             worker: a.worker,
-            alive: Rc::clone(&a.alive),
+            alive: Weak::clone(&a.alive),
         })
     } else if length == 0 || data.is_null() {
         AmData::None
@@ -1195,6 +1207,6 @@ unsafe extern "C" fn conn_request_cb(conn_request: sys::ucp_conn_request_h, arg:
     unsafe { &*a.queue }.push(Event::ConnRequest(ConnRequest {
         h: conn_request,
         listener: a.listener,
-        alive: Rc::clone(&a.alive),
+        alive: Weak::clone(&a.alive),
     }));
 }

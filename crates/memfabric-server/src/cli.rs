@@ -189,6 +189,14 @@ pub struct Args {
     /// (lower latency under load at the cost of CPU; default: 0, sleep at once)
     #[arg(long = "poll-us", value_name = "us", default_value_t = 0)]
     pub poll_us: u64,
+    /// UCX data path: TCP port clients bootstrap their UCX connection on (0 = off). The
+    /// UCX transports come from the environment (UCX_TLS), never from here
+    #[arg(long = "ucx-port", value_name = "port", default_value_t = 11311)]
+    pub ucx_port: u16,
+    /// UCX: values larger than this many bytes go by rendezvous (the server pulls them
+    /// into item memory / the client pulls them from item memory); smaller ones eagerly
+    #[arg(long = "ucx-eager-max", value_name = "bytes", default_value_t = memfabric_proto::fabric::DEFAULT_EAGER_MAX)]
+    pub ucx_eager_max: usize,
 }
 
 /// Why the command line cannot start a server. `code` is the exit status memcached uses
@@ -361,6 +369,8 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         warnings.push("TLS is not supported; -Z ignored".into());
     }
     s.poll_us = a.poll_us;
+    s.ucx_port = a.ucx_port;
+    s.ucx_eager_max = a.ucx_eager_max;
 
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;

@@ -4,11 +4,13 @@
 //! loop) → `conn` (reads bytes) → `exec::process` (detects ascii or binary, frames
 //! requests, runs them against `memfabric_store::Store`, appends replies) → `conn` writes
 //! the replies. UDP datagrams go `worker` → `udp` → `exec::process`. `runtime` wires it
-//! all up from `Settings` (which `cli` builds from memcached's flags).
+//! all up from `Settings` (which `cli` builds from memcached's flags). `fabric` is the UCX
+//! active-message path, served by the same worker loops.
 
 pub mod cli;
 pub mod conn;
 pub mod exec;
+pub mod fabric;
 pub mod net;
 pub mod runtime;
 pub mod settings;

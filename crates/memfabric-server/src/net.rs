@@ -43,6 +43,9 @@ pub struct Listeners {
     /// UDP sockets; each worker reads from a clone of each (as memcached's threads share
     /// one UDP socket).
     pub udp: Vec<(std::net::UdpSocket, String)>,
+    /// UCX bootstrap listeners (`--ucx-port`): a client says HELLO here and is handed to a
+    /// worker's UCX endpoint (crate::fabric).
+    pub ucx: Vec<(TcpListener, String)>,
 }
 
 /// Turn one `-l` entry into addresses. Accepts `ip`, `ip:port`, `[v6]:port`, `host` and
@@ -144,6 +147,7 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         tcp: Vec::new(),
         unix: None,
         udp: Vec::new(),
+        ucx: Vec::new(),
     };
     if let Some(path) = &settings.unix_socket {
         let u = bind_unix(path, settings.unix_mask, settings.backlog).map_err(|source| {
@@ -191,12 +195,28 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
             }
         }
     }
+    if settings.ucx_port != 0 {
+        for (addr, _) in interfaces(settings, settings.ucx_port)? {
+            let addr = SocketAddr::new(addr.ip(), settings.ucx_port);
+            match bind_tcp(addr, settings.backlog) {
+                Ok(t) => {
+                    let name = t.local_addr().map_or(addr, |a| a);
+                    l.ucx.push((t, format!("ucx:{name}")));
+                }
+                // The UCX path is an addition: without its port the server still serves
+                // every memcached client.
+                Err(e) => tracing::warn!("UCX data path not listening on {addr}: {e}"),
+            }
+        }
+    }
     Ok(l)
 }
 
 const SIGNAL: Token = Token(usize::MAX - 1);
 const WAKE: Token = Token(usize::MAX - 2);
 const UNIX: Token = Token(usize::MAX - 3);
+/// UCX bootstrap listeners use tokens UCX_LISTENER.. (TCP listeners use 0..).
+const UCX_LISTENER: usize = 1 << 20;
 
 /// Run the accept loop until a signal or `shutdown` stops the server. `signals` is the
 /// read end of the self-pipe the signal handlers write to.
@@ -217,6 +237,10 @@ pub fn accept_loop(
         let fd = t.as_raw_fd() as u64;
         let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
         shared.conns.insert(fd, Arc::new(e));
+    }
+    for (i, (t, _)) in listeners.ucx.iter_mut().enumerate() {
+        poll.registry()
+            .register(t, Token(UCX_LISTENER + i), Interest::READABLE)?;
     }
     if let Some((u, name)) = listeners.unix.as_mut() {
         poll.registry().register(u, UNIX, Interest::READABLE)?;
@@ -267,6 +291,9 @@ pub fn accept_loop(
                 u.accept().map(|(s, _)| Stream::Unix(s))
             });
         }
+        for (t, name) in listeners.ucx.iter() {
+            accept_ucx(t, name, workers, &mut rr);
+        }
     }
     // Listeners close when the caller drops them; forget them in `stats conns` now.
     for (t, _) in &listeners.tcp {
@@ -276,6 +303,32 @@ pub fn accept_loop(
         shared.conns.remove(u.as_raw_fd() as u64);
     }
     Ok(())
+}
+
+/// Hand every pending UCX bootstrap connection to a worker, round-robin. These are not
+/// memcached connections: `-c` does not count them (UCX sessions have their own stats).
+fn accept_ucx(t: &TcpListener, name: &str, workers: &[WorkerHandle], rr: &mut usize) {
+    loop {
+        match t.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nodelay(true);
+                let w = &workers[*rr % workers.len()];
+                *rr = rr.wrapping_add(1);
+                let _ = w.send(NewConn {
+                    stream: Stream::Tcp(s),
+                    listen_addr: name.to_string(),
+                    ucx: true,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    tracing::warn!("UCX bootstrap accept failed: {e}");
+                }
+                return;
+            }
+        }
+    }
 }
 
 /// Accept until the listener has nothing more. Returns true if it stopped early and
@@ -323,6 +376,7 @@ fn accept_all(
         if w.send(NewConn {
             stream,
             listen_addr: listen_name.to_string(),
+            ucx: false,
         })
         .is_err()
         {

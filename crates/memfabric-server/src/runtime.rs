@@ -121,7 +121,17 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let unix_path = settings.unix_socket.clone();
     let pidfile = settings.pidfile.clone();
     let threads = settings.threads;
-    let shared = Arc::new(Shared::new(settings, store));
+    let mut shared = Shared::new(settings, store);
+    if !listeners.ucx.is_empty() {
+        match crate::fabric::FabricShared::new(&shared.store, shared.settings.ucx_eager_max) {
+            Ok(f) => shared.fabric = Some(f),
+            Err(e) => {
+                tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");
+                listeners.ucx.clear();
+            }
+        }
+    }
+    let shared = Arc::new(shared);
 
     let mut workers = Vec::with_capacity(threads);
     for n in 0..threads {
@@ -132,10 +142,11 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         workers.push(worker::spawn(n, Arc::clone(&shared), udp)?);
     }
     tracing::info!(
-        "memfabricd ready: {} tcp, {} udp, {} unix listener(s), {threads} worker(s)",
+        "memfabricd ready: {} tcp, {} udp, {} unix, {} ucx listener(s), {threads} worker(s)",
         listeners.tcp.len(),
         listeners.udp.len(),
-        usize::from(listeners.unix.is_some())
+        usize::from(listeners.unix.is_some()),
+        listeners.ucx.len()
     );
     let result = net::accept_loop(
         &shared,

@@ -25,6 +25,10 @@ pub struct Settings {
     pub verbose: u32,
     /// Busy-poll a worker for this many microseconds after activity before sleeping.
     pub poll_us: u64,
+    /// UCX bootstrap port (`--ucx-port`, default 11311; 0 = no UCX data path).
+    pub ucx_port: u16,
+    /// Values above this many bytes travel by rendezvous over UCX (`--ucx-eager-max`).
+    pub ucx_eager_max: usize,
     /// `-C`: disable CAS.
     pub use_cas: bool,
     /// Max bytes of a single ascii request line before the connection is judged hostile.
@@ -110,6 +114,8 @@ impl Default for Settings {
             protocol: ProtocolChoice::Auto,
             verbose: 0,
             poll_us: 0,
+            ucx_port: 11311,
+            ucx_eager_max: memfabric_proto::fabric::DEFAULT_EAGER_MAX,
             use_cas: true,
             max_line: 2048,
             idle_timeout: 0,

@@ -17,6 +17,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
 use crate::exec::Shared;
+use crate::fabric::{FabricWorker, EFD_TOKEN};
 use crate::stats::ThreadStats;
 use crate::udp::UdpPort;
 
@@ -28,6 +29,8 @@ const FIRST_CONN: usize = 1 << 16;
 pub struct NewConn {
     pub stream: Stream,
     pub listen_addr: String,
+    /// A UCX bootstrap connection (crate::fabric), not a memcached one.
+    pub ucx: bool,
 }
 
 /// The listener's side of a worker.
@@ -76,7 +79,16 @@ pub fn spawn(
         .name(format!("mf-worker-{n}"))
         .spawn(move || {
             let stats = shared.register_thread();
+            // The UCX worker is made here: it must stay on the thread that uses it.
+            let fabric = match FabricWorker::new(&shared, n as u32, poll.registry()) {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!("worker {n}: no UCX data path: {e}");
+                    None
+                }
+            };
             let mut w = Worker {
+                fabric,
                 shared,
                 stats,
                 poll,
@@ -99,6 +111,8 @@ pub fn spawn(
 }
 
 struct Worker {
+    /// This thread's UCX worker and sessions, when the UCX path is on.
+    fabric: Option<FabricWorker>,
     shared: Arc<Shared>,
     stats: Arc<ThreadStats>,
     poll: Poll,
@@ -127,14 +141,16 @@ impl Worker {
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         loop {
-            let timeout =
-                if !self.again.is_empty() || spin_until.is_some_and(|t| Instant::now() < t) {
-                    Some(Duration::ZERO)
-                } else if idle_timeout > 0 {
-                    Some(Duration::from_secs(1))
-                } else {
-                    None
-                };
+            let busy = !self.again.is_empty() || spin_until.is_some_and(|t| Instant::now() < t);
+            // UCX: arm its event fd before sleeping; if it has work already, do not sleep.
+            let ucx_busy = !busy && self.fabric.as_mut().is_some_and(|f| !f.arm());
+            let timeout = if busy || ucx_busy {
+                Some(Duration::ZERO)
+            } else if idle_timeout > 0 {
+                Some(Duration::from_secs(1))
+            } else {
+                None
+            };
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -149,6 +165,12 @@ impl Worker {
                 let t = ev.token();
                 if t == WAKER {
                     self.take_new_conns(now);
+                } else if t == EFD_TOKEN {
+                    // Progressed below.
+                } else if FabricWorker::owns(t) {
+                    if let Some(f) = self.fabric.as_mut() {
+                        f.drive_stream(self.poll.registry(), t);
+                    }
                 } else if t.0 < FIRST_CONN {
                     active = true;
                     self.run_udp(t);
@@ -169,6 +191,9 @@ impl Worker {
                     }
                 }
             }
+            if let Some(f) = self.fabric.as_mut() {
+                active |= f.progress(&self.stats);
+            }
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
             }
@@ -182,8 +207,18 @@ impl Worker {
     fn take_new_conns(&mut self, now: u32) {
         while let Ok(nc) = self.rx.try_recv() {
             let mut stream = nc.stream;
+            if nc.ucx {
+                // Without UCX on this worker the client just sees the connection close.
+                if let (Some(f), Stream::Tcp(s)) = (self.fabric.as_mut(), stream) {
+                    f.add_client(self.poll.registry(), s);
+                }
+                continue;
+            }
             let token = Token(self.next_token);
-            self.next_token = self.next_token.wrapping_add(1).max(FIRST_CONN);
+            self.next_token += 1;
+            if self.next_token >= crate::fabric::TOKEN_BASE {
+                self.next_token = FIRST_CONN;
+            }
             if let Err(e) = self.poll.registry().register(
                 &mut stream,
                 token,
@@ -259,6 +294,9 @@ impl Worker {
 
     /// Shutdown: send what is already queued (best effort, without waiting), then close.
     fn close_all(&mut self) {
+        if let Some(f) = self.fabric.as_mut() {
+            f.close_all(self.poll.registry());
+        }
         for p in &self.udp {
             p.unregister(&self.shared);
         }

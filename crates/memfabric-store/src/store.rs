@@ -36,6 +36,10 @@ pub struct GetOptions {
     pub touch: Option<u32>,
     /// Record the access (fetched bit, last-access time, eviction recency). Default on.
     pub bump: bool,
+    /// Values longer than this are not copied: the header callback and the returned info
+    /// still report the hit and its length, and the caller fetches the value another way
+    /// (`get_pinned`, to send it from item memory). Default: no limit.
+    pub copy_limit: usize,
 }
 
 impl Default for GetOptions {
@@ -43,6 +47,7 @@ impl Default for GetOptions {
         GetOptions {
             touch: None,
             bump: true,
+            copy_limit: usize::MAX,
         }
     }
 }
@@ -269,7 +274,7 @@ impl Store {
         let _guard = self.grace.enter();
         let kh = self.index.hash(key);
         for _ in 0..OPTIMISTIC_TRIES {
-            match self.try_read(key, &kh, out, start, &mut header) {
+            match self.try_read(key, &kh, out, start, opts.copy_limit, &mut header) {
                 ReadOutcome::Hit(info, off) => {
                     if opts.bump {
                         self.touch_access(off);
@@ -312,7 +317,9 @@ impl Store {
                 t.set_exptime(exptime);
             }
             header(&info, out);
-            t.read_value(out);
+            if info.value_len as usize <= opts.copy_limit {
+                t.read_value(out);
+            }
             if opts.bump {
                 t.mark_fetched();
             }
@@ -631,6 +638,7 @@ impl Inner {
         kh: &KeyHash,
         out: &mut Vec<u8>,
         start: usize,
+        copy_limit: usize,
         header: &mut impl FnMut(&ItemInfo, &mut Vec<u8>),
     ) -> ReadOutcome {
         let a = &self.arena;
@@ -671,7 +679,9 @@ impl Inner {
                 let info = self.info(&h);
                 out.truncate(start);
                 header(&info, out);
-                if !self.copy_value(off, &h, cls.size, out) || !self.validate(off, h.seq, b, v) {
+                let copied =
+                    h.value_len as usize > copy_limit || self.copy_value(off, &h, cls.size, out);
+                if !copied || !self.validate(off, h.seq, b, v) {
                     return ReadOutcome::Retry;
                 }
                 return ReadOutcome::Hit(info, off);

@@ -229,6 +229,7 @@ fn get_pinned_follows_get_rules() {
     let quiet = GetOptions {
         bump: false,
         touch: None,
+        ..GetOptions::default()
     };
     let (info, p) = s.get_pinned(b"k", &quiet).unwrap();
     assert_eq!((info.flags, info.value_len, info.fetched), (3, 5, false));
@@ -239,6 +240,7 @@ fn get_pinned_follows_get_rules() {
     let touch = GetOptions {
         touch: Some(s.clock().now() + 1000),
         bump: true,
+        ..GetOptions::default()
     };
     drop(s.get_pinned(b"k", &touch).unwrap());
     assert_eq!(s.peek(b"k").unwrap().exptime, s.clock().now() + 1000);

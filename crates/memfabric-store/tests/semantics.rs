@@ -195,6 +195,7 @@ fn gat_updates_exptime_and_returns_value() {
     let opts = GetOptions {
         touch: Some(s.clock().exptime(1000)),
         bump: true,
+        ..GetOptions::default()
     };
     let before = s.get(b"g", &opts, &mut out).unwrap();
     assert_eq!(before.exptime, 0);

@@ -153,6 +153,7 @@ fn get(
     let opts = GetOptions {
         touch: touch.map(|e| store.clock().exptime(i64::from(e))),
         bump: true,
+        ..GetOptions::default()
     };
     let reply_key: &[u8] = if return_key { key } else { &[] };
     let (op, opaque) = (h.opcode, h.opaque);

@@ -283,6 +283,7 @@ fn mg_lockless(
     let opts = GetOptions {
         touch: None,
         bump: !req.flags.no_update,
+        ..GetOptions::default()
     };
     let hit = store.get_into(&req.key, &opts, out, |info, out| {
         // Without T/N/R and with the opaque checked, this cannot fail.

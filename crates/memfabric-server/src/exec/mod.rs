@@ -43,6 +43,8 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Wakes the listener thread so that it notices `shutdown` (set by the runtime).
     pub shutdown_waker: OnceLock<mio::Waker>,
+    /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
+    pub fabric: Option<crate::fabric::FabricShared>,
 }
 
 impl Shared {
@@ -63,6 +65,7 @@ impl Shared {
             stats_base: Default::default(),
             shutdown: AtomicBool::new(false),
             shutdown_waker: OnceLock::new(),
+            fabric: None,
         }
     }
 
@@ -97,6 +100,8 @@ pub enum Transport {
     Tcp,
     Udp,
     Unix,
+    /// The UCX active-message path (crate::fabric).
+    Ucx,
 }
 
 /// Everything a command needs besides its bytes.

@@ -1,0 +1,541 @@
+//! The UCX active-message transport (`ucx://host:port`), speaking memfabricd's fabric
+//! protocol (docs/fabric-protocol.md).
+//!
+//! One UCX worker per transport (so per `Client`, per thread) carries the requests to
+//! every server of the pool. Connecting: a TCP connection to the server's `--ucx-port`
+//! carries HELLO (our worker address) and WELCOME (the server worker's address, our
+//! session id, the eager limit); then requests go as active messages, each with an opaque
+//! id, so any number can be in flight. The TCP connection stays open as a lifeline: when
+//! it closes, the server is gone and everything in flight to it fails at once.
+//!
+//! Values up to the server's eager limit travel inside the message; larger ones by
+//! rendezvous (the server pulls a SET's value straight into item memory; we pull a GET's
+//! value from the server's item memory into our buffer).
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use memfabric_fabric as mf;
+use memfabric_proto::fabric::{self as fp, Opcode, Status};
+use mio::{Events, Interest, Poll, Token};
+
+use crate::addr::ServerAddr;
+use crate::error::Error;
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::transport::{Completion, ConnId, Transport};
+
+/// Token of request sends: their completion only releases the buffers.
+const SEND_TOKEN: mf::Token = 0;
+const EFD: Token = Token(usize::MAX - 1);
+/// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
+/// memory round trip takes microseconds, a wake-up tens of them.
+const SPIN: Duration = Duration::from_millis(2);
+
+/// The process's UCX context, created on first use.
+fn context() -> Result<Arc<mf::Context>, Error> {
+    static CTX: Mutex<Option<Arc<mf::Context>>> = Mutex::new(None);
+    let mut g = CTX.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = g.as_ref() {
+        return Ok(Arc::clone(c));
+    }
+    let c = mf::Context::new("memfabric-client")
+        .map_err(|e| Error::Protocol(format!("UCX unavailable: {e}")))?;
+    *g = Some(Arc::clone(&c));
+    Ok(c)
+}
+
+/// A request value handed to UCX without a copy.
+struct BytesBuf(Bytes);
+
+impl mf::SendBuf for BytesBuf {
+    fn slices(&self) -> Vec<&[u8]> {
+        vec![&self.0[..]]
+    }
+}
+
+struct Conn {
+    server: String,
+    ep: Option<mf::Endpoint>,
+    lifeline: TcpStream,
+    session: u32,
+    eager_max: usize,
+}
+
+struct InFlight {
+    conn: ConnId,
+    id: u64,
+    opcode: Opcode,
+}
+
+pub struct UcxTransport {
+    w: mf::Worker,
+    address: Vec<u8>,
+    poll: Poll,
+    events: Events,
+    conns: HashMap<ConnId, Conn>,
+    next_conn: ConnId,
+    inflight: HashMap<u64, InFlight>,
+    /// Responses whose value is still arriving by rendezvous (keyed by opaque).
+    receiving: HashMap<u64, fp::Response>,
+    next_opaque: u64,
+    /// Completions produced outside `progress` (closes), delivered by the next one.
+    deferred: Vec<Completion>,
+    last_lifeline_check: Instant,
+}
+
+impl UcxTransport {
+    pub fn new() -> Result<UcxTransport, Error> {
+        let ctx = context()?;
+        let ucx = |e: mf::Error| Error::Protocol(format!("UCX: {e}"));
+        let mut w = mf::Worker::new(&ctx).map_err(ucx)?;
+        w.set_am_handler(fp::AM_RESPONSE).map_err(ucx)?;
+        let address = w.address().map_err(ucx)?;
+        let poll = Poll::new().map_err(|e| Error::Protocol(format!("poll: {e}")))?;
+        let efd = w.event_fd().map_err(ucx)?;
+        poll.registry()
+            .register(&mut mio::unix::SourceFd(&efd), EFD, Interest::READABLE)
+            .map_err(|e| Error::Protocol(format!("poll: {e}")))?;
+        Ok(UcxTransport {
+            w,
+            address,
+            poll,
+            events: Events::with_capacity(64),
+            conns: HashMap::new(),
+            next_conn: 0,
+            inflight: HashMap::new(),
+            receiving: HashMap::new(),
+            next_opaque: 1,
+            deferred: Vec::new(),
+            last_lifeline_check: Instant::now(),
+        })
+    }
+
+    /// HELLO / WELCOME over the bootstrap connection.
+    fn bootstrap(&self, addr: &ServerAddr, timeout: Duration) -> Result<(TcpStream, fp::Welcome), Error> {
+        let server = addr.to_string();
+        let io = |e: std::io::Error| Error::Io {
+            server: server.clone(),
+            msg: e.to_string(),
+        };
+        let deadline = Instant::now() + timeout;
+        let sa = (addr.host.as_str(), addr.port)
+            .to_socket_addrs()
+            .map_err(io)?
+            .next()
+            .ok_or_else(|| Error::Config(format!("cannot resolve {server}")))?;
+        let mut s = TcpStream::connect_timeout(&sa, timeout).map_err(io)?;
+        let _ = s.set_nodelay(true);
+        let left = |d: Instant| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        s.set_write_timeout(Some(left(deadline))).map_err(io)?;
+        let hello = fp::Hello {
+            version: fp::VERSION,
+            worker_address: self.address.clone(),
+        };
+        s.write_all(&hello.encode()).map_err(io)?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let welcome = loop {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { server });
+            }
+            s.set_read_timeout(Some(left(deadline))).map_err(io)?;
+            let n = match s.read(&mut chunk) {
+                Ok(0) => {
+                    return Err(Error::Io {
+                        server,
+                        msg: "closed during the UCX handshake".into(),
+                    })
+                }
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Err(Error::Timeout { server })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            buf.extend_from_slice(&chunk[..n]);
+            match fp::decode_welcome(&buf) {
+                Ok(Some((w, _))) => break w,
+                Ok(None) => {}
+                Err(e) => return Err(Error::Protocol(format!("{server}: bad WELCOME: {e}"))),
+            }
+        };
+        match welcome.status {
+            fp::WELCOME_OK => Ok((s, welcome)),
+            fp::WELCOME_BAD_VERSION => Err(Error::Protocol(format!(
+                "{server}: fabric protocol version {} not supported (server speaks {})",
+                fp::VERSION,
+                welcome.version
+            ))),
+            _ => Err(Error::ServerDown { server }),
+        }
+    }
+
+    fn fail_conn(&mut self, conn: ConnId, msg: &str, done: &mut Vec<Completion>) {
+        let Some(mut c) = self.conns.remove(&conn) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&c.lifeline.as_raw_fd()));
+        if let Some(ep) = c.ep.take() {
+            self.w.close(ep, true);
+        }
+        let ids: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| f.conn == conn)
+            .map(|(o, _)| *o)
+            .collect();
+        for opaque in ids {
+            if let Some(f) = self.inflight.remove(&opaque) {
+                self.receiving.remove(&opaque);
+                let err = if msg.is_empty() {
+                    Error::Closed
+                } else {
+                    Error::Io {
+                        server: c.server.clone(),
+                        msg: msg.to_string(),
+                    }
+                };
+                done.push(Completion {
+                    id: f.id,
+                    result: Err(err),
+                });
+            }
+        }
+    }
+
+    /// Lifelines that closed or failed: their servers are gone.
+    fn check_lifelines(&mut self, done: &mut Vec<Completion>, failed: &mut Vec<ConnId>) {
+        self.last_lifeline_check = Instant::now();
+        let mut dead = Vec::new();
+        let mut buf = [0u8; 64];
+        for (&id, c) in self.conns.iter_mut() {
+            match c.lifeline.read(&mut buf) {
+                Ok(_) => dead.push(id), // EOF, or bytes the protocol never sends
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => dead.push(id),
+            }
+        }
+        for id in dead {
+            self.fail_conn(id, "server closed the connection", done);
+            failed.push(id);
+        }
+    }
+
+    fn handle(&mut self, e: mf::Event, done: &mut Vec<Completion>) {
+        match e {
+            mf::Event::Am(msg) => {
+                let Ok(r) = fp::decode_response(&msg.header) else {
+                    return; // not ours to answer; the request will time out
+                };
+                if !self.inflight.contains_key(&r.opaque) {
+                    return;
+                }
+                match msg.data {
+                    mf::AmData::None => self.finish(r, Bytes::new(), done),
+                    mf::AmData::Eager(v) => self.finish(r, Bytes::from(v), done),
+                    mf::AmData::Rndv(d) => {
+                        let len = d.len();
+                        match self.w.recv_rndv(d, Box::new(vec![0u8; len]), r.opaque) {
+                            Ok(mf::Posted::Pending) => {
+                                self.receiving.insert(r.opaque, r);
+                            }
+                            Ok(mf::Posted::Done(buf)) => {
+                                let v = buf.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b);
+                                self.finish(r, Bytes::from(v.unwrap_or_default()), done);
+                            }
+                            Err(e) => self.fail_request(r.opaque, e, done),
+                        }
+                    }
+                }
+            }
+            mf::Event::Done { token, result, buf } => {
+                if token == SEND_TOKEN {
+                    return;
+                }
+                let Some(r) = self.receiving.remove(&token) else {
+                    return;
+                };
+                match result {
+                    Ok(()) => {
+                        let v = buf.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b);
+                        self.finish(r, Bytes::from(v.unwrap_or_default()), done);
+                    }
+                    Err(e) => self.fail_request(token, e, done),
+                }
+            }
+            mf::Event::EpFailed { .. } | mf::Event::ConnRequest(_) => {}
+        }
+    }
+
+    fn fail_request(&mut self, opaque: u64, e: mf::Error, done: &mut Vec<Completion>) {
+        if let Some(f) = self.inflight.remove(&opaque) {
+            let server = self.conns.get(&f.conn).map(|c| c.server.clone()).unwrap_or_default();
+            done.push(Completion {
+                id: f.id,
+                result: Err(Error::Io {
+                    server,
+                    msg: format!("UCX transfer failed: {e}"),
+                }),
+            });
+        }
+    }
+
+    fn finish(&mut self, r: fp::Response, data: Bytes, done: &mut Vec<Completion>) {
+        let Some(f) = self.inflight.remove(&r.opaque) else {
+            return;
+        };
+        done.push(Completion {
+            id: f.id,
+            result: reply_of(f.opcode, &r, data),
+        });
+    }
+
+    fn has_work(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+}
+
+impl Drop for UcxTransport {
+    fn drop(&mut self) {
+        // Endpoints close (flushing what was sent) before the worker goes.
+        for (_, mut c) in self.conns.drain() {
+            if let Some(ep) = c.ep.take() {
+                self.w.close(ep, false);
+            }
+        }
+    }
+}
+
+/// Turn a response into the client's reply.
+fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
+    use Status as S;
+    match (r.status, op) {
+        (S::TooLarge, _) => return Err(Error::TooLarge),
+        (S::NoMemory, _) => return Err(Error::Server("out of memory storing object".into())),
+        (S::Invalid, _) => return Err(Error::Client("bad command line format".into())),
+        (S::UnknownCommand, _) => return Err(Error::Client("ERROR".into())),
+        (S::UnknownSession, _) => return Err(Error::Protocol("server does not know this session".into())),
+        (S::Failed, _) => return Err(Error::Server("value transfer failed".into())),
+        (S::NonNumeric, _) => {
+            return Err(Error::Client("cannot increment or decrement non-numeric value".into()))
+        }
+        _ => {}
+    }
+    Ok(match op {
+        Opcode::Get | Opcode::Gat => match r.status {
+            S::Ok => Reply::Value(Some(Value {
+                data,
+                flags: r.item_flags,
+                cas: r.cas,
+            })),
+            _ => Reply::Value(None),
+        },
+        Opcode::Set | Opcode::Add | Opcode::Replace | Opcode::Append | Opcode::Prepend | Opcode::Cas => {
+            Reply::Stored(match r.status {
+                S::Ok => StoreStatus::Stored { cas: r.cas },
+                S::Exists => StoreStatus::Exists,
+                S::NotFound => StoreStatus::NotFound,
+                _ => StoreStatus::NotStored,
+            })
+        }
+        Opcode::Delete => Reply::Deleted(r.status == S::Ok),
+        Opcode::Incr | Opcode::Decr => Reply::Counter((r.status == S::Ok).then_some(r.value)),
+        Opcode::Touch => Reply::Touched(r.status == S::Ok),
+        Opcode::FlushAll | Opcode::Noop => Reply::Ok,
+        Opcode::Stats => {
+            if r.status != S::Ok {
+                return Err(Error::Client("ERROR".into()));
+            }
+            let text = String::from_utf8_lossy(&data);
+            Reply::Stats(
+                text.lines()
+                    .filter_map(|l| l.split_once(' '))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        }
+        Opcode::Version => Reply::Version(String::from_utf8_lossy(&data).into_owned()),
+    })
+}
+
+/// The fabric request for an operation: opcode, flags, exptime, cas/delta, key, value.
+fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
+    match op {
+        Op::Get { key, .. } => (Opcode::Get, 0, 0, 0, key, None),
+        Op::Gat { key, exptime } => (Opcode::Gat, 0, exptime, 0, key, None),
+        Op::Store {
+            mode,
+            key,
+            value,
+            flags,
+            exptime,
+            cas,
+        } => {
+            let opcode = match mode {
+                StoreMode::Set => Opcode::Set,
+                StoreMode::Add => Opcode::Add,
+                StoreMode::Replace => Opcode::Replace,
+                StoreMode::Append => Opcode::Append,
+                StoreMode::Prepend => Opcode::Prepend,
+                StoreMode::Cas => Opcode::Cas,
+            };
+            (opcode, flags, exptime, cas, key, Some(value))
+        }
+        Op::Delete { key } => (Opcode::Delete, 0, 0, 0, key, None),
+        Op::Arith { key, delta, incr } => {
+            let opcode = if incr { Opcode::Incr } else { Opcode::Decr };
+            (opcode, 0, 0, delta, key, None)
+        }
+        Op::Touch { key, exptime } => (Opcode::Touch, 0, exptime, 0, key, None),
+        Op::FlushAll { delay } => (Opcode::FlushAll, 0, delay, 0, Vec::new(), None),
+        Op::Stats { group } => (Opcode::Stats, 0, 0, 0, group.unwrap_or_default().into_bytes(), None),
+        Op::Version => (Opcode::Version, 0, 0, 0, Vec::new(), None),
+        Op::Noop => (Opcode::Noop, 0, 0, 0, Vec::new(), None),
+    }
+}
+
+impl Transport for UcxTransport {
+    fn connect(&mut self, addr: &ServerAddr, timeout: Duration) -> Result<ConnId, Error> {
+        let (lifeline, welcome) = self.bootstrap(addr, timeout)?;
+        let ep = self
+            .w
+            .connect_address(&welcome.worker_address)
+            .map_err(|e| Error::Io {
+                server: addr.to_string(),
+                msg: format!("UCX connect: {e}"),
+            })?;
+        lifeline.set_nonblocking(true).map_err(|e| Error::Io {
+            server: addr.to_string(),
+            msg: e.to_string(),
+        })?;
+        let id = self.next_conn;
+        self.next_conn += 1;
+        let _ = self.poll.registry().register(
+            &mut mio::unix::SourceFd(&lifeline.as_raw_fd()),
+            Token(id),
+            Interest::READABLE,
+        );
+        self.conns.insert(
+            id,
+            Conn {
+                server: addr.to_string(),
+                ep: Some(ep),
+                lifeline,
+                session: welcome.session,
+                eager_max: welcome.eager_max as usize,
+            },
+        );
+        Ok(id)
+    }
+
+    fn submit(&mut self, conn: ConnId, id: u64, op: Op) -> Result<(), Error> {
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(Error::Closed);
+        };
+        let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
+        if key.len() > fp::KEY_MAX {
+            return Err(Error::InvalidKey);
+        }
+        let opaque = self.next_opaque;
+        self.next_opaque += 1;
+        let value_len = value.as_ref().map_or(0, |v| v.len());
+        let header = fp::Request {
+            opcode,
+            flags: 0,
+            session: c.session,
+            opaque,
+            item_flags,
+            exptime,
+            cas,
+            value_len: value_len as u64,
+            key: &key,
+        }
+        .to_vec();
+        let how = mf::SendHow {
+            proto: if value_len > c.eager_max {
+                mf::Proto::Rndv
+            } else {
+                mf::Proto::Eager
+            },
+            reply: true,
+        };
+        let data = value
+            .filter(|v| !v.is_empty())
+            .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
+        let Some(ep) = c.ep.as_ref() else {
+            return Err(Error::Closed);
+        };
+        match self.w.am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN) {
+            Ok(_) => {
+                self.inflight.insert(opaque, InFlight { conn, id, opcode });
+                Ok(())
+            }
+            Err(e) => Err(Error::Io {
+                server: c.server.clone(),
+                msg: format!("UCX send: {e}"),
+            }),
+        }
+    }
+
+    fn progress(
+        &mut self,
+        timeout: Duration,
+        done: &mut Vec<Completion>,
+        failed: &mut Vec<ConnId>,
+    ) -> Result<(), Error> {
+        let start = Instant::now();
+        done.append(&mut self.deferred);
+        loop {
+            // Progress until UCX is idle.
+            loop {
+                let n = self.w.progress();
+                let events = self.w.drain();
+                if n == 0 && events.is_empty() {
+                    break;
+                }
+                for e in events {
+                    self.handle(e, done);
+                }
+            }
+            if self.last_lifeline_check.elapsed() >= Duration::from_millis(1) || timeout.is_zero() {
+                self.check_lifelines(done, failed);
+            }
+            if !done.is_empty() || !failed.is_empty() {
+                return Ok(());
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                return Ok(());
+            }
+            if elapsed < SPIN && self.has_work() {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Sleep on the UCX event fd and the lifelines.
+            if !matches!(self.w.arm(), Ok(true)) {
+                continue;
+            }
+            let wait = (timeout - elapsed).min(Duration::from_millis(100));
+            match self.poll.poll(&mut self.events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::Protocol(format!("poll: {e}"))),
+            }
+            if self.events.iter().any(|ev| ev.token() != EFD) {
+                self.check_lifelines(done, failed);
+            }
+        }
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        let mut done = Vec::new();
+        self.fail_conn(conn, "", &mut done);
+        self.deferred.append(&mut done);
+    }
+}

@@ -1,0 +1,940 @@
+//! The UCX data path of memfabricd (docs/fabric-protocol.md).
+//!
+//! A client opens a TCP connection to `--ucx-port` and sends HELLO with its UCX worker
+//! address. The listener hands the connection to a worker thread round-robin, as it does
+//! TCP connections; that worker creates a UCX endpoint to the client, answers WELCOME
+//! (its own worker address, the session id, the eager limit and the registered arena's
+//! rkey), and from then on serves the client's active messages in the same event loop as
+//! its sockets. The TCP connection stays open as the session's lifeline: when it closes,
+//! the client is gone, and its endpoint and anything in flight are dropped. (UCX 1.13's
+//! shared-memory transports cannot report a dead peer, so UCX's own error handling is
+//! not relied on.)
+//!
+//! Values up to the eager limit travel with their request or response. Larger SET values
+//! come by rendezvous and are received straight into a freshly allocated item (a
+//! `PendingItem`), which is linked only once every byte has arrived; larger GET values
+//! are sent from the item's own memory, pinned until the send completes.
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use memfabric_fabric as mf;
+use memfabric_proto::fabric::{self as fp, Opcode, Request, Response, Status};
+use memfabric_store::{
+    ArithOptions, ArithStatus, DeleteStatus, GetOptions, PendingItem, PinnedItem, SetMode,
+    StoreStatus,
+};
+use mio::{Interest, Registry, Token};
+
+use crate::exec::{ExecCtx, Shared, Transport};
+use crate::stats::ThreadStats;
+
+/// Process-wide UCX state: the context and the registered arena.
+pub struct FabricShared {
+    ctx: Arc<mf::Context>,
+    arena: mf::MemRegion,
+    arena_rkey: Vec<u8>,
+    index: mf::MemRegion,
+    index_rkey: Vec<u8>,
+    /// Values above this many bytes go by rendezvous.
+    pub eager_max: usize,
+    next_session: AtomicU32,
+    pub curr_sessions: AtomicU64,
+    pub total_sessions: AtomicU64,
+}
+
+impl FabricShared {
+    /// Create the UCX context (transports from `UCX_*` in the environment) and register
+    /// the store's arena and index.
+    pub fn new(
+        store: &memfabric_store::Store,
+        eager_max: usize,
+    ) -> Result<FabricShared, mf::Error> {
+        let ctx = mf::Context::new("memfabricd")?;
+        let (base, len) = store.arena_region();
+        let arena = ctx.mem_map(base, len)?;
+        let arena_rkey = arena.pack_rkey()?;
+        let (ibase, ilen) = store.index_region();
+        let index = ctx.mem_map(ibase, ilen)?;
+        let index_rkey = index.pack_rkey()?;
+        Ok(FabricShared {
+            ctx,
+            arena,
+            arena_rkey,
+            index,
+            index_rkey,
+            eager_max,
+            next_session: AtomicU32::new(1),
+            curr_sessions: AtomicU64::new(0),
+            total_sessions: AtomicU64::new(0),
+        })
+    }
+}
+
+/// mio tokens of UCX bootstrap/lifeline connections start here (far above TCP conns).
+pub const TOKEN_BASE: usize = 1 << 40;
+/// The worker's UCX event fd.
+pub const EFD_TOKEN: Token = Token(usize::MAX - 10);
+
+/// Longest HELLO accepted (its worker address is bounded by `fp::BLOB_MAX`).
+const HELLO_MAX: usize = 16 + fp::BLOB_MAX;
+
+/// Token of response sends: nothing to do on completion but drop the buffer.
+const SEND_TOKEN: mf::Token = 0;
+
+/// One client: its lifeline socket and, after HELLO, its endpoint.
+struct Client {
+    stream: mio::net::TcpStream,
+    inbuf: Vec<u8>,
+    /// Unsent WELCOME bytes.
+    outbuf: Vec<u8>,
+    session: Option<(u32, mf::Endpoint)>,
+}
+
+/// A rendezvous receive in flight.
+struct Receiving {
+    session: u32,
+    opcode: Opcode,
+    opaque: u64,
+    noreply: bool,
+    cas: u64,
+    flags: u32,
+    exptime: u32,
+    key: Vec<u8>,
+}
+
+/// A pending item as a receive target: UCX writes the value into item memory.
+struct ItemTarget(PendingItem);
+
+impl mf::RecvBuf for ItemTarget {
+    fn slices_mut(&mut self) -> Vec<&mut [u8]> {
+        self.0.value_slices_mut()
+    }
+}
+
+/// A pinned item as a send source: UCX reads the value from item memory.
+struct PinnedSource(PinnedItem);
+
+impl mf::SendBuf for PinnedSource {
+    fn slices(&self) -> Vec<&[u8]> {
+        self.0.value_slices()
+    }
+}
+
+/// A worker thread's share of the fabric: its UCX worker and its clients.
+pub struct FabricWorker {
+    fs: Arc<SharedRef>,
+    w: mf::Worker,
+    clients: HashMap<Token, Client>,
+    by_session: HashMap<u32, Token>,
+    next_client: usize,
+    receiving: HashMap<mf::Token, Receiving>,
+    next_token: mf::Token,
+    worker_index: u32,
+}
+
+/// What a fabric worker needs from the server (kept behind one Arc).
+pub struct SharedRef(pub Arc<Shared>);
+
+impl FabricWorker {
+    /// Create this thread's UCX worker and register its event fd with `registry`.
+    pub fn new(
+        shared: &Arc<Shared>,
+        worker_index: u32,
+        registry: &Registry,
+    ) -> io::Result<Option<FabricWorker>> {
+        let Some(fs) = shared.fabric.as_ref() else {
+            return Ok(None);
+        };
+        let mut w = mf::Worker::new(&fs.ctx).map_err(io::Error::other)?;
+        w.set_am_handler(fp::AM_REQUEST).map_err(io::Error::other)?;
+        let efd = w.event_fd().map_err(io::Error::other)?;
+        registry.register(
+            &mut mio::unix::SourceFd(&efd),
+            EFD_TOKEN,
+            Interest::READABLE,
+        )?;
+        Ok(Some(FabricWorker {
+            fs: Arc::new(SharedRef(Arc::clone(shared))),
+            w,
+            clients: HashMap::new(),
+            by_session: HashMap::new(),
+            next_client: 0,
+            receiving: HashMap::new(),
+            next_token: 1,
+            worker_index,
+        }))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.fs.0
+    }
+
+    /// Take a new bootstrap connection from the listener.
+    pub fn add_client(&mut self, registry: &Registry, mut stream: mio::net::TcpStream) {
+        let token = Token(TOKEN_BASE + self.next_client);
+        self.next_client = (self.next_client + 1) % (1 << 30);
+        if let Err(e) =
+            registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+        {
+            tracing::warn!("cannot register a UCX bootstrap connection: {e}");
+            return;
+        }
+        self.clients.insert(
+            token,
+            Client {
+                stream,
+                inbuf: Vec::new(),
+                outbuf: Vec::new(),
+                session: None,
+            },
+        );
+    }
+
+    /// Before sleeping: `false` if UCX has work right now (do not block).
+    pub fn arm(&mut self) -> bool {
+        matches!(self.w.arm(), Ok(true))
+    }
+
+    /// A bootstrap/lifeline socket is ready.
+    pub fn drive_stream(&mut self, registry: &Registry, token: Token) {
+        let Some(c) = self.clients.get_mut(&token) else {
+            return;
+        };
+        let mut closed = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.stream.read(&mut buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    if c.session.is_some() || c.inbuf.len() + n > HELLO_MAX {
+                        // Nothing may follow HELLO: a confused or hostile peer.
+                        closed = true;
+                        break;
+                    }
+                    c.inbuf.extend_from_slice(&buf[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if !closed && c.session.is_none() && !c.inbuf.is_empty() {
+            match fp::decode_hello(&c.inbuf) {
+                Ok(None) => {}
+                Ok(Some((hello, used))) if used == c.inbuf.len() => {
+                    self.welcome(token, hello);
+                }
+                // Bytes after HELLO, or not a HELLO at all.
+                Ok(Some(_)) | Err(_) => closed = true,
+            }
+        }
+        if !closed {
+            closed = !self.flush_out(token);
+        }
+        if closed {
+            self.drop_client(registry, token);
+        }
+    }
+
+    /// Answer a HELLO: connect to the client's worker and queue WELCOME (a refusal is
+    /// sent too; `flush_out` then drops the client).
+    fn welcome(&mut self, token: Token, hello: fp::Hello) {
+        let shared = Arc::clone(&self.fs);
+        let shared = &shared.0;
+        let fs = shared
+            .fabric
+            .as_ref()
+            .expect("fabric worker without fabric");
+        let mut reply = fp::Welcome {
+            version: fp::VERSION,
+            ..Default::default()
+        };
+        if hello.version != fp::VERSION {
+            reply.status = fp::WELCOME_BAD_VERSION;
+        } else {
+            match (
+                self.w.connect_address(&hello.worker_address),
+                self.w.address(),
+            ) {
+                (Ok(ep), Ok(addr)) => {
+                    let id = fs.next_session.fetch_add(1, Ordering::Relaxed);
+                    let store = &shared.store;
+                    reply.session = id;
+                    reply.eager_max = fs.eager_max as u32;
+                    reply.item_size_max = store.config().item_size_max as u64;
+                    reply.clock = store.clock().now();
+                    reply.started_unix = u64::from(store.clock().started());
+                    reply.arena_base = fs.arena.addr();
+                    reply.arena_len = fs.arena.len() as u64;
+                    reply.index_base = fs.index.addr();
+                    reply.index_len = fs.index.len() as u64;
+                    reply.worker_address = addr;
+                    reply.arena_rkey = fs.arena_rkey.clone();
+                    reply.index_rkey = fs.index_rkey.clone();
+                    fs.curr_sessions.fetch_add(1, Ordering::Relaxed);
+                    fs.total_sessions.fetch_add(1, Ordering::Relaxed);
+                    self.by_session.insert(id, token);
+                    if let Some(c) = self.clients.get_mut(&token) {
+                        c.session = Some((id, ep));
+                    }
+                    tracing::debug!(
+                        "ucx session {id} on worker {} (client address {} bytes)",
+                        self.worker_index,
+                        hello.worker_address.len()
+                    );
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!("cannot connect to a UCX client: {e}");
+                    reply.status = fp::WELCOME_REFUSED;
+                }
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&token) {
+            c.inbuf.clear();
+            c.outbuf.extend_from_slice(&reply.encode());
+        }
+    }
+
+    /// Write queued WELCOME bytes. `false` if the socket failed.
+    fn flush_out(&mut self, token: Token) -> bool {
+        let Some(c) = self.clients.get_mut(&token) else {
+            return false;
+        };
+        while !c.outbuf.is_empty() {
+            match c.stream.write(&c.outbuf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    c.outbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        // A refused client has been told; now let it go.
+        c.session.is_some()
+    }
+
+    fn drop_client(&mut self, registry: &Registry, token: Token) {
+        let Some(mut c) = self.clients.remove(&token) else {
+            return;
+        };
+        let _ = registry.deregister(&mut c.stream);
+        if let Some((id, ep)) = c.session.take() {
+            self.by_session.remove(&id);
+            if let Some(fs) = self.shared().fabric.as_ref() {
+                fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
+            }
+            // The peer is gone: drop whatever is in flight to it. Receives into pending
+            // items complete with an error and free their items.
+            self.w.close(ep, true);
+            tracing::debug!("ucx session {id} closed");
+        }
+    }
+
+    /// Progress UCX until it is idle and serve what arrived. Returns whether anything
+    /// happened.
+    pub fn progress(&mut self, stats: &ThreadStats) -> bool {
+        let mut active = false;
+        for _ in 0..64 {
+            let n = self.w.progress();
+            let events = self.w.drain();
+            if n == 0 && events.is_empty() {
+                break;
+            }
+            active = true;
+            for e in events {
+                self.handle(stats, e);
+            }
+        }
+        active
+    }
+
+    fn handle(&mut self, stats: &ThreadStats, e: mf::Event) {
+        match e {
+            mf::Event::Am(msg) => self.request(stats, msg),
+            mf::Event::Done { token, result, buf } => {
+                if token == SEND_TOKEN {
+                    return; // the response buffer (or item pin) is released here
+                }
+                if let Some(r) = self.receiving.remove(&token) {
+                    self.received(stats, r, result, buf);
+                }
+            }
+            mf::Event::EpFailed { ep, error } => {
+                tracing::debug!("ucx endpoint {ep} failed: {error}");
+            }
+            mf::Event::ConnRequest(_) => {}
+        }
+    }
+
+    /// Send a response (with optional data) to a session.
+    fn respond(
+        &mut self,
+        session: u32,
+        r: Response,
+        data: Option<Box<dyn mf::SendBuf>>,
+        rndv: bool,
+    ) {
+        let Some(t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+            return;
+        };
+        let how = mf::SendHow {
+            proto: if rndv {
+                mf::Proto::Rndv
+            } else {
+                mf::Proto::Eager
+            },
+            reply: false,
+        };
+        if let Err(e) = self
+            .w
+            .am_send(ep, fp::AM_RESPONSE, r.encode(), data, how, SEND_TOKEN)
+        {
+            tracing::debug!("ucx send to session {session} failed: {e}");
+        }
+    }
+
+    fn request(&mut self, stats: &ThreadStats, msg: mf::AmMessage) {
+        let shared = Arc::clone(&self.fs);
+        let shared = &shared.0;
+        let Some(ids) = fp::request_ids(&msg.header) else {
+            stats.protocol_errors.incr();
+            return;
+        };
+        let known = self.by_session.contains_key(&ids.session);
+        let req = match fp::decode_request(&msg.header) {
+            Ok(r) if known => r,
+            other => {
+                stats.protocol_errors.incr();
+                let status = match other {
+                    Ok(_) => Status::UnknownSession,
+                    Err(fp::DecodeError::UnknownOpcode(_)) => Status::UnknownCommand,
+                    Err(_) => Status::Invalid,
+                };
+                let op = Opcode::from_u8(ids.opcode).unwrap_or(Opcode::Noop);
+                let r = Response::status_only(op, ids.opaque, status);
+                if known {
+                    self.respond(ids.session, r, None, false);
+                } else if msg.has_reply_ep() {
+                    let _ = self.w.reply(&msg, fp::AM_RESPONSE, r.encode(), SEND_TOKEN);
+                }
+                return;
+            }
+        };
+        let session = req.session;
+        let (data_len, data) = match msg.data {
+            mf::AmData::None => (0, None),
+            mf::AmData::Eager(v) => (v.len(), Some(Ok(v))),
+            mf::AmData::Rndv(d) => (d.len(), Some(Err(d))),
+        };
+        let noreply = req.flags & fp::FLAG_NOREPLY != 0;
+        let carries_value = matches!(
+            req.opcode,
+            Opcode::Set
+                | Opcode::Add
+                | Opcode::Replace
+                | Opcode::Append
+                | Opcode::Prepend
+                | Opcode::Cas
+        );
+        if req.value_len != data_len as u64 || (!carries_value && data_len != 0) {
+            stats.protocol_errors.incr();
+            self.respond(
+                session,
+                Response::status_only(req.opcode, req.opaque, Status::Invalid),
+                None,
+                false,
+            );
+            return;
+        }
+        let mut ctx = ExecCtx {
+            shared,
+            stats,
+            transport: Transport::Ucx,
+            conn_id: u64::from(session),
+        };
+        if carries_value {
+            match data {
+                None => self.store_value(&mut ctx, &req, &[], noreply),
+                Some(Ok(v)) => self.store_value(&mut ctx, &req, &v, noreply),
+                Some(Err(d)) => self.receive_value(&mut ctx, &req, d, noreply),
+            }
+            return;
+        }
+        self.execute(&mut ctx, &req, noreply);
+    }
+
+    /// Store a value that is already here.
+    fn store_value(
+        &mut self,
+        ctx: &mut ExecCtx<'_>,
+        req: &Request<'_>,
+        value: &[u8],
+        noreply: bool,
+    ) {
+        let store = &ctx.shared.store;
+        let exptime = store.clock().exptime(i64::from(req.exptime));
+        let status = store.store(
+            set_mode(req.opcode),
+            req.key,
+            value,
+            req.item_flags,
+            exptime,
+            req.cas,
+        );
+        self.stored(
+            ctx,
+            req.session,
+            req.opcode,
+            req.opaque,
+            req.key,
+            req.cas,
+            status,
+            noreply,
+        );
+    }
+
+    /// A value arriving by rendezvous: allocate the item and receive into it (append and
+    /// prepend, which build a new value from the old one, receive into a buffer).
+    fn receive_value(
+        &mut self,
+        ctx: &mut ExecCtx<'_>,
+        req: &Request<'_>,
+        d: mf::RndvData,
+        noreply: bool,
+    ) {
+        let store = &ctx.shared.store;
+        let exptime = store.clock().exptime(i64::from(req.exptime));
+        let len = d.len();
+        let target: Box<dyn mf::RecvBuf> = if matches!(req.opcode, Opcode::Append | Opcode::Prepend)
+        {
+            if len > store.config().item_size_max {
+                drop(d);
+                self.stored(
+                    ctx,
+                    req.session,
+                    req.opcode,
+                    req.opaque,
+                    req.key,
+                    req.cas,
+                    StoreStatus::TooLarge,
+                    noreply,
+                );
+                return;
+            }
+            Box::new(vec![0u8; len])
+        } else {
+            match store.alloc_pending(req.key, len, req.item_flags, exptime) {
+                Ok(p) => Box::new(ItemTarget(p)),
+                Err(e) => {
+                    drop(d); // tells the sender to give up the transfer
+                    self.stored(
+                        ctx,
+                        req.session,
+                        req.opcode,
+                        req.opaque,
+                        req.key,
+                        req.cas,
+                        e.into(),
+                        noreply,
+                    );
+                    return;
+                }
+            }
+        };
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let r = Receiving {
+            session: req.session,
+            opcode: req.opcode,
+            opaque: req.opaque,
+            noreply,
+            cas: req.cas,
+            flags: req.item_flags,
+            exptime,
+            key: req.key.to_vec(),
+        };
+        match self.w.recv_rndv(d, target, token) {
+            Ok(mf::Posted::Pending) => {
+                self.receiving.insert(token, r);
+            }
+            Ok(mf::Posted::Done(buf)) => self.received(ctx.stats, r, Ok(()), buf),
+            Err(e) => self.received(ctx.stats, r, Err(e), None),
+        }
+    }
+
+    /// A rendezvous receive finished: link the item (or give up on it).
+    fn received(
+        &mut self,
+        stats: &ThreadStats,
+        r: Receiving,
+        result: mf::Result<()>,
+        buf: Option<Box<dyn std::any::Any>>,
+    ) {
+        let shared = Arc::clone(&self.fs);
+        let mut ctx = ExecCtx {
+            shared: &shared.0,
+            stats,
+            transport: Transport::Ucx,
+            conn_id: u64::from(r.session),
+        };
+        if let Err(e) = result {
+            // The item (inside buf) is dropped unlinked: nothing half-written is visible.
+            drop(buf);
+            tracing::debug!("ucx receive for session {} failed: {e}", r.session);
+            self.respond(
+                r.session,
+                Response::status_only(r.opcode, r.opaque, Status::Failed),
+                None,
+                false,
+            );
+            return;
+        }
+        let store = &shared.0.store;
+        let status = match buf {
+            Some(b) => match b.downcast::<ItemTarget>() {
+                Ok(item) => store.store_pending(set_mode(r.opcode), item.0, r.cas),
+                Err(b) => match b.downcast::<Vec<u8>>() {
+                    Ok(v) => store.store(set_mode(r.opcode), &r.key, &v, r.flags, r.exptime, r.cas),
+                    Err(_) => StoreStatus::NotStored,
+                },
+            },
+            None => StoreStatus::NotStored,
+        };
+        self.stored(
+            &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, status, r.noreply,
+        );
+    }
+
+    /// Count and answer a storage outcome, as the binary protocol does.
+    #[allow(clippy::too_many_arguments)]
+    fn stored(
+        &mut self,
+        ctx: &mut ExecCtx<'_>,
+        session: u32,
+        op: Opcode,
+        opaque: u64,
+        key: &[u8],
+        cas: u64,
+        status: StoreStatus,
+        noreply: bool,
+    ) {
+        let s = ctx.stats;
+        let is_cas = op == Opcode::Cas
+            || (cas != 0 && matches!(op, Opcode::Set | Opcode::Add | Opcode::Replace));
+        if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
+            s.cmd_set.incr();
+        }
+        let st = match status {
+            StoreStatus::Stored { cas: new_cas } => {
+                if is_cas {
+                    s.cas_hits.incr();
+                }
+                if noreply {
+                    return;
+                }
+                let mut r = Response::status_only(op, opaque, Status::Ok);
+                r.cas = new_cas;
+                self.respond(session, r, None, false);
+                return;
+            }
+            StoreStatus::Exists => {
+                if is_cas {
+                    s.cas_badval.incr();
+                }
+                Status::Exists
+            }
+            StoreStatus::NotFound => {
+                if is_cas {
+                    s.cas_misses.incr();
+                }
+                Status::NotFound
+            }
+            StoreStatus::NotStored => Status::NotStored,
+            StoreStatus::TooLarge => {
+                s.store_too_large.incr();
+                forget_on_failed_set(ctx, op, key);
+                Status::TooLarge
+            }
+            StoreStatus::OutOfMemory => {
+                s.store_no_memory.incr();
+                forget_on_failed_set(ctx, op, key);
+                Status::NoMemory
+            }
+        };
+        self.respond(session, Response::status_only(op, opaque, st), None, false);
+    }
+
+    /// Everything but storage.
+    fn execute(&mut self, ctx: &mut ExecCtx<'_>, req: &Request<'_>, noreply: bool) {
+        let shared = ctx.shared;
+        let store = &shared.store;
+        let s = ctx.stats;
+        let (session, op, opaque) = (req.session, req.opcode, req.opaque);
+        let ok = Response::status_only(op, opaque, Status::Ok);
+        match op {
+            Opcode::Get | Opcode::Gat => {
+                let eager_max = shared.fabric.as_ref().map_or(usize::MAX, |f| f.eager_max);
+                let touch =
+                    (op == Opcode::Gat).then(|| store.clock().exptime(i64::from(req.exptime)));
+                let opts = GetOptions {
+                    touch,
+                    bump: true,
+                    copy_limit: eager_max,
+                };
+                if touch.is_some() {
+                    s.cmd_touch.incr();
+                }
+                s.cmd_get.incr();
+                let mut value = Vec::new();
+                let Some(info) = store.get_into(req.key, &opts, &mut value, |_, _| {}) else {
+                    s.get_misses.incr();
+                    if touch.is_some() {
+                        s.touch_misses.incr();
+                    }
+                    self.respond(
+                        session,
+                        Response::status_only(op, opaque, Status::NotFound),
+                        None,
+                        false,
+                    );
+                    return;
+                };
+                s.get_hits.incr();
+                if touch.is_some() {
+                    s.touch_hits.incr();
+                }
+                let mut r = Response {
+                    opcode: op,
+                    status: Status::Ok,
+                    item_flags: info.flags,
+                    opaque,
+                    cas: info.cas,
+                    value: u64::from(info.value_len),
+                };
+                if info.value_len as usize <= eager_max {
+                    let data = (!value.is_empty()).then(|| Box::new(value) as Box<dyn mf::SendBuf>);
+                    self.respond(session, r, data, false);
+                    return;
+                }
+                // Large: send from the item itself, pinned until the send completes.
+                let quiet = GetOptions {
+                    touch: None,
+                    bump: false,
+                    ..GetOptions::default()
+                };
+                match store.get_pinned(req.key, &quiet) {
+                    Some((info, pin)) => {
+                        r.item_flags = info.flags;
+                        r.cas = info.cas;
+                        r.value = u64::from(info.value_len);
+                        self.respond(session, r, Some(Box::new(PinnedSource(pin))), true);
+                    }
+                    // Deleted between the two looks: a miss is a correct answer.
+                    None => self.respond(
+                        session,
+                        Response::status_only(op, opaque, Status::NotFound),
+                        None,
+                        false,
+                    ),
+                }
+            }
+            Opcode::Delete => {
+                let st = match store.delete(req.key, req.cas) {
+                    DeleteStatus::Deleted => {
+                        s.delete_hits.incr();
+                        Status::Ok
+                    }
+                    DeleteStatus::NotFound => {
+                        s.delete_misses.incr();
+                        Status::NotFound
+                    }
+                    DeleteStatus::Exists => Status::Exists,
+                };
+                if !(noreply && st == Status::Ok) {
+                    self.respond(session, Response::status_only(op, opaque, st), None, false);
+                }
+            }
+            Opcode::Incr | Opcode::Decr => {
+                let incr = op == Opcode::Incr;
+                let r = match store.arith(req.key, incr, req.cas, &ArithOptions::default()) {
+                    ArithStatus::Value { value, cas } => {
+                        if incr {
+                            s.incr_hits.incr()
+                        } else {
+                            s.decr_hits.incr()
+                        }
+                        Response { cas, value, ..ok }
+                    }
+                    ArithStatus::NotFound => {
+                        if incr {
+                            s.incr_misses.incr()
+                        } else {
+                            s.decr_misses.incr()
+                        }
+                        Response::status_only(op, opaque, Status::NotFound)
+                    }
+                    ArithStatus::NonNumeric => {
+                        Response::status_only(op, opaque, Status::NonNumeric)
+                    }
+                    ArithStatus::Exists => Response::status_only(op, opaque, Status::Exists),
+                    ArithStatus::OutOfMemory => Response::status_only(op, opaque, Status::NoMemory),
+                };
+                if !(noreply && r.status == Status::Ok) {
+                    self.respond(session, r, None, false);
+                }
+            }
+            Opcode::Touch => {
+                s.cmd_touch.incr();
+                let exptime = store.clock().exptime(i64::from(req.exptime));
+                let st = if store.touch(req.key, exptime) {
+                    s.touch_hits.incr();
+                    Status::Ok
+                } else {
+                    s.touch_misses.incr();
+                    Status::NotFound
+                };
+                if !(noreply && st == Status::Ok) {
+                    self.respond(session, Response::status_only(op, opaque, st), None, false);
+                }
+            }
+            Opcode::FlushAll => {
+                if !shared.settings.flush_enabled {
+                    self.respond(
+                        session,
+                        Response::status_only(op, opaque, Status::Invalid),
+                        None,
+                        false,
+                    );
+                    return;
+                }
+                s.cmd_flush.incr();
+                let at = (req.exptime > 0).then(|| store.clock().exptime(i64::from(req.exptime)));
+                store.flush_all(at);
+                if !noreply {
+                    self.respond(session, ok, None, false);
+                }
+            }
+            Opcode::Stats => {
+                let group = String::from_utf8_lossy(req.key).into_owned();
+                let pairs = if group == "fabric" {
+                    Some(fabric_stats(shared))
+                } else {
+                    crate::stats::collect(ctx, &group)
+                };
+                match pairs {
+                    Some(pairs) => {
+                        let mut text = Vec::new();
+                        for (k, v) in pairs {
+                            text.extend_from_slice(k.as_bytes());
+                            text.push(b' ');
+                            text.extend_from_slice(v.as_bytes());
+                            text.push(b'\n');
+                        }
+                        let r = Response {
+                            value: text.len() as u64,
+                            ..ok
+                        };
+                        self.send_text(session, r, text);
+                    }
+                    None => self.respond(
+                        session,
+                        Response::status_only(op, opaque, Status::NotFound),
+                        None,
+                        false,
+                    ),
+                }
+            }
+            Opcode::Version => {
+                let text = crate::stats::VERSION.as_bytes().to_vec();
+                let r = Response {
+                    value: text.len() as u64,
+                    ..ok
+                };
+                self.send_text(session, r, text);
+            }
+            Opcode::Noop => self.respond(session, ok, None, false),
+            Opcode::Set
+            | Opcode::Add
+            | Opcode::Replace
+            | Opcode::Append
+            | Opcode::Prepend
+            | Opcode::Cas => {
+                unreachable!("storage requests are handled by store_value/receive_value")
+            }
+        }
+    }
+
+    /// Send a text payload (stats, version), by rendezvous when it is large.
+    fn send_text(&mut self, session: u32, r: Response, text: Vec<u8>) {
+        let eager_max = self
+            .shared()
+            .fabric
+            .as_ref()
+            .map_or(usize::MAX, |f| f.eager_max);
+        let rndv = text.len() > eager_max;
+        let data = (!text.is_empty()).then(|| Box::new(text) as Box<dyn mf::SendBuf>);
+        self.respond(session, r, data, rndv);
+    }
+
+    /// Shutdown: close every client.
+    pub fn close_all(&mut self, registry: &Registry) {
+        let tokens: Vec<Token> = self.clients.keys().copied().collect();
+        for t in tokens {
+            self.drop_client(registry, t);
+        }
+    }
+
+    /// Whether `token` is one of ours.
+    pub fn owns(token: Token) -> bool {
+        token.0 >= TOKEN_BASE && token != EFD_TOKEN
+    }
+}
+
+fn set_mode(op: Opcode) -> SetMode {
+    match op {
+        Opcode::Add => SetMode::Add,
+        Opcode::Replace => SetMode::Replace,
+        Opcode::Append => SetMode::Append,
+        Opcode::Prepend => SetMode::Prepend,
+        Opcode::Cas => SetMode::Cas,
+        _ => SetMode::Set,
+    }
+}
+
+/// memcached unlinks the old item when a SET cannot allocate its new one.
+fn forget_on_failed_set(ctx: &ExecCtx<'_>, op: Opcode, key: &[u8]) {
+    if op == Opcode::Set {
+        let _ = ctx.shared.store.delete(key, 0);
+    }
+}
+
+/// `stats fabric`.
+fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    if let Some(fs) = shared.fabric.as_ref() {
+        v.push((
+            "ucx_curr_sessions".into(),
+            fs.curr_sessions.load(Ordering::Relaxed).to_string(),
+        ));
+        v.push((
+            "ucx_total_sessions".into(),
+            fs.total_sessions.load(Ordering::Relaxed).to_string(),
+        ));
+        v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
+        v.push(("ucx_arena_registered".into(), fs.arena.len().to_string()));
+    }
+    v
+}
