@@ -1,1 +1,167 @@
-fn main() {}
+//! `memfabric`: a command-line client for memcached and memfabricd pools.
+//!
+//! Exit codes: 0 = done (hit, stored, deleted, all servers answered), 1 = miss / not found,
+//! 2 = error (including a server that is down, and bad usage).
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use memfabric_client::{Client, Config, Distribution, KeyHash};
+
+#[derive(Parser)]
+#[command(name = "memfabric", version, about = "memcached / memfabricd client")]
+struct Cli {
+    /// Servers: `[tcp://]host[:port[:weight]]`, separated by commas.
+    #[arg(long, short = 's', env = "MEMFABRIC_SERVERS")]
+    servers: String,
+    /// Deadline of each request, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    timeout: u64,
+    /// Key distribution (libmemcached's): weighted ketama, or plain ketama.
+    #[arg(long, value_enum, default_value_t = Dist::Weighted)]
+    distribution: Dist,
+    /// Hash of plain ketama: md5, or libmemcached's default (one-at-a-time).
+    #[arg(long, value_enum, default_value_t = Hash::Md5)]
+    hash: Hash,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dist {
+    Weighted,
+    Ketama,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Hash {
+    Md5,
+    Default,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the value raw to stdout (exit 1 on a miss).
+    Get { key: String },
+    /// Store a value (`-` reads it from stdin).
+    Set {
+        key: String,
+        value: String,
+        #[arg(long, default_value_t = 0)]
+        flags: u32,
+        #[arg(long, default_value_t = 0)]
+        exptime: u32,
+    },
+    /// Delete a key (exit 1 if not found).
+    Delete { key: String },
+    /// `stats [group]` of every server.
+    Stats { group: Option<String> },
+    /// The version of every server (exit 2 if any is down).
+    Ping,
+    /// Print the server each key maps to, one `KEY SERVER` line per key.
+    Locate {
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let timeout = Duration::from_millis(cli.timeout);
+    let config = Config {
+        timeout,
+        connect_timeout: timeout,
+        distribution: match (cli.distribution, cli.hash) {
+            (Dist::Weighted, _) => Distribution::KetamaWeighted,
+            (Dist::Ketama, Hash::Md5) => Distribution::Ketama(KeyHash::Md5),
+            (Dist::Ketama, Hash::Default) => Distribution::Ketama(KeyHash::OneAtATime),
+        },
+        ..Config::default()
+    };
+    let mut client = match Client::new(cli.servers.as_str(), config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("memfabric: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&mut client, cli.cmd) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("memfabric: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> {
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        Cmd::Get { key } => match client.get(key.as_bytes())? {
+            Some(v) => {
+                out.write_all(&v.data)?;
+                out.flush()?;
+                Ok(0)
+            }
+            None => Ok(1),
+        },
+        Cmd::Set {
+            key,
+            value,
+            flags,
+            exptime,
+        } => {
+            let data = if value == "-" {
+                let mut buf = Vec::new();
+                std::io::stdin().read_to_end(&mut buf)?;
+                buf
+            } else {
+                value.into_bytes()
+            };
+            client.set(key.as_bytes(), &data, flags, exptime)?;
+            Ok(0)
+        }
+        Cmd::Delete { key } => Ok(if client.delete(key.as_bytes())? { 0 } else { 1 }),
+        Cmd::Stats { group } => {
+            let mut code = 0;
+            for (server, r) in client.stats(group.as_deref()) {
+                match r {
+                    Ok(stats) => {
+                        writeln!(out, "{server}")?;
+                        for (k, v) in stats {
+                            writeln!(out, "  STAT {k} {v}")?;
+                        }
+                    }
+                    Err(e) => {
+                        writeln!(out, "{server}")?;
+                        eprintln!("memfabric: {server}: {e}");
+                        code = 2;
+                    }
+                }
+            }
+            Ok(code)
+        }
+        Cmd::Ping => {
+            let mut code = 0;
+            for (server, r) in client.version() {
+                match r {
+                    Ok(v) => writeln!(out, "{server} VERSION {v}")?,
+                    Err(e) => {
+                        writeln!(out, "{server} DOWN {e}")?;
+                        code = 2;
+                    }
+                }
+            }
+            Ok(code)
+        }
+        Cmd::Locate { keys } => {
+            for key in keys {
+                let server = client.locate(key.as_bytes()).ok_or("no servers")?;
+                writeln!(out, "{key} {}", server.host_port())?;
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Test servers: Debian's memcached and memfabricd on free loopback ports, killed on drop.
+//!
+//! memfabricd is `$MEMFABRICD` (relative to the workspace root) or
+//! `target/{release,debug}/memfabricd`; build it first (`cargo build --release -p
+//! memfabric-server`). A missing server binary fails the test, it never skips.
+
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Memcached,
+    Memfabricd,
+}
+
+pub const KINDS: [Kind; 2] = [Kind::Memcached, Kind::Memfabricd];
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn memfabricd() -> PathBuf {
+    if let Ok(p) = std::env::var("MEMFABRICD") {
+        let p = PathBuf::from(p);
+        let p = if p.is_absolute() {
+            p
+        } else {
+            workspace_root().join(p)
+        };
+        assert!(p.exists(), "MEMFABRICD={} does not exist", p.display());
+        return p;
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    for profile in ["release", "debug"] {
+        let p = target.join(profile).join("memfabricd");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "memfabricd not found under {}: cargo build --release -p memfabric-server",
+        target.display()
+    );
+}
+
+fn memcached() -> PathBuf {
+    for p in ["/usr/bin/memcached", "/usr/local/bin/memcached"] {
+        if std::path::Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!("memcached is not installed (scripts/setup.sh installs it)");
+}
+
+/// A port that is free now, outside the kernel's ephemeral range (so a port another test just
+/// released is not handed out again at once).
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20000 + (std::process::id() % 500) as u16 * 20,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        let p = NEXT.fetch_add(1, Ordering::SeqCst);
+        let p = 20000 + (p - 20000) % 12000;
+        if TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").map(|u| u == "root").unwrap_or(false)
+        || Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout.starts_with(b"0"))
+            .unwrap_or(false)
+}
+
+/// A running server; killed (SIGKILL) when dropped.
+pub struct Server {
+    pub kind: Kind,
+    pub port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// Starts `kind` on a free port with memcached's test flags plus `extra`.
+    pub fn start(kind: Kind, extra: &[&str]) -> Server {
+        for _ in 0..5 {
+            let mut s = Server {
+                kind,
+                port: free_port(),
+                args: extra.iter().map(|s| s.to_string()).collect(),
+                child: None,
+            };
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("could not start {kind:?}");
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not running").id()
+    }
+
+    fn spawn(&mut self) -> bool {
+        let exe = match self.kind {
+            Kind::Memcached => memcached(),
+            Kind::Memfabricd => memfabricd(),
+        };
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "1",
+        ]);
+        if !self.args.iter().any(|a| a == "-m") {
+            cmd.args(["-m", "64"]);
+        }
+        cmd.args(&self.args);
+        if self.kind == Kind::Memcached && is_root() {
+            cmd.args(["-u", "root"]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false; // e.g. the port was taken in the meantime
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // Make sure it is our server that answered, not one that held the port before.
+                sleep(Duration::from_millis(20));
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false;
+                }
+                self.child = Some(child);
+                return true;
+            }
+            sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "could not restart {:?} on {}",
+                self.kind,
+                self.port
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends a signal (e.g. "STOP", "CONT") to the server.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        if sig == "STOP" {
+            // kill(2) returns before every thread has stopped: wait for the stopped state.
+            let stat = format!("/proc/{}/stat", self.pid());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let s = std::fs::read_to_string(&stat).unwrap_or_default();
+                let state = s.rsplit(") ").next().and_then(|r| r.chars().next());
+                if state == Some('T') {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "server did not stop: {s}");
+                sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A stopped process must be continued to die promptly on some kernels; SIGKILL works
+            // on stopped processes on Linux, so just kill.
+            self.kill();
+        }
+    }
+}
