@@ -115,11 +115,7 @@ impl UcxTransport {
     }
 
     /// HELLO / WELCOME over the bootstrap connection.
-    fn bootstrap(
-        &self,
-        addr: &ServerAddr,
-        timeout: Duration,
-    ) -> Result<(TcpStream, fp::Welcome), Error> {
+    fn bootstrap(&self, addr: &ServerAddr, timeout: Duration) -> Result<(TcpStream, fp::Welcome), Error> {
         let server = addr.to_string();
         let io = |e: std::io::Error| Error::Io {
             server: server.clone(),
@@ -133,10 +129,7 @@ impl UcxTransport {
             .ok_or_else(|| Error::Config(format!("cannot resolve {server}")))?;
         let mut s = TcpStream::connect_timeout(&sa, timeout).map_err(io)?;
         let _ = s.set_nodelay(true);
-        let left = |d: Instant| {
-            d.saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1))
-        };
+        let left = |d: Instant| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         s.set_write_timeout(Some(left(deadline))).map_err(io)?;
         let hello = fp::Hello {
             version: fp::VERSION,
@@ -158,12 +151,7 @@ impl UcxTransport {
                     })
                 }
                 Ok(n) => n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     return Err(Error::Timeout { server })
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -191,10 +179,7 @@ impl UcxTransport {
         let Some(mut c) = self.conns.remove(&conn) else {
             return;
         };
-        let _ = self
-            .poll
-            .registry()
-            .deregister(&mut mio::unix::SourceFd(&c.lifeline.as_raw_fd()));
+        let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&c.lifeline.as_raw_fd()));
         if let Some(ep) = c.ep.take() {
             self.w.close(ep, true);
         }
@@ -290,11 +275,7 @@ impl UcxTransport {
 
     fn fail_request(&mut self, opaque: u64, e: mf::Error, done: &mut Vec<Completion>) {
         if let Some(f) = self.inflight.remove(&opaque) {
-            let server = self
-                .conns
-                .get(&f.conn)
-                .map(|c| c.server.clone())
-                .unwrap_or_default();
+            let server = self.conns.get(&f.conn).map(|c| c.server.clone()).unwrap_or_default();
             done.push(Completion {
                 id: f.id,
                 result: Err(Error::Io {
@@ -339,14 +320,10 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
         (S::NoMemory, _) => return Err(Error::Server("out of memory storing object".into())),
         (S::Invalid, _) => return Err(Error::Client("bad command line format".into())),
         (S::UnknownCommand, _) => return Err(Error::Client("ERROR".into())),
-        (S::UnknownSession, _) => {
-            return Err(Error::Protocol("server does not know this session".into()))
-        }
+        (S::UnknownSession, _) => return Err(Error::Protocol("server does not know this session".into())),
         (S::Failed, _) => return Err(Error::Server("value transfer failed".into())),
         (S::NonNumeric, _) => {
-            return Err(Error::Client(
-                "cannot increment or decrement non-numeric value".into(),
-            ))
+            return Err(Error::Client("cannot increment or decrement non-numeric value".into()))
         }
         _ => {}
     }
@@ -359,17 +336,14 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
             })),
             _ => Reply::Value(None),
         },
-        Opcode::Set
-        | Opcode::Add
-        | Opcode::Replace
-        | Opcode::Append
-        | Opcode::Prepend
-        | Opcode::Cas => Reply::Stored(match r.status {
-            S::Ok => StoreStatus::Stored { cas: r.cas },
-            S::Exists => StoreStatus::Exists,
-            S::NotFound => StoreStatus::NotFound,
-            _ => StoreStatus::NotStored,
-        }),
+        Opcode::Set | Opcode::Add | Opcode::Replace | Opcode::Append | Opcode::Prepend | Opcode::Cas => {
+            Reply::Stored(match r.status {
+                S::Ok => StoreStatus::Stored { cas: r.cas },
+                S::Exists => StoreStatus::Exists,
+                S::NotFound => StoreStatus::NotFound,
+                _ => StoreStatus::NotStored,
+            })
+        }
         Opcode::Delete => Reply::Deleted(r.status == S::Ok),
         Opcode::Incr | Opcode::Decr => Reply::Counter((r.status == S::Ok).then_some(r.value)),
         Opcode::Touch => Reply::Touched(r.status == S::Ok),
@@ -420,14 +394,7 @@ fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
         }
         Op::Touch { key, exptime } => (Opcode::Touch, 0, exptime, 0, key, None),
         Op::FlushAll { delay } => (Opcode::FlushAll, 0, delay, 0, Vec::new(), None),
-        Op::Stats { group } => (
-            Opcode::Stats,
-            0,
-            0,
-            0,
-            group.unwrap_or_default().into_bytes(),
-            None,
-        ),
+        Op::Stats { group } => (Opcode::Stats, 0, 0, 0, group.unwrap_or_default().into_bytes(), None),
         Op::Version => (Opcode::Version, 0, 0, 0, Vec::new(), None),
         Op::Noop => (Opcode::Noop, 0, 0, 0, Vec::new(), None),
     }
@@ -504,10 +471,7 @@ impl Transport for UcxTransport {
         let Some(ep) = c.ep.as_ref() else {
             return Err(Error::Closed);
         };
-        match self
-            .w
-            .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
-        {
+        match self.w.am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN) {
             Ok(_) => {
                 self.inflight.insert(opaque, InFlight { conn, id, opcode });
                 Ok(())
