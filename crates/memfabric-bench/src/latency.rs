@@ -19,6 +19,8 @@ pub struct LatencyConfig {
     /// Unmeasured operations first, to warm caches and the connection.
     pub warmup: u64,
     pub key_prefix: String,
+    /// The server's process id: each row then reports its CPU time per million measured ops.
+    pub server_pid: Option<u32>,
 }
 
 /// One row of the JSON report: `{"transport","op","size","p50_us","p99_us","ops"}`;
@@ -31,6 +33,10 @@ pub struct LatencyResult {
     pub p50_us: f64,
     pub p99_us: f64,
     pub ops: u64,
+    /// Server CPU seconds (utime+stime, all threads) per million measured ops; only with a
+    /// server pid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s_per_mop: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,13 +107,18 @@ pub fn run(
             let check = |d: &[u8]| vm.check(0, d);
             let mut h = Histogram::<u64>::new(3).map_err(|_| LoadError::Config("histogram"))?;
             let mut failures = 0u64;
+            let mut cpu0 = None;
             for i in 0..cfg.warmup + cfg.iterations {
+                if i == cfg.warmup {
+                    cpu0 = server_cpu(cfg.server_pid);
+                }
                 let (ns, ok) = one_op(tr.as_mut(), &req, op, &check)?;
                 if i >= cfg.warmup {
                     let _ = h.record(ns.max(1));
                     failures += u64::from(!ok);
                 }
             }
+            let cpu = cpu0.zip(server_cpu(cfg.server_pid)).map(|(a, b)| b - a);
             if failures > 0 {
                 return Err(LoadError::PreloadFailed {
                     failed: failures,
@@ -123,12 +134,19 @@ pub fn run(
                     p50_us: pct_us(&h, 0.5),
                     p99_us: pct_us(&h, 0.99),
                     ops: h.len(),
+                    server_cpu_s_per_mop: cpu
+                        .filter(|_| !h.is_empty())
+                        .map(|c| c / h.len() as f64 * 1e6),
                 },
                 h,
             ));
         }
     }
     Ok(out)
+}
+
+fn server_cpu(pid: Option<u32>) -> Option<f64> {
+    pid.and_then(|p| crate::metrics::process_cpu_seconds(p).ok())
 }
 
 pub fn op_name(op: OpKind) -> &'static str {

@@ -1,8 +1,8 @@
 //! memfabric-bench: the project's benchmark suite.
 //!
 //! Where a request goes: [`workload`] picks the op, key and value; [`load`] runs the closed
-//! loop over a [`transport::Transport`] (TCP text protocol today, encoded by
-//! [`textproto`]); [`metrics`] records latencies in HDR histograms and reads server CPU
+//! loop over a [`transport::Transport`] (TCP text protocol, encoded by [`textproto`], or
+//! memfabricd's UCX data path through memfabric-client, [`ucx`]); [`metrics`] records latencies in HDR histograms and reads server CPU
 //! from /proc; [`report`] and [`plot`] present them; [`compare`] runs memcached and
 //! memfabricd ([`server`]) side by side; [`latency`] is the ohb_memlat-style sweep.
 
@@ -16,4 +16,5 @@ pub mod rng;
 pub mod server;
 pub mod textproto;
 pub mod transport;
+pub mod ucx;
 pub mod workload;

@@ -91,10 +91,6 @@ pub fn run(connector: &dyn Connector, cfg: &LoadConfig) -> Result<LoadStats, Loa
     cfg.validate()?;
     let chooser = KeyChooser::new(cfg.keys.n, cfg.dist)?;
     let values = ValueMaker::new(cfg.value_size);
-    let mut transports = Vec::with_capacity(cfg.threads);
-    for _ in 0..cfg.threads {
-        transports.push(connector.connect(cfg.conns_per_thread)?);
-    }
     let stop = AtomicBool::new(false);
     let done_ops = AtomicU64::new(0);
     let finished = AtomicUsize::new(0);
@@ -103,7 +99,7 @@ pub fn run(connector: &dyn Connector, cfg: &LoadConfig) -> Result<LoadStats, Loa
 
     let results = std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for (t, mut tr) in transports.into_iter().enumerate() {
+        for t in 0..cfg.threads {
             let shared = Worker {
                 cfg,
                 chooser: &chooser,
@@ -116,8 +112,13 @@ pub fn run(connector: &dyn Connector, cfg: &LoadConfig) -> Result<LoadStats, Loa
             let barrier = &barrier;
             let finished = &finished;
             handles.push(s.spawn(move || {
+                // Connect in this thread: a UCX transport must stay in the thread that made it.
+                let tr = connector.connect(cfg.conns_per_thread);
                 barrier.wait();
-                let r = shared.drive(tr.as_mut());
+                let r = match tr {
+                    Ok(mut tr) => shared.drive(tr.as_mut()),
+                    Err(e) => Err(e.into()),
+                };
                 finished.fetch_add(1, Ordering::Release);
                 // An erroring thread stops the others: a partial result is not a result.
                 if r.is_err() {

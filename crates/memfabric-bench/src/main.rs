@@ -8,7 +8,8 @@ use memfabric_bench::metrics::{self, RunSummary};
 use memfabric_bench::plot::{self, Panel};
 use memfabric_bench::report::{self, Machine};
 use memfabric_bench::server::{self, ServerSpec};
-use memfabric_bench::transport::TcpConnector;
+use memfabric_bench::transport::{Connector, TcpConnector};
+use memfabric_bench::ucx::UcxConnector;
 use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -42,6 +43,33 @@ enum Cmd {
 enum Dist {
     Uniform,
     Zipfian,
+}
+
+/// How requests reach the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum TransportKind {
+    /// memcached's text protocol over TCP (any memcached-compatible server).
+    Tcp,
+    /// memfabricd's UCX active-message data path; the address is its `--ucx-port`
+    /// bootstrap port, the UCX transports come from UCX_TLS.
+    Ucx,
+}
+
+impl TransportKind {
+    fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Ucx => "ucx",
+        }
+    }
+
+    fn connector(self, addr: SocketAddr) -> Box<dyn Connector> {
+        match self {
+            TransportKind::Tcp => Box::new(TcpConnector { addr }),
+            TransportKind::Ucx => Box::new(UcxConnector::new(addr)),
+        }
+    }
 }
 
 #[derive(Args, Clone, Debug, Serialize)]
@@ -102,9 +130,13 @@ struct OutputArgs {
 
 #[derive(Args)]
 struct ThroughputArgs {
-    /// Server address.
+    /// Server address (with `--transport ucx`: memfabricd's `--ucx-port`).
     #[arg(long, default_value = "127.0.0.1:11211")]
     server: SocketAddr,
+    /// tcp, or ucx (memfabricd only; each client thread has its own client and UCX worker,
+    /// and its `--conns` are request queues over it).
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
     /// Server process id, to measure its CPU time (utime+stime from /proc).
     #[arg(long)]
     server_pid: Option<u32>,
@@ -119,8 +151,33 @@ struct ThroughputArgs {
 
 #[derive(Args)]
 struct LatencyArgs {
+    /// Server address: its TCP port, or with `--transport ucx` alone its `--ucx-port`.
     #[arg(long, default_value = "127.0.0.1:11211")]
     server: SocketAddr,
+    /// Transports to measure, comma separated (tcp, ucx); each gets every (op, size).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tcp")]
+    transport: Vec<TransportKind>,
+    /// memfabricd's UCX bootstrap port (`--ucx-port`), for `--transport tcp,ucx` against one
+    /// server; defaults to `--server`.
+    #[arg(long)]
+    ucx_server: Option<SocketAddr>,
+    /// Server process id: report its CPU seconds per million ops for every row.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Start this server (memcached or memfabricd) on free loopback ports for the run
+    /// (`--ucx-port` too when ucx is measured) instead of using `--server`; killed at the end.
+    #[arg(long)]
+    start_server: Option<PathBuf>,
+    /// Worker threads (-t) of the started server.
+    #[arg(long, default_value_t = 1)]
+    server_threads: usize,
+    /// Memory limit (-m, MB) of the started server.
+    #[arg(long, default_value_t = 1024)]
+    memory: usize,
+    /// Extra argument for the started server (repeatable), e.g. --server-arg=--poll-us
+    /// --server-arg=200.
+    #[arg(long, allow_hyphen_values = true)]
+    server_arg: Vec<String>,
     /// Value sizes in bytes.
     #[arg(
         long,
@@ -234,7 +291,8 @@ fn report_plot(r: Result<(), plot::PlotError>, path: &Path) {
 
 fn throughput(a: ThroughputArgs) -> Fallible<()> {
     let base = a.workload.load_config(&a.name)?;
-    let connector = TcpConnector { addr: a.server };
+    let connector = a.transport.connector(a.server);
+    let connector = connector.as_ref();
     let machine = Machine::describe();
     println!("machine: {}", machine.line());
     let mut summaries = Vec::new();
@@ -243,7 +301,7 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
         let mut cfg = base.clone();
         cfg.value_size = size;
         if !a.workload.no_preload {
-            let p = load::preload(&connector, &cfg.keys, size, 8, 32)?;
+            let p = load::preload(connector, &cfg.keys, size, 8, 32)?;
             eprintln!(
                 "preloaded {} keys of {size} B in {:.1}s",
                 p.stored,
@@ -254,7 +312,7 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
             .server_pid
             .and_then(|p| metrics::process_cpu_seconds(p).ok());
         let cli0 = metrics::self_cpu_seconds().ok();
-        let stats = load::run(&connector, &cfg)?;
+        let stats = load::run(connector, &cfg)?;
         let cpu1 = a
             .server_pid
             .and_then(|p| metrics::process_cpu_seconds(p).ok());
@@ -273,8 +331,14 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
         });
     }
     println!(
-        "workload: {} keys, {} get:set, {:?}, {} thread(s) x {} conn(s), depth {}",
-        base.keys.n, base.mix, base.dist, base.threads, base.conns_per_thread, base.depth
+        "workload: {} keys, {} get:set, {:?}, {} thread(s) x {} conn(s), depth {}, {}",
+        base.keys.n,
+        base.mix,
+        base.dist,
+        base.threads,
+        base.conns_per_thread,
+        base.depth,
+        a.transport.name()
     );
     print!("{}", report::runs_table(&summaries));
     if let Some(p) = &a.out.json {
@@ -282,6 +346,7 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
         struct Out<'a> {
             machine: &'a Machine,
             server: String,
+            transport: TransportKind,
             workload: &'a WorkloadArgs,
             results: &'a [RunSummary],
         }
@@ -290,6 +355,7 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
             &Out {
                 machine: &machine,
                 server: a.server.to_string(),
+                transport: a.transport,
                 workload: &a.workload,
                 results: &summaries,
             },
@@ -314,54 +380,120 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
             other => Err(format!("--ops: unknown op {other:?} (get, set)")),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if a.transport.is_empty() {
+        return Err("--transport: give at least one of tcp, ucx".into());
+    }
+    let measure_ucx = a.transport.contains(&TransportKind::Ucx);
+    // A server of our own, on free ports; dropping it kills it.
+    let started = match &a.start_server {
+        Some(path) => {
+            let mut extra = a.server_arg.clone();
+            let ucx_port = if measure_ucx {
+                let p = server::free_port()?;
+                extra.extend(["--ucx-port".to_string(), p.to_string()]);
+                Some(p)
+            } else {
+                None
+            };
+            let spec = ServerSpec {
+                name: path
+                    .file_name()
+                    .map_or("server".into(), |n| n.to_string_lossy().into_owned()),
+                path: path.clone(),
+                threads: a.server_threads,
+                memory_mb: a.memory,
+                extra_args: extra,
+            };
+            eprintln!("starting {}", spec.display_args());
+            let proc = spec.start()?;
+            let ucx = ucx_port.map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+            Some((proc, ucx))
+        }
+        None => None,
+    };
+    let (tcp_addr, ucx_addr, pid) = match &started {
+        Some((p, ucx)) => (p.addr, ucx.unwrap_or(p.addr), Some(p.pid())),
+        None => (a.server, a.ucx_server.unwrap_or(a.server), a.server_pid),
+    };
     let cfg = LatencyConfig {
         sizes: a.sizes.clone(),
         ops,
         iterations: a.iterations,
         warmup: a.warmup,
         key_prefix: a.key_prefix.clone(),
+        server_pid: pid,
     };
-    let rows = latency::run(&TcpConnector { addr: a.server }, &cfg)?;
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for &t in &a.transport {
+        let addr = match t {
+            TransportKind::Tcp => tcp_addr,
+            TransportKind::Ucx => ucx_addr,
+        };
+        // One transport: the title names the address alone, as it always did.
+        targets.push(if a.transport.len() > 1 {
+            format!("{} {addr}", t.name())
+        } else {
+            addr.to_string()
+        });
+        rows.extend(latency::run(t.connector(addr).as_ref(), &cfg)?);
+    }
+    drop(started);
+    let with_cpu = rows.iter().any(|(r, _)| r.server_cpu_s_per_mop.is_some());
     let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|(r, _)| {
-            vec![
+            let mut row = vec![
                 r.transport.clone(),
                 r.op.clone(),
                 r.size.to_string(),
                 format!("{:.2}", r.p50_us),
                 format!("{:.2}", r.p99_us),
                 r.ops.to_string(),
-            ]
+            ];
+            if with_cpu {
+                row.push(
+                    r.server_cpu_s_per_mop
+                        .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                );
+            }
+            row
         })
         .collect();
-    print!(
-        "{}",
-        report::table(
-            &["transport", "op", "size", "p50_us", "p99_us", "ops"],
-            &table_rows
-        )
-    );
+    let mut headers = vec!["transport", "op", "size", "p50_us", "p99_us", "ops"];
+    if with_cpu {
+        headers.push("server_cpu_s_per_mop");
+    }
+    print!("{}", report::table(&headers, &table_rows));
     let results: Vec<_> = rows.iter().map(|(r, _)| r.clone()).collect();
     if let Some(p) = &a.out.json {
         write_json(p, &LatencyReport { results })?;
     }
     if let Some(p) = &a.out.plot {
         let mut series = Vec::new();
-        for op in &a.ops {
-            for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
-                let pts: Vec<(usize, f64)> = rows
-                    .iter()
-                    .filter(|(r, _)| &r.op == op)
-                    .map(|(r, h)| (r.size, metrics::pct_us(h, q)))
-                    .collect();
-                series.push((format!("{op} {name}"), pts));
+        for t in &a.transport {
+            let tname = t.name();
+            for op in &a.ops {
+                for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+                    let pts: Vec<(usize, f64)> = rows
+                        .iter()
+                        .filter(|(r, _)| &r.op == op && r.transport == tname)
+                        .map(|(r, h)| (r.size, metrics::pct_us(h, q)))
+                        .collect();
+                    // One transport: the legend stays as it was ("get p50").
+                    let label = if a.transport.len() > 1 {
+                        format!("{tname} {op} {name}")
+                    } else {
+                        format!("{op} {name}")
+                    };
+                    series.push((label, pts));
+                }
             }
         }
         report_plot(
             plot::latency_vs_size(
                 p,
-                &format!("latency, one op at a time ({})", a.server),
+                &format!("latency, one op at a time ({})", targets.join(", ")),
                 &series,
             ),
             p,

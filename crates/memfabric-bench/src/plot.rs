@@ -65,13 +65,19 @@ fn draw_err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> PlotError + '_ {
 
 /// Colours by series index, readable on white.
 fn colour(i: usize) -> RGBColor {
-    const C: [RGBColor; 6] = [
+    // The first six as before; four more so that two transports x get/set x p50/p99 (eight
+    // lines) never share a colour.
+    const C: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
         RGBColor(44, 160, 44),
         RGBColor(148, 103, 189),
         RGBColor(255, 127, 14),
         RGBColor(23, 190, 207),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
     ];
     C[i % C.len()]
 }

@@ -1,5 +1,5 @@
-//! How requests reach a server. The load generator drives a [`Transport`]; TCP is the only
-//! one today, UCX active-message and one-sided transports will implement the same trait.
+//! How requests reach a server. The load generator drives a [`Transport`]: TCP (memcached's
+//! text protocol, here) or UCX active messages to memfabricd ([`crate::ucx`]).
 //!
 //! The shape (submit, then progress with a reply callback) is the one UCX imposes anyway:
 //! requests are queued without blocking, and a progress call moves bytes and reports
@@ -26,10 +26,15 @@ pub enum TransportError {
     Protocol { conn: usize, source: ReplyError },
     #[error("no connection {0}")]
     NoSuchConnection(usize),
+    /// A request failed in the client library (UCX transport): timeout, lost connection...
+    #[error("request on connection {conn}: {msg}")]
+    Request { conn: usize, msg: String },
 }
 
-/// A set of connections to one server, driven by one client thread.
-pub trait Transport: Send {
+/// A set of connections to one server, driven by one client thread. Not `Send`: a UCX
+/// worker belongs to the thread that made it, so every transport is made (by a
+/// [`Connector`]) inside the thread that drives it.
+pub trait Transport {
     /// Short name for reports (`"tcp"`, later `"ucx-am"`, ...).
     fn name(&self) -> &'static str;
     /// How many connections this transport multiplexes.
@@ -45,7 +50,8 @@ pub trait Transport: Send {
     ) -> Result<usize, TransportError>;
 }
 
-/// Makes transports; shared by the client threads of a run.
+/// Makes transports; shared by the client threads of a run, each of which calls
+/// [`connect`](Self::connect) itself.
 pub trait Connector: Sync {
     fn connect(&self, conns: usize) -> Result<Box<dyn Transport>, TransportError>;
 }

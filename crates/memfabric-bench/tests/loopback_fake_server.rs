@@ -165,6 +165,7 @@ fn latency_sweep_reports_one_row_per_op_and_size() {
         iterations: 50,
         warmup: 5,
         key_prefix: "lat:".into(),
+        server_pid: None,
     };
     let rows = latency::run(&TcpConnector { addr }, &cfg).unwrap();
     let got: Vec<(String, usize, u64)> = rows

@@ -1,0 +1,180 @@
+//! `--transport ucx` end to end against a real memfabricd (free ports, `--ucx-port`, killed
+//! on drop). Run under each UCX_TLS the CI uses (`posix,cma,self` and `tcp,self`).
+//!
+//! memfabricd is `$MEMFABRICD` (relative to the workspace root) or
+//! `target/{release,debug}/memfabricd`; build it first (`cargo build --release -p
+//! memfabric-server`). A missing binary fails the test, it never skips. No test asserts on a
+//! timing.
+
+use memfabric_bench::latency::{self, LatencyConfig};
+use memfabric_bench::load::{self, LoadConfig};
+use memfabric_bench::server::{self, ServerProcess, ServerSpec};
+use memfabric_bench::ucx::UcxConnector;
+use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn memfabricd() -> PathBuf {
+    if let Ok(p) = std::env::var("MEMFABRICD") {
+        let p = PathBuf::from(p);
+        let p = if p.is_absolute() {
+            p
+        } else {
+            workspace_root().join(p)
+        };
+        assert!(p.exists(), "MEMFABRICD={} does not exist", p.display());
+        return p;
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    for profile in ["release", "debug"] {
+        let p = target.join(profile).join("memfabricd");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "memfabricd not found under {}: cargo build --release -p memfabric-server",
+        target.display()
+    );
+}
+
+/// memfabricd with a UCX bootstrap port; the returned process is the drop guard (SIGKILL
+/// and reap on drop, also when an assertion fails).
+fn start_memfabricd() -> (ServerProcess, SocketAddr) {
+    let ucx_port = server::free_port().unwrap();
+    let spec = ServerSpec {
+        name: "memfabricd".into(),
+        path: memfabricd(),
+        threads: 1,
+        memory_mb: 64,
+        extra_args: vec!["--ucx-port".into(), ucx_port.to_string()],
+    };
+    let proc = spec.start().expect("start memfabricd");
+    (proc, SocketAddr::from(([127, 0, 0, 1], ucx_port)))
+}
+
+#[test]
+fn ucx_latency_sweep_reports_every_row() {
+    let (srv, ucx) = start_memfabricd();
+    let cfg = LatencyConfig {
+        sizes: vec![4, 65536],
+        ops: vec![OpKind::Get, OpKind::Set],
+        iterations: 50,
+        warmup: 5,
+        key_prefix: "mfb-ucx-lat:".into(),
+        server_pid: Some(srv.pid()),
+    };
+    let rows = latency::run(&UcxConnector::new(ucx), &cfg).expect("ucx latency run");
+    let got: Vec<(&str, &str, usize)> = rows
+        .iter()
+        .map(|(r, _)| (r.transport.as_str(), r.op.as_str(), r.size))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("ucx", "get", 4),
+            ("ucx", "get", 65536),
+            ("ucx", "set", 4),
+            ("ucx", "set", 65536),
+        ]
+    );
+    for (r, h) in &rows {
+        assert_eq!(r.ops, 50, "{r:?}");
+        assert_eq!(h.len(), 50, "{r:?}");
+        assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{r:?}");
+        // CPU time comes in clock ticks: 50 ops may take none.
+        let cpu = r.server_cpu_s_per_mop.expect("server pid given");
+        assert!(cpu >= 0.0, "{r:?}");
+    }
+}
+
+#[test]
+fn ucx_closed_loop_two_threads_pipelined() {
+    let (_srv, ucx) = start_memfabricd();
+    let connector = UcxConnector::new(ucx);
+    let keys = KeySpace {
+        prefix: "mfb-ucx-load:".into(),
+        n: 500,
+    };
+    let p = load::preload(&connector, &keys, 1000, 4, 8).expect("preload");
+    assert_eq!(p.stored, 500);
+    let cfg = LoadConfig {
+        threads: 2,
+        conns_per_thread: 2,
+        depth: 4,
+        ops: Some(4000),
+        duration: None,
+        keys,
+        dist: KeyDist::Uniform,
+        mix: OpMix::parse("90:10").unwrap(),
+        value_size: 1000,
+        seed: 7,
+        progress: false,
+        label: "ucx".into(),
+    };
+    let s = load::run(&connector, &cfg).expect("ucx load run");
+    assert_eq!(s.ops(), 4000);
+    assert!(s.gets > 0 && s.sets > 0);
+    // Every GET hit and its value checked out (key and stamps), every SET stored.
+    assert_eq!(s.hits, s.gets);
+    assert_eq!(s.mismatches, 0);
+    assert_eq!(s.stored, s.sets);
+    assert_eq!(s.errors, 0);
+}
+
+/// The CLI: `--start-server` with `--transport tcp,ucx` measures both against one memfabricd
+/// and writes a JSON row per (transport, op, size) with the server's CPU per Mop.
+#[test]
+fn cli_latency_tcp_and_ucx_against_one_started_server() {
+    let dir = std::env::temp_dir().join(format!("mfb-ucx-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("lat.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_memfabric-bench"))
+        .args(["latency", "--transport", "tcp,ucx", "--start-server"])
+        .arg(memfabricd())
+        .args([
+            "--memory",
+            "64",
+            "--sizes",
+            "4,65536",
+            "--ops",
+            "get,set",
+            "--iterations",
+            "50",
+            "--warmup",
+            "5",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run memfabric-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("server_cpu_s_per_mop"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 8, "{v}");
+    for t in ["tcp", "ucx"] {
+        let n = rows.iter().filter(|r| r["transport"] == t).count();
+        assert_eq!(n, 4, "{t}: {v}");
+    }
+    for r in rows {
+        assert!(r["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["p99_us"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["ops"].as_u64(), Some(50), "{r}");
+        assert!(r["server_cpu_s_per_mop"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
