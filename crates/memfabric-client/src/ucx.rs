@@ -84,6 +84,8 @@ pub struct UcxTransport {
     next_opaque: u64,
     /// Completions produced outside `progress` (closes), delivered by the next one.
     deferred: Vec<Completion>,
+    /// Connections whose endpoint UCX reported failed, for the next `progress`.
+    failed_conns: Vec<ConnId>,
     last_lifeline_check: Instant,
 }
 
@@ -93,6 +95,8 @@ impl UcxTransport {
         let ucx = |e: mf::Error| Error::Protocol(format!("UCX: {e}"));
         let mut w = mf::Worker::new(&ctx).map_err(ucx)?;
         w.set_am_handler(fp::AM_RESPONSE).map_err(ucx)?;
+        // The server's reachability probe: received and ignored.
+        w.set_am_handler(fp::AM_PROBE).map_err(ucx)?;
         let address = w.address().map_err(ucx)?;
         let poll = Poll::new().map_err(|e| Error::Protocol(format!("poll: {e}")))?;
         let efd = w.event_fd().map_err(ucx)?;
@@ -110,12 +114,17 @@ impl UcxTransport {
             receiving: HashMap::new(),
             next_opaque: 1,
             deferred: Vec::new(),
+            failed_conns: Vec::new(),
             last_lifeline_check: Instant::now(),
         })
     }
 
     /// HELLO / WELCOME over the bootstrap connection.
-    fn bootstrap(&self, addr: &ServerAddr, timeout: Duration) -> Result<(TcpStream, fp::Welcome), Error> {
+    fn bootstrap(
+        &self,
+        addr: &ServerAddr,
+        timeout: Duration,
+    ) -> Result<(TcpStream, fp::Welcome), Error> {
         let server = addr.to_string();
         let io = |e: std::io::Error| Error::Io {
             server: server.clone(),
@@ -129,7 +138,10 @@ impl UcxTransport {
             .ok_or_else(|| Error::Config(format!("cannot resolve {server}")))?;
         let mut s = TcpStream::connect_timeout(&sa, timeout).map_err(io)?;
         let _ = s.set_nodelay(true);
-        let left = |d: Instant| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let left = |d: Instant| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
         s.set_write_timeout(Some(left(deadline))).map_err(io)?;
         let hello = fp::Hello {
             version: fp::VERSION,
@@ -151,7 +163,12 @@ impl UcxTransport {
                     })
                 }
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return Err(Error::Timeout { server })
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -179,7 +196,10 @@ impl UcxTransport {
         let Some(mut c) = self.conns.remove(&conn) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&c.lifeline.as_raw_fd()));
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut mio::unix::SourceFd(&c.lifeline.as_raw_fd()));
         if let Some(ep) = c.ep.take() {
             self.w.close(ep, true);
         }
@@ -229,6 +249,7 @@ impl UcxTransport {
 
     fn handle(&mut self, e: mf::Event, done: &mut Vec<Completion>) {
         match e {
+            mf::Event::Am(msg) if msg.id != fp::AM_RESPONSE => {}
             mf::Event::Am(msg) => {
                 let Ok(r) = fp::decode_response(&msg.header) else {
                     return; // not ours to answer; the request will time out
@@ -269,13 +290,27 @@ impl UcxTransport {
                     Err(e) => self.fail_request(token, e, done),
                 }
             }
-            mf::Event::EpFailed { .. } | mf::Event::ConnRequest(_) => {}
+            mf::Event::EpFailed { ep, error } => {
+                let dead = self
+                    .conns
+                    .iter()
+                    .find_map(|(&id, c)| (c.ep.as_ref().map(|e| e.id()) == Some(ep)).then_some(id));
+                if let Some(id) = dead {
+                    self.fail_conn(id, &format!("UCX endpoint failed: {error}"), done);
+                    self.failed_conns.push(id);
+                }
+            }
+            mf::Event::ConnRequest(_) => {}
         }
     }
 
     fn fail_request(&mut self, opaque: u64, e: mf::Error, done: &mut Vec<Completion>) {
         if let Some(f) = self.inflight.remove(&opaque) {
-            let server = self.conns.get(&f.conn).map(|c| c.server.clone()).unwrap_or_default();
+            let server = self
+                .conns
+                .get(&f.conn)
+                .map(|c| c.server.clone())
+                .unwrap_or_default();
             done.push(Completion {
                 id: f.id,
                 result: Err(Error::Io {
@@ -320,10 +355,14 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
         (S::NoMemory, _) => return Err(Error::Server("out of memory storing object".into())),
         (S::Invalid, _) => return Err(Error::Client("bad command line format".into())),
         (S::UnknownCommand, _) => return Err(Error::Client("ERROR".into())),
-        (S::UnknownSession, _) => return Err(Error::Protocol("server does not know this session".into())),
+        (S::UnknownSession, _) => {
+            return Err(Error::Protocol("server does not know this session".into()))
+        }
         (S::Failed, _) => return Err(Error::Server("value transfer failed".into())),
         (S::NonNumeric, _) => {
-            return Err(Error::Client("cannot increment or decrement non-numeric value".into()))
+            return Err(Error::Client(
+                "cannot increment or decrement non-numeric value".into(),
+            ))
         }
         _ => {}
     }
@@ -336,14 +375,17 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
             })),
             _ => Reply::Value(None),
         },
-        Opcode::Set | Opcode::Add | Opcode::Replace | Opcode::Append | Opcode::Prepend | Opcode::Cas => {
-            Reply::Stored(match r.status {
-                S::Ok => StoreStatus::Stored { cas: r.cas },
-                S::Exists => StoreStatus::Exists,
-                S::NotFound => StoreStatus::NotFound,
-                _ => StoreStatus::NotStored,
-            })
-        }
+        Opcode::Set
+        | Opcode::Add
+        | Opcode::Replace
+        | Opcode::Append
+        | Opcode::Prepend
+        | Opcode::Cas => Reply::Stored(match r.status {
+            S::Ok => StoreStatus::Stored { cas: r.cas },
+            S::Exists => StoreStatus::Exists,
+            S::NotFound => StoreStatus::NotFound,
+            _ => StoreStatus::NotStored,
+        }),
         Opcode::Delete => Reply::Deleted(r.status == S::Ok),
         Opcode::Incr | Opcode::Decr => Reply::Counter((r.status == S::Ok).then_some(r.value)),
         Opcode::Touch => Reply::Touched(r.status == S::Ok),
@@ -394,7 +436,14 @@ fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
         }
         Op::Touch { key, exptime } => (Opcode::Touch, 0, exptime, 0, key, None),
         Op::FlushAll { delay } => (Opcode::FlushAll, 0, delay, 0, Vec::new(), None),
-        Op::Stats { group } => (Opcode::Stats, 0, 0, 0, group.unwrap_or_default().into_bytes(), None),
+        Op::Stats { group } => (
+            Opcode::Stats,
+            0,
+            0,
+            0,
+            group.unwrap_or_default().into_bytes(),
+            None,
+        ),
         Op::Version => (Opcode::Version, 0, 0, 0, Vec::new(), None),
         Op::Noop => (Opcode::Noop, 0, 0, 0, Vec::new(), None),
     }
@@ -403,6 +452,8 @@ fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
 impl Transport for UcxTransport {
     fn connect(&mut self, addr: &ServerAddr, timeout: Duration) -> Result<ConnId, Error> {
         let (lifeline, welcome) = self.bootstrap(addr, timeout)?;
+        // Same error-handling mode as the server's endpoint to us, or UCX cannot pair them.
+        self.w.set_peer_errors(welcome.peer_errors);
         let ep = self
             .w
             .connect_address(&welcome.worker_address)
@@ -471,7 +522,10 @@ impl Transport for UcxTransport {
         let Some(ep) = c.ep.as_ref() else {
             return Err(Error::Closed);
         };
-        match self.w.am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN) {
+        match self
+            .w
+            .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
+        {
             Ok(_) => {
                 self.inflight.insert(opaque, InFlight { conn, id, opcode });
                 Ok(())
@@ -503,6 +557,7 @@ impl Transport for UcxTransport {
                     self.handle(e, done);
                 }
             }
+            failed.append(&mut self.failed_conns);
             if self.last_lifeline_check.elapsed() >= Duration::from_millis(1) || timeout.is_zero() {
                 self.check_lifelines(done, failed);
             }

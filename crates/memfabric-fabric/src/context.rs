@@ -24,11 +24,25 @@ unsafe impl Sync for Context {}
 
 impl Context {
     /// Create a context named `name` (shown in UCX's own logs).
+    ///
+    /// One setting differs from UCX's default unless the environment sets it:
+    /// `RNDV_SCHEME=get_zcopy`. The receiver of a rendezvous message *pulls* the data (the
+    /// server reads a SET's value into item memory, a client reads a GET's value), so a
+    /// sender that dies mid-transfer makes the read fail at once instead of leaving the
+    /// receiver waiting for data that never comes. UCX falls back to another scheme where
+    /// a transport cannot read remotely.
     pub fn new(name: &str) -> Result<Arc<Context>> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL env prefix and file name mean "UCX_ from the environment"; config is
         // an out-pointer that UCX fills on success.
         check(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
+        if std::env::var_os("UCX_RNDV_SCHEME").is_none() {
+            // SAFETY: config is live; both strings are NUL-terminated literals. A failure
+            // (an option this UCX does not know) leaves UCX's default in place.
+            let _ = unsafe {
+                sys::ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"get_zcopy".as_ptr())
+            };
+        }
         let cname = std::ffi::CString::new(name).unwrap_or_default();
         let params = sys::ucp_params_t {
             field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,

@@ -478,14 +478,17 @@ impl Worker {
             id,
             arg: Some(arg),
             rkeys: Vec::new(),
+            peer: peer_errors,
             alive: Rc::downgrade(&self.alive),
         })
     }
 
-    /// Close an endpoint. `force`: drop everything in flight at once (peer failed);
-    /// otherwise flush first. Completion is internal; the worker waits for outstanding
-    /// closes before it is destroyed.
+    /// Close an endpoint. `force`: drop everything in flight at once, completing it with
+    /// an error (peer failed) — UCX allows that only for endpoints with peer-failure
+    /// handling, others are flushed. Completion is internal; the worker waits for
+    /// outstanding closes before it is destroyed.
     pub fn close(&mut self, mut ep: Endpoint, force: bool) {
+        let force = force && ep.peer;
         ep.destroy_rkeys();
         let op = Box::new(OpCtx {
             queue: &*self.queue,
@@ -887,6 +890,8 @@ pub struct Endpoint {
     id: EpId,
     arg: Option<Box<EpArg>>,
     rkeys: Vec<sys::ucp_rkey_h>,
+    /// Created with peer-failure handling (UCX allows a force close only then).
+    peer: bool,
     /// Shared with the worker: an endpoint dropped after its worker has nothing to close
     /// (UCX destroyed it with the worker).
     alive: Weak<()>,
@@ -899,6 +904,11 @@ pub struct RemoteKey(usize);
 impl Endpoint {
     pub fn id(&self) -> EpId {
         self.id
+    }
+
+    /// Whether UCX handles peer failure on this endpoint (see `Worker::set_peer_errors`).
+    pub fn peer_errors(&self) -> bool {
+        self.peer
     }
 
     /// Unpack a peer's packed rkey (from [`MemRegion::pack_rkey`]) for RMA reads.
@@ -937,7 +947,11 @@ impl Drop for Endpoint {
         self.destroy_rkeys();
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+            flags: if self.peer {
+                sys::UCP_EP_CLOSE_FLAG_FORCE
+            } else {
+                0
+            },
             ..Default::default()
         };
         // SAFETY: h is a live endpoint not yet closed (Worker::close nulls it).

@@ -14,6 +14,10 @@ pub const VERSION: u16 = 1;
 pub const AM_REQUEST: u16 = 1;
 /// AM id of responses (server → client).
 pub const AM_RESPONSE: u16 = 2;
+/// AM id of the server's reachability probe (server → client, no header, ignored): sent
+/// once on a new endpoint created with UCX peer-failure handling, to learn whether the
+/// transports in use support it (see `Welcome::peer_errors`).
+pub const AM_PROBE: u16 = 3;
 
 /// Size of the fixed part of a request header (the key follows).
 pub const REQUEST_FIXED: usize = 40;
@@ -306,6 +310,9 @@ pub struct Welcome {
     pub version: u16,
     /// 0 = accepted; 1 = unsupported version; 2 = refused (no UCX worker available).
     pub status: u8,
+    /// The server's endpoint to the client uses UCX peer-failure handling; the client's
+    /// endpoint must use the same mode (UCX pairs endpoints of one mode only).
+    pub peer_errors: bool,
     pub session: u32,
     /// Values up to this many bytes travel eagerly; larger ones by rendezvous.
     pub eager_max: u32,
@@ -333,7 +340,7 @@ impl Welcome {
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
         out.push(self.status);
-        out.push(0);
+        out.push(u8::from(self.peer_errors));
         out.extend_from_slice(&self.session.to_le_bytes());
         out.extend_from_slice(&self.eager_max.to_le_bytes());
         out.extend_from_slice(&self.item_size_max.to_le_bytes());
@@ -360,7 +367,8 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
     let res = (|| {
         r.take(4)?;
         let version = r.u16()?;
-        let status = r.take(2)?[0];
+        let sf = r.take(2)?;
+        let (status, peer_errors) = (sf[0], sf[1] & 1 != 0);
         let session = r.u32()?;
         let eager_max = r.u32()?;
         let item_size_max = r.u64()?;
@@ -369,6 +377,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
         Ok(Welcome {
             version,
             status,
+            peer_errors,
             session,
             eager_max,
             item_size_max,
@@ -524,6 +533,7 @@ mod tests {
         let w = Welcome {
             version: VERSION,
             status: WELCOME_OK,
+            peer_errors: true,
             session: 9,
             eager_max: 8192,
             item_size_max: 1 << 20,

@@ -42,6 +42,12 @@ pub struct FabricShared {
     next_session: AtomicU32,
     pub curr_sessions: AtomicU64,
     pub total_sessions: AtomicU64,
+    /// Sessions whose endpoint has UCX peer-failure handling.
+    pub peer_error_sessions: AtomicU64,
+    /// Rendezvous receives still in flight when their client went away on an endpoint
+    /// without peer-failure handling: UCX 1.13 can neither cancel nor fail them, so their
+    /// pending items stay allocated (never linked, never visible) until UCX lets go.
+    pub orphaned_receives: AtomicU64,
 }
 
 impl FabricShared {
@@ -68,6 +74,8 @@ impl FabricShared {
             next_session: AtomicU32::new(1),
             curr_sessions: AtomicU64::new(0),
             total_sessions: AtomicU64::new(0),
+            peer_error_sessions: AtomicU64::new(0),
+            orphaned_receives: AtomicU64::new(0),
         })
     }
 }
@@ -89,6 +97,8 @@ struct Client {
     inbuf: Vec<u8>,
     /// Unsent WELCOME bytes.
     outbuf: Vec<u8>,
+    /// WELCOME said no: close once it is sent.
+    refused: bool,
     session: Option<(u32, mf::Endpoint)>,
 }
 
@@ -187,6 +197,7 @@ impl FabricWorker {
                 stream,
                 inbuf: Vec::new(),
                 outbuf: Vec::new(),
+                refused: false,
                 session: None,
             },
         );
@@ -260,11 +271,12 @@ impl FabricWorker {
         if hello.version != fp::VERSION {
             reply.status = fp::WELCOME_BAD_VERSION;
         } else {
-            match (
-                self.w.connect_address(&hello.worker_address),
-                self.w.address(),
-            ) {
+            match (self.connect_client(&hello.worker_address), self.w.address()) {
                 (Ok(ep), Ok(addr)) => {
+                    reply.peer_errors = ep.peer_errors();
+                    if ep.peer_errors() {
+                        fs.peer_error_sessions.fetch_add(1, Ordering::Relaxed);
+                    }
                     let id = fs.next_session.fetch_add(1, Ordering::Relaxed);
                     let store = &shared.store;
                     reply.session = id;
@@ -300,7 +312,32 @@ impl FabricWorker {
         if let Some(c) = self.clients.get_mut(&token) {
             c.inbuf.clear();
             c.outbuf.extend_from_slice(&reply.encode());
+            c.refused = reply.status != fp::WELCOME_OK;
         }
+    }
+
+    /// An endpoint to a client: with UCX peer-failure handling when the transports in use
+    /// support it (then a client that dies mid-transfer has its transfers cancelled and
+    /// their items freed at once), otherwise without (UCX 1.13's shared-memory transports;
+    /// the lifeline still ends the session). A probe message tells which: UCX fails it at
+    /// once when no transport can carry it in that mode.
+    fn connect_client(&mut self, address: &[u8]) -> mf::Result<mf::Endpoint> {
+        self.w.set_peer_errors(true);
+        if let Ok(ep) = self.w.connect_address(address) {
+            let how = mf::SendHow {
+                proto: mf::Proto::Eager,
+                reply: false,
+            };
+            match self
+                .w
+                .am_send(&ep, fp::AM_PROBE, Vec::new(), None, how, SEND_TOKEN)
+            {
+                Ok(_) => return Ok(ep),
+                Err(_) => self.w.close(ep, true),
+            }
+        }
+        self.w.set_peer_errors(false);
+        self.w.connect_address(address)
     }
 
     /// Write queued WELCOME bytes. `false` if the socket failed.
@@ -320,7 +357,7 @@ impl FabricWorker {
             }
         }
         // A refused client has been told; now let it go.
-        c.session.is_some()
+        !c.refused
     }
 
     fn drop_client(&mut self, registry: &Registry, token: Token) {
@@ -333,16 +370,24 @@ impl FabricWorker {
             if let Some(fs) = self.shared().fabric.as_ref() {
                 fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
             }
-            // The peer is gone: drop whatever is in flight to it. Receives into pending
-            // items complete with an error and free their items.
+            // The peer is gone: drop whatever is in flight to it. With peer-failure
+            // handling, receives into pending items complete with an error and free their
+            // items; without it they are orphaned (counted until UCX completes them).
+            let receiving = self.receiving.values().filter(|r| r.session == id).count();
+            if receiving > 0 && !ep.peer_errors() {
+                if let Some(fs) = self.shared().fabric.as_ref() {
+                    fs.orphaned_receives
+                        .fetch_add(receiving as u64, Ordering::Relaxed);
+                }
+            }
             self.w.close(ep, true);
-            tracing::debug!("ucx session {id} closed");
+            tracing::debug!("ucx session {id} closed ({receiving} receives in flight)");
         }
     }
 
     /// Progress UCX until it is idle and serve what arrived. Returns whether anything
     /// happened.
-    pub fn progress(&mut self, stats: &ThreadStats) -> bool {
+    pub fn progress(&mut self, registry: &Registry, stats: &ThreadStats) -> bool {
         let mut active = false;
         for _ in 0..64 {
             let n = self.w.progress();
@@ -352,13 +397,13 @@ impl FabricWorker {
             }
             active = true;
             for e in events {
-                self.handle(stats, e);
+                self.handle(registry, stats, e);
             }
         }
         active
     }
 
-    fn handle(&mut self, stats: &ThreadStats, e: mf::Event) {
+    fn handle(&mut self, registry: &Registry, stats: &ThreadStats, e: mf::Event) {
         match e {
             mf::Event::Am(msg) => self.request(stats, msg),
             mf::Event::Done { token, result, buf } => {
@@ -370,7 +415,15 @@ impl FabricWorker {
                 }
             }
             mf::Event::EpFailed { ep, error } => {
+                // The peer is gone (UCX noticed before the lifeline did): end its session.
                 tracing::debug!("ucx endpoint {ep} failed: {error}");
+                let dead = self.clients.iter().find_map(|(t, c)| {
+                    let (_, e) = c.session.as_ref()?;
+                    (e.id() == ep).then_some(*t)
+                });
+                if let Some(t) = dead {
+                    self.drop_client(registry, t);
+                }
             }
             mf::Event::ConnRequest(_) => {}
         }
@@ -590,6 +643,15 @@ impl FabricWorker {
             transport: Transport::Ucx,
             conn_id: u64::from(r.session),
         };
+        tracing::trace!("ucx receive for session {} done: {result:?}", r.session);
+        if !self.by_session.contains_key(&r.session) {
+            // Completed after its session ended: no longer orphaned if it was counted.
+            if let Some(fs) = shared.0.fabric.as_ref() {
+                let _ =
+                    fs.orphaned_receives
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            }
+        }
         if let Err(e) = result {
             // The item (inside buf) is dropped unlinked: nothing half-written is visible.
             drop(buf);
@@ -932,6 +994,14 @@ fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
         v.push((
             "ucx_total_sessions".into(),
             fs.total_sessions.load(Ordering::Relaxed).to_string(),
+        ));
+        v.push((
+            "ucx_peer_error_sessions".into(),
+            fs.peer_error_sessions.load(Ordering::Relaxed).to_string(),
+        ));
+        v.push((
+            "ucx_orphaned_receives".into(),
+            fs.orphaned_receives.load(Ordering::Relaxed).to_string(),
         ));
         v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
         v.push(("ucx_arena_registered".into(), fs.arena.len().to_string()));

@@ -192,7 +192,7 @@ impl Worker {
                 }
             }
             if let Some(f) = self.fabric.as_mut() {
-                active |= f.progress(&self.stats);
+                active |= f.progress(self.poll.registry(), &self.stats);
             }
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
