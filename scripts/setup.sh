@@ -36,8 +36,9 @@ quietly() {
 # Build: pkg-config, libucx-dev (the fabric's UCX), libclang-dev (bindgen), gcc.
 pkgs=(pkg-config libucx-dev libclang-dev gcc)
 if [[ $mode == all ]]; then
-  # Reference server and conformance tools, pylibmc's C library, network namespaces.
-  pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2)
+  # Reference server and conformance tools, pylibmc's C library, network namespaces,
+  # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks).
+  pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2 ucx-utils)
 fi
 
 # Python for the interop suite: Debian's python3 when present (a fresh machine's), else

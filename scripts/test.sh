@@ -20,7 +20,13 @@ stage "setup" scripts/setup.sh
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 stage "cargo build --release" cargo build --release --workspace
-stage "cargo test --release" cargo test --release --workspace
+# The UCX tests (fabric runtime, client over UCX, server's UCX path, UCX benchmarks) run
+# under both transport families a machine without RDMA has: shared memory (with the whole
+# workspace), then TCP. On InfiniBand/RoCE the same tests run with UCX_TLS=rc_x,ud_x etc.
+stage "cargo test --release (UCX_TLS=posix,cma,self)" \
+  env UCX_TLS=posix,cma,self cargo test --release --workspace
+stage "cargo test --release, UCX crates (UCX_TLS=tcp,self)" \
+  env UCX_TLS=tcp,self cargo test --release -p memfabric-fabric -p memfabric-client -p memfabric-bench
 export MEMFABRICD=${MEMFABRICD:-target/release/memfabricd}
 stage "pytest tests/interop (MEMFABRICD=$MEMFABRICD)" .venv/bin/python -m pytest tests/interop
 echo "==> all stages passed"

@@ -891,11 +891,7 @@ impl FabricWorker {
             }
             Opcode::Stats => {
                 let group = String::from_utf8_lossy(req.key).into_owned();
-                let pairs = if group == "fabric" {
-                    Some(fabric_stats(shared))
-                } else {
-                    crate::stats::collect(ctx, &group)
-                };
+                let pairs = crate::stats::collect(ctx, &group);
                 match pairs {
                     Some(pairs) => {
                         let mut text = Vec::new();
@@ -984,7 +980,7 @@ fn forget_on_failed_set(ctx: &ExecCtx<'_>, op: Opcode, key: &[u8]) {
 }
 
 /// `stats fabric`.
-fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
+pub fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
     let mut v = Vec::new();
     if let Some(fs) = shared.fabric.as_ref() {
         v.push((

@@ -176,7 +176,7 @@ fn store_base_of(st: &memfabric_store::StoreStats) -> StoreBase {
 }
 
 /// The key/value pairs of `stats <group>` (`group` = "" for the general stats, or
-/// "settings", "items", "slabs", "conns", "sizes"). `None` for an unknown group.
+/// "settings", "items", "slabs", "conns", "sizes", "fabric"). `None` for an unknown group.
 /// Shared by ascii `stats` and binary STAT so both print the same names.
 pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> {
     let shared = ctx.shared;
@@ -188,6 +188,8 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "slabs" => slabs(shared, &mut v),
         "conns" => conns(shared, &mut v),
         "sizes" => v.put("sizes_status", "disabled"),
+        // memfabric's own group: the UCX data path.
+        "fabric" => v.0.extend(crate::fabric::fabric_stats(shared)),
         _ => return None,
     }
     Some(v.0)
