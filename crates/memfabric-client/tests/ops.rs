@@ -1,4 +1,5 @@
-//! Every operation end to end over TCP, against Debian's memcached and against memfabricd.
+//! Every operation end to end: over TCP against Debian's memcached and against memfabricd,
+//! and over UCX against memfabricd (`ucx://`, under whatever `UCX_TLS` says).
 
 mod common;
 
@@ -10,13 +11,15 @@ use common::{Kind, Server};
 use memfabric_client::{Client, Config, Error, Op, Reply, StoreStatus};
 
 fn client(servers: &[&Server]) -> Client {
-    let list: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+    let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
     Client::new(list.join(",").as_str(), Config::default()).unwrap()
 }
 
-/// `mod name { memcached(), memfabricd() }`: the same test body against both servers.
-macro_rules! against_both {
-    ($($name:ident => $body:expr;)*) => {$(
+/// `mod name { memcached(), memfabricd(), memfabricd_ucx() }`: the same test body against
+/// every server kind. `#[ucx(...)]` before a name puts an attribute (an `ignore` naming a
+/// known UCX-path bug) on the UCX case only.
+macro_rules! against_all {
+    ($($(#[ucx($ucx:meta)])? $name:ident => $body:expr;)*) => {$(
         mod $name {
             use super::*;
             #[test]
@@ -27,11 +30,16 @@ macro_rules! against_both {
             fn memfabricd() {
                 ($body)(Kind::Memfabricd)
             }
+            #[test]
+            $(#[$ucx])?
+            fn memfabricd_ucx() {
+                ($body)(Kind::MemfabricdUcx)
+            }
         }
     )*};
 }
 
-against_both! {
+against_all! {
     get_of_missing_key_is_none => |k| {
         let s = Server::start(k, &[]);
         let mut c = client(&[&s]);
@@ -44,9 +52,19 @@ against_both! {
         let mut c = client(&[&s]);
         c.set(b"k", b"hello", 42, 0).unwrap();
         let v = c.get(b"k").unwrap().unwrap();
-        assert_eq!((&v.data[..], v.flags, v.cas), (&b"hello"[..], 42, 0));
+        assert_eq!((&v.data[..], v.flags), (&b"hello"[..], 42));
         c.set(b"k", b"again", 0, 0).unwrap();
         assert_eq!(&c.get(b"k").unwrap().unwrap().data[..], b"again");
+    };
+
+    #[ucx(ignore = "bug in src/ucx.rs: get (Op::Get { cas: false }) returns the item's CAS, \
+                    not 0 as Client::get documents")]
+    get_reports_cas_0_and_gets_the_cas => |k| {
+        let s = Server::start(k, &[]);
+        let mut c = client(&[&s]);
+        c.set(b"k", b"hello", 0, 0).unwrap();
+        assert_eq!(c.get(b"k").unwrap().unwrap().cas, 0);
+        assert_ne!(c.gets(b"k").unwrap().unwrap().cas, 0);
     };
 
     cas_succeeds_once_then_reports_exists => |k| {
@@ -160,7 +178,7 @@ against_both! {
         let mut c = client(&[&a, &b]);
         let stats = c.stats(None);
         assert_eq!(stats.len(), 2);
-        assert_eq!(stats[0].0, a.addr());
+        assert_eq!(stats[0].0, a.name());
         for (_, r) in &stats {
             let r = r.as_ref().unwrap();
             assert!(r.iter().any(|(k, _)| k == "pid"));
@@ -176,17 +194,27 @@ against_both! {
         assert_eq!(c.wait(h, Duration::from_secs(1)), Ok(Reply::Ok));
     };
 
-    invalid_keys_fail_before_sending => |k| {
+    keys_longer_than_250_bytes_fail_before_sending => |k| {
         let s = Server::start(k, &[]);
         let mut c = client(&[&s]);
         let long = vec![b'x'; 251];
-        for key in [&b""[..], b"has space", b"ctl\x01", b"new\nline", &long] {
-            assert_eq!(c.set(key, b"v", 0, 0), Err(Error::InvalidKey));
-            assert_eq!(c.get(key), Err(Error::InvalidKey));
-        }
+        assert_eq!(c.set(&long, b"v", 0, 0), Err(Error::InvalidKey));
+        assert_eq!(c.get(&long), Err(Error::InvalidKey));
         let ok = vec![b'x'; 250];
         c.set(&ok, b"v", 0, 0).unwrap();
         assert_eq!(&c.get(&ok).unwrap().unwrap().data[..], b"v");
+    };
+
+    #[ucx(ignore = "bug in src/ucx.rs: submit checks only the length, so empty keys and keys \
+                    with whitespace or control bytes are sent (memfabricd stores them; an \
+                    empty key's SET comes back as TooLarge)")]
+    empty_keys_and_keys_with_spaces_or_control_bytes_fail_before_sending => |k| {
+        let s = Server::start(k, &[]);
+        let mut c = client(&[&s]);
+        for key in [&b""[..], b"has space", b"ctl\x01", b"new\nline"] {
+            assert_eq!(c.set(key, b"v", 0, 0), Err(Error::InvalidKey));
+            assert_eq!(c.get(key), Err(Error::InvalidKey));
+        }
     };
 
     too_large_values_fail_and_keep_the_connection_in_step => |k| {

@@ -1,5 +1,5 @@
 //! Pools of several servers: get_multi, failures mid-flight, timeouts, down-marking, recovery,
-//! failover.
+//! failover; over TCP and over UCX (memfabricd's `--ucx-port`).
 
 mod common;
 
@@ -8,11 +8,11 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Kind, Server, KINDS};
+use common::{Kind, Server};
 use memfabric_client::{Client, Config, Error};
 
 fn pool(servers: &[&Server], config: Config) -> Client {
-    let list: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+    let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
     Client::new(list.join(",").as_str(), config).unwrap()
 }
 
@@ -70,20 +70,34 @@ fn get_multi_across_three_servers(kind: Kind) {
 
 #[test]
 fn get_multi_across_three_servers_memcached() {
-    get_multi_across_three_servers(KINDS[0]);
+    get_multi_across_three_servers(Kind::Memcached);
 }
 
 #[test]
 fn get_multi_across_three_servers_memfabricd() {
-    get_multi_across_three_servers(KINDS[1]);
+    get_multi_across_three_servers(Kind::Memfabricd);
 }
 
 #[test]
-fn a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working() {
+fn get_multi_across_three_servers_memfabricd_ucx() {
+    get_multi_across_three_servers(Kind::MemfabricdUcx);
+}
+
+#[test]
+fn a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working_memfabricd() {
+    a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working(Kind::Memfabricd);
+}
+
+#[test]
+fn a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working_memfabricd_ucx() {
+    a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working(Kind::MemfabricdUcx);
+}
+
+fn a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working(kind: Kind) {
     let mut servers = [
-        Server::start(Kind::Memfabricd, &[]),
-        Server::start(Kind::Memfabricd, &[]),
-        Server::start(Kind::Memfabricd, &[]),
+        Server::start(kind, &[]),
+        Server::start(kind, &[]),
+        Server::start(kind, &[]),
     ];
     let config = Config {
         timeout: Duration::from_secs(1),
@@ -130,11 +144,17 @@ fn a_server_killed_mid_flight_fails_its_requests_and_the_others_keep_working() {
 }
 
 #[test]
-fn a_stopped_server_times_out_and_is_marked_down() {
-    let servers = [
-        Server::start(Kind::Memcached, &[]),
-        Server::start(Kind::Memcached, &[]),
-    ];
+fn a_stopped_server_times_out_and_is_marked_down_memcached() {
+    a_stopped_server_times_out_and_is_marked_down(Kind::Memcached);
+}
+
+#[test]
+fn a_stopped_server_times_out_and_is_marked_down_memfabricd_ucx() {
+    a_stopped_server_times_out_and_is_marked_down(Kind::MemfabricdUcx);
+}
+
+fn a_stopped_server_times_out_and_is_marked_down(kind: Kind) {
+    let servers = [Server::start(kind, &[]), Server::start(kind, &[])];
     let config = Config {
         timeout: Duration::from_millis(300),
         retry_timeout: Duration::from_secs(30),
@@ -158,9 +178,21 @@ fn a_stopped_server_times_out_and_is_marked_down() {
 }
 
 #[test]
-fn a_wait_shorter_than_the_deadline_abandons_only_that_request() {
-    let s = Server::start(Kind::Memfabricd, &[]);
+fn a_wait_shorter_than_the_deadline_abandons_only_that_request_memfabricd() {
+    a_wait_shorter_than_the_deadline_abandons_only_that_request(Kind::Memfabricd);
+}
+
+#[test]
+fn a_wait_shorter_than_the_deadline_abandons_only_that_request_memfabricd_ucx() {
+    a_wait_shorter_than_the_deadline_abandons_only_that_request(Kind::MemfabricdUcx);
+}
+
+fn a_wait_shorter_than_the_deadline_abandons_only_that_request(kind: Kind) {
+    let s = Server::start(kind, &[]);
     let mut c = pool(&[&s], Config::default());
+    // Connected first: a UCX connection needs the server's WELCOME, which a stopped server
+    // never sends (the connect would time out and rightly mark it down).
+    c.set(b"warm", b"up", 0, 0).unwrap();
     s.signal("STOP");
     let h = c.iget(b"k");
     let r = c.wait(h, Duration::from_millis(50));
@@ -175,8 +207,17 @@ fn a_wait_shorter_than_the_deadline_abandons_only_that_request() {
 }
 
 #[test]
-fn a_down_server_recovers_after_restart_and_retry_timeout() {
-    let mut s = Server::start(Kind::Memfabricd, &[]);
+fn a_down_server_recovers_after_restart_and_retry_timeout_memfabricd() {
+    a_down_server_recovers_after_restart_and_retry_timeout(Kind::Memfabricd);
+}
+
+#[test]
+fn a_down_server_recovers_after_restart_and_retry_timeout_memfabricd_ucx() {
+    a_down_server_recovers_after_restart_and_retry_timeout(Kind::MemfabricdUcx);
+}
+
+fn a_down_server_recovers_after_restart_and_retry_timeout(kind: Kind) {
+    let mut s = Server::start(kind, &[]);
     let retry = Duration::from_millis(300);
     let mut c = pool(
         &[&s],
@@ -200,8 +241,17 @@ fn a_down_server_recovers_after_restart_and_retry_timeout() {
 }
 
 #[test]
-fn a_server_down_at_connect_is_marked_down_then_retried() {
-    let mut s = Server::start(Kind::Memcached, &[]);
+fn a_server_down_at_connect_is_marked_down_then_retried_memcached() {
+    a_server_down_at_connect_is_marked_down_then_retried(Kind::Memcached);
+}
+
+#[test]
+fn a_server_down_at_connect_is_marked_down_then_retried_memfabricd_ucx() {
+    a_server_down_at_connect_is_marked_down_then_retried(Kind::MemfabricdUcx);
+}
+
+fn a_server_down_at_connect_is_marked_down_then_retried(kind: Kind) {
+    let mut s = Server::start(kind, &[]);
     let retry = Duration::from_millis(200);
     let mut c = pool(
         &[&s],
@@ -222,11 +272,20 @@ fn a_server_down_at_connect_is_marked_down_then_retried() {
 }
 
 #[test]
-fn failover_sends_keys_of_a_down_server_to_the_next_live_one() {
+fn failover_sends_keys_of_a_down_server_to_the_next_live_one_memfabricd() {
+    failover_sends_keys_of_a_down_server_to_the_next_live_one(Kind::Memfabricd);
+}
+
+#[test]
+fn failover_sends_keys_of_a_down_server_to_the_next_live_one_memfabricd_ucx() {
+    failover_sends_keys_of_a_down_server_to_the_next_live_one(Kind::MemfabricdUcx);
+}
+
+fn failover_sends_keys_of_a_down_server_to_the_next_live_one(kind: Kind) {
     let mut servers = [
-        Server::start(Kind::Memfabricd, &[]),
-        Server::start(Kind::Memfabricd, &[]),
-        Server::start(Kind::Memfabricd, &[]),
+        Server::start(kind, &[]),
+        Server::start(kind, &[]),
+        Server::start(kind, &[]),
     ];
     let config = Config {
         failover: true,

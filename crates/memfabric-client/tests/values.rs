@@ -1,13 +1,15 @@
-//! Values of 0 B to 4 MB round-trip unchanged (servers started with `-I 8m -m 256`).
+//! Values of 0 B to 4 MB round-trip unchanged (servers started with `-I 8m -m 256`), over
+//! TCP and over UCX (where 8 KB is the default eager limit: values up to it travel inside the
+//! message, larger ones by rendezvous).
 
 mod common;
 
 use bytes::Bytes;
-use common::{Kind, Server, KINDS};
+use common::{Kind, Server};
 use memfabric_client::{Client, Config, Reply};
 use std::time::Duration;
 
-const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 4 << 20];
+const SIZES: [usize; 7] = [0, 1, 8191, 8 << 10, 8193, 1 << 20, 4 << 20];
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -18,7 +20,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn round_trip(kind: Kind) {
     let s = Server::start(kind, &["-I", "8m", "-m", "256"]);
     let mut c = Client::new(
-        s.addr().as_str(),
+        s.url().as_str(),
         Config {
             timeout: Duration::from_secs(5),
             ..Config::default()
@@ -69,10 +71,15 @@ fn round_trip(kind: Kind) {
 
 #[test]
 fn values_from_0_bytes_to_4_mb_round_trip_memcached() {
-    round_trip(KINDS[0]);
+    round_trip(Kind::Memcached);
 }
 
 #[test]
 fn values_from_0_bytes_to_4_mb_round_trip_memfabricd() {
-    round_trip(KINDS[1]);
+    round_trip(Kind::Memfabricd);
+}
+
+#[test]
+fn values_from_0_bytes_to_4_mb_round_trip_memfabricd_ucx() {
+    round_trip(Kind::MemfabricdUcx);
 }

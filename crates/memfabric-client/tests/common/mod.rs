@@ -1,4 +1,7 @@
 //! Test servers: Debian's memcached and memfabricd on free loopback ports, killed on drop.
+//! memfabricd runs either TCP only (`--ucx-port 0`) or with its UCX data path on a second
+//! free port, which clients reach as `ucx://127.0.0.1:<port>` ([`Server::url`]). The UCX
+//! transports come from the environment (`UCX_TLS`), which the server inherits.
 //!
 //! memfabricd is `$MEMFABRICD` (relative to the workspace root) or
 //! `target/{release,debug}/memfabricd`; build it first (`cargo build --release -p
@@ -15,10 +18,13 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Memcached,
+    /// memfabricd, clients over TCP (memcached protocol).
     Memfabricd,
+    /// memfabricd with `--ucx-port`, clients over UCX (`ucx://`, the fabric protocol).
+    MemfabricdUcx,
 }
 
-pub const KINDS: [Kind; 2] = [Kind::Memcached, Kind::Memfabricd];
+pub const KINDS: [Kind; 3] = [Kind::Memcached, Kind::Memfabricd, Kind::MemfabricdUcx];
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -91,7 +97,10 @@ fn is_root() -> bool {
 /// A running server; killed (SIGKILL) when dropped.
 pub struct Server {
     pub kind: Kind,
+    /// The memcached-protocol TCP port (every kind has one).
     pub port: u16,
+    /// The UCX bootstrap port (`--ucx-port`), for `Kind::MemfabricdUcx` only.
+    pub ucx_port: Option<u16>,
     args: Vec<String>,
     child: Option<Child>,
 }
@@ -103,6 +112,7 @@ impl Server {
             let mut s = Server {
                 kind,
                 port: free_port(),
+                ucx_port: (kind == Kind::MemfabricdUcx).then(free_port),
                 args: extra.iter().map(|s| s.to_string()).collect(),
                 child: None,
             };
@@ -113,8 +123,23 @@ impl Server {
         panic!("could not start {kind:?}");
     }
 
+    /// The TCP (memcached protocol) address, whatever the kind.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// What a client of this kind connects to: `ucx://127.0.0.1:<ucx port>` for
+    /// `Kind::MemfabricdUcx`, the TCP address for the others.
+    pub fn url(&self) -> String {
+        match self.ucx_port {
+            Some(p) => format!("ucx://127.0.0.1:{p}"),
+            None => self.addr(),
+        }
+    }
+
+    /// The server's name in the client's reports (`host:port` of [`Server::url`]).
+    pub fn name(&self) -> String {
+        format!("127.0.0.1:{}", self.ucx_port.unwrap_or(self.port))
     }
 
     pub fn pid(&self) -> u32 {
@@ -124,7 +149,7 @@ impl Server {
     fn spawn(&mut self) -> bool {
         let exe = match self.kind {
             Kind::Memcached => memcached(),
-            Kind::Memfabricd => memfabricd(),
+            Kind::Memfabricd | Kind::MemfabricdUcx => memfabricd(),
         };
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -139,6 +164,11 @@ impl Server {
         ]);
         if !self.args.iter().any(|a| a == "-m") {
             cmd.args(["-m", "64"]);
+        }
+        if self.kind != Kind::Memcached && !self.args.iter().any(|a| a == "--ucx-port") {
+            // TCP only unless asked: the default UCX port (11311) is shared by every test.
+            let ucx = self.ucx_port.unwrap_or(0).to_string();
+            cmd.args(["--ucx-port", &ucx]);
         }
         cmd.args(&self.args);
         if self.kind == Kind::Memcached && is_root() {
@@ -159,6 +189,15 @@ impl Server {
                 if let Ok(Some(_)) = child.try_wait() {
                     return false;
                 }
+                // The UCX port is bound with the TCP one; a server that could not bind it
+                // still runs (without its UCX path): try other ports then.
+                if let Some(p) = self.ucx_port {
+                    if TcpStream::connect(("127.0.0.1", p)).is_err() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return false;
+                    }
+                }
                 self.child = Some(child);
                 return true;
             }
@@ -177,16 +216,17 @@ impl Server {
         }
     }
 
-    /// Starts the server again on the same port.
+    /// Starts the server again on the same port(s).
     pub fn restart(&mut self) {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.spawn() {
             assert!(
                 Instant::now() < deadline,
-                "could not restart {:?} on {}",
+                "could not restart {:?} on {} (ucx {:?})",
                 self.kind,
-                self.port
+                self.port,
+                self.ucx_port
             );
             sleep(Duration::from_millis(50));
         }
