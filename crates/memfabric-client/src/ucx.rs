@@ -69,6 +69,8 @@ struct InFlight {
     conn: ConnId,
     id: u64,
     opcode: Opcode,
+    /// A plain get reports CAS 0 (as over TCP); gets and gat report the item's.
+    want_cas: bool,
 }
 
 pub struct UcxTransport {
@@ -86,6 +88,8 @@ pub struct UcxTransport {
     deferred: Vec<Completion>,
     /// Connections whose endpoint UCX reported failed, for the next `progress`.
     failed_conns: Vec<ConnId>,
+    /// Reused between progress rounds.
+    events_buf: std::collections::VecDeque<mf::Event>,
     last_lifeline_check: Instant,
 }
 
@@ -115,6 +119,7 @@ impl UcxTransport {
             next_opaque: 1,
             deferred: Vec::new(),
             failed_conns: Vec::new(),
+            events_buf: std::collections::VecDeque::new(),
             last_lifeline_check: Instant::now(),
         })
     }
@@ -325,6 +330,10 @@ impl UcxTransport {
         let Some(f) = self.inflight.remove(&r.opaque) else {
             return;
         };
+        let mut r = r;
+        if !f.want_cas {
+            r.cas = 0;
+        }
         done.push(Completion {
             id: f.id,
             result: reply_of(f.opcode, &r, data),
@@ -489,10 +498,12 @@ impl Transport for UcxTransport {
         let Some(c) = self.conns.get(&conn) else {
             return Err(Error::Closed);
         };
-        let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
-        if key.len() > fp::KEY_MAX {
+        let want_cas = !matches!(op, Op::Get { cas: false, .. });
+        if op.key().is_some_and(|k| !crate::op::valid_key(k)) {
+            // Same rule as the TCP transport, so a key works on every transport or none.
             return Err(Error::InvalidKey);
         }
+        let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
         let opaque = self.next_opaque;
         self.next_opaque += 1;
         let value_len = value.as_ref().map_or(0, |v| v.len());
@@ -527,7 +538,15 @@ impl Transport for UcxTransport {
             .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
         {
             Ok(_) => {
-                self.inflight.insert(opaque, InFlight { conn, id, opcode });
+                self.inflight.insert(
+                    opaque,
+                    InFlight {
+                        conn,
+                        id,
+                        opcode,
+                        want_cas,
+                    },
+                );
                 Ok(())
             }
             Err(e) => Err(Error::Io {
@@ -545,31 +564,42 @@ impl Transport for UcxTransport {
     ) -> Result<(), Error> {
         let start = Instant::now();
         done.append(&mut self.deferred);
-        loop {
+        let mut events = std::mem::take(&mut self.events_buf);
+        let mut rounds: u32 = 0;
+        let result = loop {
             // Progress until UCX is idle.
             loop {
                 let n = self.w.progress();
-                let events = self.w.drain();
+                self.w.drain_into(&mut events);
                 if n == 0 && events.is_empty() {
                     break;
                 }
-                for e in events {
+                while let Some(e) = events.pop_front() {
                     self.handle(e, done);
                 }
             }
             failed.append(&mut self.failed_conns);
-            if self.last_lifeline_check.elapsed() >= Duration::from_millis(1) || timeout.is_zero() {
-                self.check_lifelines(done, failed);
-            }
             if !done.is_empty() || !failed.is_empty() {
-                return Ok(());
+                break Ok(());
+            }
+            // Clock reads cost as much as a progress round: look at the clock (deadline,
+            // lifelines) only every few rounds while spinning.
+            rounds = rounds.wrapping_add(1);
+            if !timeout.is_zero() && rounds % 32 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.last_lifeline_check.elapsed() >= Duration::from_millis(1) {
+                self.check_lifelines(done, failed);
+                if !done.is_empty() || !failed.is_empty() {
+                    break Ok(());
+                }
             }
             let elapsed = start.elapsed();
             if elapsed >= timeout {
-                return Ok(());
+                break Ok(());
             }
             if elapsed < SPIN && self.has_work() {
-                std::hint::spin_loop();
                 continue;
             }
             // Sleep on the UCX event fd and the lifelines.
@@ -580,12 +610,14 @@ impl Transport for UcxTransport {
             match self.poll.poll(&mut self.events, Some(wait)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::Protocol(format!("poll: {e}"))),
+                Err(e) => break Err(Error::Protocol(format!("poll: {e}"))),
             }
             if self.events.iter().any(|ev| ev.token() != EFD) {
                 self.check_lifelines(done, failed);
             }
-        }
+        };
+        self.events_buf = events;
+        result
     }
 
     fn close(&mut self, conn: ConnId) {

@@ -57,8 +57,6 @@ against_all! {
         assert_eq!(&c.get(b"k").unwrap().unwrap().data[..], b"again");
     };
 
-    #[ucx(ignore = "bug in src/ucx.rs: get (Op::Get { cas: false }) returns the item's CAS, \
-                    not 0 as Client::get documents")]
     get_reports_cas_0_and_gets_the_cas => |k| {
         let s = Server::start(k, &[]);
         let mut c = client(&[&s]);
@@ -205,9 +203,6 @@ against_all! {
         assert_eq!(&c.get(&ok).unwrap().unwrap().data[..], b"v");
     };
 
-    #[ucx(ignore = "bug in src/ucx.rs: submit checks only the length, so empty keys and keys \
-                    with whitespace or control bytes are sent (memfabricd stores them; an \
-                    empty key's SET comes back as TooLarge)")]
     empty_keys_and_keys_with_spaces_or_control_bytes_fail_before_sending => |k| {
         let s = Server::start(k, &[]);
         let mut c = client(&[&s]);

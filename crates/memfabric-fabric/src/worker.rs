@@ -291,6 +291,20 @@ impl Worker {
         !self.queue.events.borrow().is_empty()
     }
 
+    /// Move everything the callbacks queued to the end of `out`, keeping both queues'
+    /// capacity (no allocation per progress round).
+    pub fn drain_into(&mut self, out: &mut VecDeque<Event>) {
+        let mut q = self.queue.events.borrow_mut();
+        for mut e in q.drain(..) {
+            if let Event::Am(m) = &mut e {
+                if m.epoch == u64::MAX {
+                    m.epoch = self.epoch;
+                }
+            }
+            out.push_back(e);
+        }
+    }
+
     /// Take everything the callbacks queued.
     pub fn drain(&mut self) -> VecDeque<Event> {
         let mut events = std::mem::take(&mut *self.queue.events.borrow_mut());

@@ -142,6 +142,8 @@ pub struct FabricWorker {
     receiving: HashMap<mf::Token, Receiving>,
     next_token: mf::Token,
     worker_index: u32,
+    /// Reused between progress rounds.
+    events_buf: std::collections::VecDeque<mf::Event>,
 }
 
 /// What a fabric worker needs from the server (kept behind one Arc).
@@ -174,6 +176,7 @@ impl FabricWorker {
             receiving: HashMap::new(),
             next_token: 1,
             worker_index,
+            events_buf: std::collections::VecDeque::new(),
         }))
     }
 
@@ -389,17 +392,19 @@ impl FabricWorker {
     /// happened.
     pub fn progress(&mut self, registry: &Registry, stats: &ThreadStats) -> bool {
         let mut active = false;
+        let mut events = std::mem::take(&mut self.events_buf);
         for _ in 0..64 {
             let n = self.w.progress();
-            let events = self.w.drain();
+            self.w.drain_into(&mut events);
             if n == 0 && events.is_empty() {
                 break;
             }
             active = true;
-            for e in events {
+            while let Some(e) = events.pop_front() {
                 self.handle(registry, stats, e);
             }
         }
+        self.events_buf = events;
         active
     }
 
@@ -493,6 +498,20 @@ impl FabricWorker {
             mf::AmData::Rndv(d) => (d.len(), Some(Err(d))),
         };
         let noreply = req.flags & fp::FLAG_NOREPLY != 0;
+        let keyed = !matches!(
+            req.opcode,
+            Opcode::FlushAll | Opcode::Stats | Opcode::Version | Opcode::Noop
+        );
+        if keyed && req.key.is_empty() {
+            stats.protocol_errors.incr();
+            self.respond(
+                session,
+                Response::status_only(req.opcode, req.opaque, Status::Invalid),
+                None,
+                false,
+            );
+            return;
+        }
         let carries_value = matches!(
             req.opcode,
             Opcode::Set

@@ -22,6 +22,9 @@ use crate::stats::ThreadStats;
 use crate::udp::UdpPort;
 
 const WAKER: Token = Token(0);
+/// While busy-polling (`--poll-us`), how long to progress UCX alone between two epoll
+/// checks of the sockets.
+const UCX_SPIN_WINDOW: Duration = Duration::from_micros(10);
 /// UDP sockets use tokens 1..FIRST_CONN.
 const FIRST_CONN: usize = 1 << 16;
 
@@ -141,7 +144,26 @@ impl Worker {
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         loop {
-            let busy = !self.again.is_empty() || spin_until.is_some_and(|t| Instant::now() < t);
+            let spinning = spin_until.is_some_and(|t| Instant::now() < t);
+            if spinning && self.again.is_empty() {
+                if let Some(f) = self.fabric.as_mut() {
+                    // While spinning, serve UCX for a short window between epoll checks:
+                    // an epoll_wait costs about as much as a shared-memory round trip, and
+                    // TCP clients of a spinning worker wait at most this window longer.
+                    let window = Instant::now() + UCX_SPIN_WINDOW;
+                    let mut rounds: u32 = 0;
+                    loop {
+                        if f.progress(self.poll.registry(), &self.stats) {
+                            spin_until = Some(Instant::now() + poll_for);
+                        }
+                        rounds = rounds.wrapping_add(1);
+                        if rounds % 16 == 0 && Instant::now() >= window {
+                            break;
+                        }
+                    }
+                }
+            }
+            let busy = !self.again.is_empty() || spinning;
             // UCX: arm its event fd before sleeping; if it has work already, do not sleep.
             let ucx_busy = !busy && self.fabric.as_mut().is_some_and(|f| !f.arm());
             let timeout = if busy || ucx_busy {
