@@ -585,7 +585,7 @@ impl Transport for UcxTransport {
             // Clock reads cost as much as a progress round: look at the clock (deadline,
             // lifelines) only every few rounds while spinning.
             rounds = rounds.wrapping_add(1);
-            if !timeout.is_zero() && rounds % 32 != 0 {
+            if !timeout.is_zero() && !rounds.is_multiple_of(32) {
                 std::hint::spin_loop();
                 continue;
             }

@@ -157,7 +157,7 @@ impl Worker {
                             spin_until = Some(Instant::now() + poll_for);
                         }
                         rounds = rounds.wrapping_add(1);
-                        if rounds % 16 == 0 && Instant::now() >= window {
+                        if rounds.is_multiple_of(16) && Instant::now() >= window {
                             break;
                         }
                     }
