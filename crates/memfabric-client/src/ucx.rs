@@ -527,12 +527,37 @@ impl Transport for UcxTransport {
             },
             reply: true,
         };
-        let data = value
-            .filter(|v| !v.is_empty())
-            .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
         let Some(ep) = c.ep.as_ref() else {
             return Err(Error::Closed);
         };
+        if how.proto == mf::Proto::Eager {
+            // Fast path: sent inside the call, nothing to keep alive.
+            let v = value.as_deref().unwrap_or(&[]);
+            match self.w.am_send_now(ep, fp::AM_REQUEST, &header, v, true) {
+                Ok(true) => {
+                    self.inflight.insert(
+                        opaque,
+                        InFlight {
+                            conn,
+                            id,
+                            opcode,
+                            want_cas,
+                        },
+                    );
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(Error::Io {
+                        server: c.server.clone(),
+                        msg: format!("UCX send: {e}"),
+                    })
+                }
+            }
+        }
+        let data = value
+            .filter(|v| !v.is_empty())
+            .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
         match self
             .w
             .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)

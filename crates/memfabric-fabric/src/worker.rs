@@ -559,6 +559,70 @@ impl Worker {
         self.am_send_raw(ep.h, id, header, data, how, token)
     }
 
+    /// Send an eager active message only if UCX can complete it at once (the common case
+    /// for small messages on an idle endpoint): no allocation, the buffers are only
+    /// borrowed. `Ok(false)`: UCX could not take it right now; send it with
+    /// [`Worker::am_send`] instead.
+    pub fn am_send_now(
+        &mut self,
+        ep: &Endpoint,
+        id: u16,
+        header: &[u8],
+        data: &[u8],
+        reply: bool,
+    ) -> Result<bool> {
+        if ep.h.is_null() {
+            return Err(Error::invalid_param());
+        }
+        let mut flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        if reply {
+            flags |= sys::UCP_AM_SEND_FLAG_REPLY;
+        }
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS
+                | sys::UCP_OP_ATTR_FIELD_DATATYPE
+                | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL,
+            flags,
+            datatype: dt_contig(),
+            ..Default::default()
+        };
+        // SAFETY: ep.h is a live endpoint of this worker; header and data are borrowed for
+        // the call only, which is enough: FORCE_IMM_CMPL makes UCX either complete the
+        // send before returning (done with both buffers) or refuse it with
+        // UCS_ERR_NO_RESOURCE. The unexpected in-flight case is waited out below.
+        let st = ptr_status(unsafe {
+            sys::ucp_am_send_nbx(
+                ep.h,
+                id as u32,
+                header.as_ptr() as *const c_void,
+                header.len(),
+                data.as_ptr() as *const c_void,
+                data.len(),
+                &param,
+            )
+        });
+        match st {
+            PtrStatus::Done => Ok(true),
+            PtrStatus::Failed(e) if e.status() == sys::UCS_ERR_NO_RESOURCE => Ok(false),
+            PtrStatus::Failed(e) => Err(e),
+            PtrStatus::Pending(req) => {
+                // Not expected with FORCE_IMM_CMPL; if a UCX version does it anyway, the
+                // borrowed buffers must outlive the send: wait for it here.
+                loop {
+                    // SAFETY: req is the live request just returned; checked, then freed
+                    // once complete.
+                    let s = unsafe { sys::ucp_request_check_status(req) };
+                    if s != sys::UCS_INPROGRESS {
+                        // SAFETY: complete; released exactly once.
+                        unsafe { sys::ucp_request_free(req) };
+                        return check(s).map(|()| true);
+                    }
+                    self.progress();
+                }
+            }
+        }
+    }
+
     /// Answer `msg` through the endpoint its sender attached (`reply` on its send). Only
     /// valid before the next `progress`.
     pub fn reply(&mut self, msg: &AmMessage, id: u16, header: Vec<u8>, token: Token) -> Result<()> {

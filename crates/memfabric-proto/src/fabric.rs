@@ -224,15 +224,19 @@ pub struct Response {
 
 impl Response {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RESPONSE_LEN);
-        out.push(self.opcode as u8);
-        out.push(self.status as u8);
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(&self.item_flags.to_le_bytes());
-        out.extend_from_slice(&self.opaque.to_le_bytes());
-        out.extend_from_slice(&self.cas.to_le_bytes());
-        out.extend_from_slice(&self.value.to_le_bytes());
-        out
+        self.to_bytes().to_vec()
+    }
+
+    /// The header as a fixed array (no allocation).
+    pub fn to_bytes(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
+        b[0] = self.opcode as u8;
+        b[1] = self.status as u8;
+        b[4..8].copy_from_slice(&self.item_flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.opaque.to_le_bytes());
+        b[16..24].copy_from_slice(&self.cas.to_le_bytes());
+        b[24..32].copy_from_slice(&self.value.to_le_bytes());
+        b
     }
 
     /// A response with only a status (errors, and successes that carry nothing).

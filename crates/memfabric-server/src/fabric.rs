@@ -144,6 +144,8 @@ pub struct FabricWorker {
     worker_index: u32,
     /// Reused between progress rounds.
     events_buf: std::collections::VecDeque<mf::Event>,
+    /// Reused for eager GET values.
+    scratch: Vec<u8>,
 }
 
 /// What a fabric worker needs from the server (kept behind one Arc).
@@ -177,6 +179,7 @@ impl FabricWorker {
             next_token: 1,
             worker_index,
             events_buf: std::collections::VecDeque::new(),
+            scratch: Vec::new(),
         }))
     }
 
@@ -448,6 +451,26 @@ impl FabricWorker {
         let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
             return;
         };
+        let header = r.to_bytes();
+        if !rndv {
+            // Fast path: most eager responses complete inside the call, with no copies of
+            // header or value into owned buffers.
+            let now = match &data {
+                None => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, &[], false),
+                Some(d) => match d.slices().as_slice() {
+                    [one] => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, one, false),
+                    _ => Ok(false),
+                },
+            };
+            match now {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!("ucx send to session {session} failed: {e}");
+                    return;
+                }
+            }
+        }
         let how = mf::SendHow {
             proto: if rndv {
                 mf::Proto::Rndv
@@ -458,7 +481,7 @@ impl FabricWorker {
         };
         if let Err(e) = self
             .w
-            .am_send(ep, fp::AM_RESPONSE, r.encode(), data, how, SEND_TOKEN)
+            .am_send(ep, fp::AM_RESPONSE, header.to_vec(), data, how, SEND_TOKEN)
         {
             tracing::debug!("ucx send to session {session} failed: {e}");
         }
@@ -779,8 +802,13 @@ impl FabricWorker {
                     s.cmd_touch.incr();
                 }
                 s.cmd_get.incr();
-                let mut value = Vec::new();
-                let Some(info) = store.get_into(req.key, &opts, &mut value, |_, _| {}) else {
+                // The value lands in a buffer reused across requests; it is copied into an
+                // owned one only if UCX cannot send it at once.
+                let mut value = std::mem::take(&mut self.scratch);
+                value.clear();
+                let hit = store.get_into(req.key, &opts, &mut value, |_, _| {});
+                let Some(info) = hit else {
+                    self.scratch = value;
                     s.get_misses.incr();
                     if touch.is_some() {
                         s.touch_misses.incr();
@@ -806,10 +834,11 @@ impl FabricWorker {
                     value: u64::from(info.value_len),
                 };
                 if info.value_len as usize <= eager_max {
-                    let data = (!value.is_empty()).then(|| Box::new(value) as Box<dyn mf::SendBuf>);
-                    self.respond(session, r, data, false);
+                    self.respond_value(session, r, &value);
+                    self.scratch = value;
                     return;
                 }
+                self.scratch = value;
                 // Large: send from the item itself, pinned until the send completes.
                 let quiet = GetOptions {
                     touch: None,
@@ -951,6 +980,29 @@ impl FabricWorker {
             | Opcode::Cas => {
                 unreachable!("storage requests are handled by store_value/receive_value")
             }
+        }
+    }
+
+    /// Send an eager response whose value is borrowed: sent at once when UCX can, else
+    /// copied into an owned buffer for an asynchronous send.
+    fn respond_value(&mut self, session: u32, r: Response, value: &[u8]) {
+        let Some(t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+            return;
+        };
+        match self
+            .w
+            .am_send_now(ep, fp::AM_RESPONSE, &r.to_bytes(), value, false)
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                let data =
+                    (!value.is_empty()).then(|| Box::new(value.to_vec()) as Box<dyn mf::SendBuf>);
+                self.respond(session, r, data, false);
+            }
+            Err(e) => tracing::debug!("ucx send to session {session} failed: {e}"),
         }
     }
 
