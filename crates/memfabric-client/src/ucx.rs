@@ -28,6 +28,9 @@ use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 use crate::transport::{Completion, ConnId, Transport};
 
+/// Response values of at least this many bytes stay in UCX's receive buffer (no copy).
+const HOLD_MIN: usize = 2048;
+
 /// Token of request sends: their completion only releases the buffers.
 const SEND_TOKEN: mf::Token = 0;
 const EFD: Token = Token(usize::MAX - 1);
@@ -98,7 +101,10 @@ impl UcxTransport {
         let ctx = context()?;
         let ucx = |e: mf::Error| Error::Protocol(format!("UCX: {e}"));
         let mut w = mf::Worker::new(&ctx).map_err(ucx)?;
-        w.set_am_handler(fp::AM_RESPONSE).map_err(ucx)?;
+        // Responses' values stay in UCX's receive buffers (no copy): a Value's Bytes owns
+        // the buffer and gives it back when dropped.
+        w.set_am_handler_holding(fp::AM_RESPONSE, HOLD_MIN)
+            .map_err(ucx)?;
         // The server's reachability probe: received and ignored.
         w.set_am_handler(fp::AM_PROBE).map_err(ucx)?;
         let address = w.address().map_err(ucx)?;
@@ -265,6 +271,7 @@ impl UcxTransport {
                 match msg.data {
                     mf::AmData::None => self.finish(r, Bytes::new(), done),
                     mf::AmData::Eager(v) => self.finish(r, Bytes::from(v), done),
+                    mf::AmData::Held(h) => self.finish(r, Bytes::from_owner(h), done),
                     mf::AmData::Rndv(d) => {
                         let len = d.len();
                         match self.w.recv_rndv(d, Box::new(vec![0u8; len]), r.opaque) {

@@ -91,6 +91,9 @@ pub enum AmData {
     None,
     /// Data that came with the header (copied out of UCX's buffers).
     Eager(Vec<u8>),
+    /// Data that came with the header, left in UCX's receive buffer (handlers registered
+    /// with `hold`, when the transport allows it): no copy.
+    Held(HeldData),
     /// Rendezvous data still at the sender: receive it with [`Worker::recv_rndv`] or drop it.
     Rndv(RndvData),
 }
@@ -124,6 +127,48 @@ impl Drop for RndvData {
         // returning UCS_INPROGRESS) and that was neither received nor released: `recv_rndv`
         // nulls it. The worker is still alive (it holds the only strong Rc).
         unsafe { sys::ucp_am_data_release(self.worker, self.desc) };
+    }
+}
+
+/// Eager data kept in UCX's receive buffer. It may move to and be dropped on any thread:
+/// dropping it only queues the buffer, and the worker hands it back to UCX
+/// (`ucp_am_data_release`) on its own thread at the next `progress`.
+pub struct HeldData {
+    data: *mut c_void,
+    len: usize,
+    releases: Arc<Releases>,
+}
+
+/// Buffers given back by dropped `HeldData`, waiting for the worker's thread.
+#[derive(Default)]
+struct Releases {
+    queue: std::sync::Mutex<Vec<usize>>,
+    outstanding: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: HeldData only reads its buffer, which UCX does not touch or free until
+// ucp_am_data_release; that call is made by the owning worker's thread, and only after
+// this value was dropped (its Drop queues the buffer). A worker dropped while buffers are
+// still held is leaked instead of destroyed (Worker's Drop), so the memory stays valid.
+unsafe impl Send for HeldData {}
+// SAFETY: see Send; shared access is read-only.
+unsafe impl Sync for HeldData {}
+
+impl AsRef<[u8]> for HeldData {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: UCX handed us `len` readable bytes at `data` and keeps them until the
+        // release that this value's Drop triggers (see the Send impl).
+        unsafe { std::slice::from_raw_parts(self.data as *const u8, self.len) }
+    }
+}
+
+impl Drop for HeldData {
+    fn drop(&mut self) {
+        self.releases
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.data as usize);
     }
 }
 
@@ -179,6 +224,9 @@ struct AmHandlerArg {
     id: u16,
     worker: sys::ucp_worker_h,
     alive: Weak<()>,
+    /// Keep eager data of at least `.1` bytes in UCX's buffer when allowed
+    /// (`AmData::Held`).
+    hold: Option<(Arc<Releases>, usize)>,
 }
 
 /// Argument of an endpoint's error callback.
@@ -228,6 +276,8 @@ pub struct Worker {
     epoch: u64,
     /// Ask UCX for peer-failure handling on endpoints created by address.
     peer_errors: bool,
+    /// Buffers of dropped `HeldData` to give back to UCX.
+    releases: Arc<Releases>,
     /// The only strong reference: descriptors, endpoints and listeners hold weak ones and
     /// check them before touching UCX.
     alive: Rc<()>,
@@ -258,6 +308,7 @@ impl Worker {
             next_ep: 1,
             epoch: 0,
             peer_errors: false,
+            releases: Arc::new(Releases::default()),
             alive: Rc::new(()),
             _not_send: PhantomData,
         })
@@ -282,8 +333,33 @@ impl Worker {
     /// call [`Worker::drain`].
     pub fn progress(&mut self) -> u32 {
         self.epoch += 1;
+        self.release_held();
         // SAFETY: h is live and used only from this thread (Worker is !Send).
         unsafe { sys::ucp_worker_progress(self.h) }
+    }
+
+    /// Hand buffers of dropped `HeldData` back to UCX.
+    fn release_held(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.releases.outstanding.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let done = std::mem::take(
+            &mut *self
+                .releases
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for d in &done {
+            // SAFETY: d is a data pointer an AM callback of this worker kept (returning
+            // UCS_INPROGRESS with UCP_AM_RECV_ATTR_FLAG_DATA); its HeldData was dropped,
+            // so nothing reads it; released exactly once (the queue is drained).
+            unsafe { sys::ucp_am_data_release(self.h, *d as *mut c_void) };
+        }
+        self.releases
+            .outstanding
+            .fetch_sub(done.len(), Ordering::Relaxed);
     }
 
     /// Whether events are waiting in the queue.
@@ -364,11 +440,24 @@ impl Worker {
 
     /// Deliver active messages with id `id` as [`Event::Am`].
     pub fn set_am_handler(&mut self, id: u16) -> Result<()> {
+        self.register_am_handler(id, None)
+    }
+
+    /// Like `set_am_handler`, but eager data of at least `min_len` bytes is left in UCX's
+    /// receive buffer when the transport allows it (`AmData::Held`), saving a copy (and
+    /// the reader a pass over memory another core just wrote). Smaller data is cheaper
+    /// to copy than to hold. Held buffers are UCX's: do not keep very many for long.
+    pub fn set_am_handler_holding(&mut self, id: u16, min_len: usize) -> Result<()> {
+        self.register_am_handler(id, Some(min_len))
+    }
+
+    fn register_am_handler(&mut self, id: u16, hold: Option<usize>) -> Result<()> {
         let arg = Box::new(AmHandlerArg {
             queue: &*self.queue,
             id,
             worker: self.h,
             alive: Rc::downgrade(&self.alive),
+            hold: hold.map(|min| (Arc::clone(&self.releases), min)),
         });
         let params = sys::ucp_am_handler_param_t {
             field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
@@ -919,6 +1008,19 @@ impl Drop for Worker {
         // Events still queued may own descriptors that must be released while the worker
         // lives.
         self.queue.events.borrow_mut().clear();
+        self.release_held();
+        if self
+            .releases
+            .outstanding
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+        {
+            // Someone still reads data in this worker's buffers: keep the worker (and the
+            // context) alive for the rest of the process rather than free that memory.
+            tracing::warn!("UCX worker dropped while received data is still held: leaking it");
+            std::mem::forget(Arc::clone(&self.ctx));
+            return;
+        }
         let _g = self
             .ctx
             .workers_lock
@@ -1211,6 +1313,19 @@ unsafe extern "C" fn am_recv_cb(
         })
     } else if length == 0 || data.is_null() {
         AmData::None
+    } else if let (Some((rel, _)), true) = (
+        a.hold.as_ref(),
+        p.recv_attr & sys::UCP_AM_RECV_ATTR_FLAG_DATA as u64 != 0
+            && a.hold.as_ref().is_some_and(|(_, min)| length >= *min),
+    ) {
+        keep = true;
+        rel.outstanding
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        AmData::Held(HeldData {
+            data,
+            len: length,
+            releases: Arc::clone(rel),
+        })
     } else {
         // SAFETY: eager data: `length` readable bytes at data during the call.
         AmData::Eager(unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec())

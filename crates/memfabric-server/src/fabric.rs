@@ -88,6 +88,9 @@ pub const EFD_TOKEN: Token = Token(usize::MAX - 10);
 /// Longest HELLO accepted (its worker address is bounded by `fp::BLOB_MAX`).
 const HELLO_MAX: usize = 16 + fp::BLOB_MAX;
 
+/// GET values from this size up to the eager limit are sent in place from item memory.
+const IN_PLACE_MIN: usize = 1024;
+
 /// Token of response sends: nothing to do on completion but drop the buffer.
 const SEND_TOKEN: mf::Token = 0;
 
@@ -518,6 +521,8 @@ impl FabricWorker {
         let (data_len, data) = match msg.data {
             mf::AmData::None => (0, None),
             mf::AmData::Eager(v) => (v.len(), Some(Ok(v))),
+            // The server registers copying handlers; a held buffer is copied here.
+            mf::AmData::Held(h) => (h.as_ref().len(), Some(Ok(h.as_ref().to_vec()))),
             mf::AmData::Rndv(d) => (d.len(), Some(Err(d))),
         };
         let noreply = req.flags & fp::FLAG_NOREPLY != 0;
@@ -793,10 +798,13 @@ impl FabricWorker {
                 let eager_max = shared.fabric.as_ref().map_or(usize::MAX, |f| f.eager_max);
                 let touch =
                     (op == Opcode::Gat).then(|| store.clock().exptime(i64::from(req.exptime)));
+                // Small values are copied out lock-free; larger eager ones are sent in place
+                // from item memory under the bucket lock (one copy fewer); larger still by
+                // rendezvous from the pinned item.
                 let opts = GetOptions {
                     touch,
                     bump: true,
-                    copy_limit: eager_max,
+                    copy_limit: eager_max.min(IN_PLACE_MIN - 1),
                 };
                 if touch.is_some() {
                     s.cmd_touch.incr();
@@ -833,12 +841,17 @@ impl FabricWorker {
                     cas: info.cas,
                     value: u64::from(info.value_len),
                 };
-                if info.value_len as usize <= eager_max {
+                let len = info.value_len as usize;
+                if len <= opts.copy_limit {
                     self.respond_value(session, r, &value);
                     self.scratch = value;
                     return;
                 }
                 self.scratch = value;
+                if len <= eager_max {
+                    self.respond_in_place(store, session, r, req.key);
+                    return;
+                }
                 // Large: send from the item itself, pinned until the send completes.
                 let quiet = GetOptions {
                     touch: None,
@@ -1003,6 +1016,48 @@ impl FabricWorker {
                 self.respond(session, r, data, false);
             }
             Err(e) => tracing::debug!("ucx send to session {session} failed: {e}"),
+        }
+    }
+
+    /// Send a GET response straight from item memory: UCX copies the value out of the
+    /// item while its buckets are locked (so it cannot change under the copy). If UCX
+    /// cannot send at once, the value is copied into an owned buffer instead.
+    fn respond_in_place(
+        &mut self,
+        store: &memfabric_store::Store,
+        session: u32,
+        r: Response,
+        key: &[u8],
+    ) {
+        let Some(t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+            return;
+        };
+        let w = &mut self.w;
+        let outcome = store.with_locked_value(key, |info, slices| {
+            let r = Response {
+                item_flags: info.flags,
+                cas: info.cas,
+                value: u64::from(info.value_len),
+                ..r
+            };
+            if let [one] = slices {
+                if let Ok(true) = w.am_send_now(ep, fp::AM_RESPONSE, &r.to_bytes(), one, false) {
+                    return None;
+                }
+            }
+            Some((r, slices.concat()))
+        });
+        match outcome {
+            Some(None) => {}
+            Some(Some((r, v))) => self.respond(session, r, Some(Box::new(v)), false),
+            // Deleted between the two looks: a miss is a correct answer.
+            None => {
+                let miss = Response::status_only(r.opcode, r.opaque, Status::NotFound);
+                self.respond(session, miss, None, false);
+            }
         }
     }
 

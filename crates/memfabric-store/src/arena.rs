@@ -69,13 +69,16 @@ impl Arena {
     }
 
     /// The `n` bytes at `off` as a slice, for a value range that nobody writes while the
-    /// borrow lives: only a pinned item's value (pins.rs: a pinned item is never freed,
-    /// reused or rewritten in place; writers build new items).
-    pub(crate) fn pinned_bytes(&self, off: usize, n: usize) -> &[u8] {
+    /// borrow lives: a pinned item's value (pins.rs: a pinned item is never freed, reused
+    /// or rewritten in place; writers build new items), or a linked item's value while
+    /// its buckets are locked (`Txn::with_value_slices`: no writer, evictor or reclaimer
+    /// touches an item without that lock).
+    pub(crate) fn stable_bytes(&self, off: usize, n: usize) -> &[u8] {
         self.check(off, n);
         // SAFETY: in bounds (checked); the mapping lives as long as &self; the range is a
-        // pinned value that no thread writes until the pin (which outlives the returned
-        // borrow, see PinnedItem::value_slices) is dropped.
+        // pinned value, or a value under its bucket locks, and no thread writes it until
+        // the pin or the lock (each outlives the returned borrow: PinnedItem::value_slices
+        // borrows the pin, Txn::with_value_slices scopes the slices to a closure) goes.
         unsafe { std::slice::from_raw_parts(self.base.add(off), n) }
     }
 

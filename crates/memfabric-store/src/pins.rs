@@ -211,7 +211,7 @@ impl PinnedItem {
         let a = &self.inner.arena;
         self.segments
             .iter()
-            .map(|&(off, len)| a.pinned_bytes(off, len))
+            .map(|&(off, len)| a.stable_bytes(off, len))
             .collect()
     }
 

@@ -584,3 +584,20 @@ fn small_store_for_slices() -> memfabric_store::Store {
     })
     .unwrap()
 }
+
+#[test]
+fn locked_value_slices_are_the_value_in_place() {
+    let store = small_store_for_slices();
+    assert!(store.with_locked_value(b"nope", |_, _| ()).is_none());
+    let small: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    store.store(memfabric_store::SetMode::Set, b"small", &small, 3, 0, 0);
+    let big: Vec<u8> = (0..(2 << 20) + 5).map(|i: u32| (i % 241) as u8).collect();
+    store.store(memfabric_store::SetMode::Set, b"big", &big, 4, 0, 0);
+    for (key, want, flags) in [(&b"small"[..], &small, 3), (&b"big"[..], &big, 4)] {
+        let (got, f) = store
+            .with_locked_value(key, |info, slices| (slices.concat(), info.flags))
+            .unwrap();
+        assert_eq!(f, flags);
+        assert!(&got == want);
+    }
+}
