@@ -7,7 +7,9 @@ use crate::metrics::{LoadStats, Progress};
 use crate::rng::Rng;
 use crate::textproto::{Reply, Request};
 use crate::transport::{Connector, Transport, TransportError};
-use crate::workload::{KeyChooser, KeyDist, KeySpace, OpKind, OpMix, ValueMaker, WorkloadError};
+use crate::workload::{
+    KeyChooser, KeyDist, KeySpace, OpKind, OpMix, OpSequence, Pattern, ValueMaker, WorkloadError,
+};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -52,7 +54,10 @@ pub struct LoadConfig {
     pub duration: Option<Duration>,
     pub keys: KeySpace,
     pub dist: KeyDist,
+    /// The get:set mix of [`Pattern::Mix`].
     pub mix: OpMix,
+    /// The order of operations.
+    pub pattern: Pattern,
     pub value_size: usize,
     pub seed: u64,
     /// Print a progress line on stderr for runs longer than a couple of seconds.
@@ -179,6 +184,7 @@ impl Worker<'_> {
     fn drive(&self, tr: &mut dyn Transport) -> Result<LoadStats, LoadError> {
         let conns = tr.connections();
         let mut rng = Rng::new(self.seed);
+        let mut ops = OpSequence::new(self.cfg.pattern, self.cfg.mix);
         let mut stats = LoadStats::new();
         let mut pending: Vec<VecDeque<Pending>> = (0..conns)
             .map(|_| VecDeque::with_capacity(self.cfg.depth))
@@ -210,7 +216,7 @@ impl Worker<'_> {
                     if self.budget.is_some_and(|b| issued >= b) {
                         break;
                     }
-                    let op = self.cfg.mix.next(&mut rng);
+                    let op = ops.next(&mut rng);
                     let key = self.chooser.next(&mut rng);
                     key_buf.clear();
                     self.cfg.keys.write_key(key, &mut key_buf);

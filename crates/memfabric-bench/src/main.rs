@@ -10,7 +10,7 @@ use memfabric_bench::report::{self, Machine};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_bench::transport::{Connector, TcpConnector};
 use memfabric_bench::ucx::UcxConnector;
-use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix};
+use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -36,6 +36,28 @@ enum Cmd {
     Latency(LatencyArgs),
     /// Start memcached and memfabricd with the same flags, run the same load on both, report ratios.
     Compare(CompareArgs),
+}
+
+/// Order of operations (`--pattern`).
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum PatternArg {
+    /// Random draws from `--mix`.
+    Mix,
+    /// set, get, set, get, ... (50:50).
+    Interleaved,
+    /// 10 sets then 90 gets, repeating (10:90).
+    NonInterleaved,
+}
+
+impl From<PatternArg> for Pattern {
+    fn from(p: PatternArg) -> Self {
+        match p {
+            PatternArg::Mix => Pattern::Mix,
+            PatternArg::Interleaved => Pattern::Interleaved,
+            PatternArg::NonInterleaved => Pattern::NonInterleaved,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
@@ -83,9 +105,13 @@ struct WorkloadArgs {
     /// Value size(s) in bytes, comma separated; one run per size.
     #[arg(long, value_delimiter = ',', default_value = "32")]
     value_size: Vec<usize>,
-    /// get:set ratio.
+    /// get:set ratio of `--pattern mix`.
     #[arg(long, default_value = "90:10")]
     mix: String,
+    /// Order of operations: mix (random draws from --mix), interleaved (set, get, set,
+    /// get ...: 50:50) or non-interleaved (10 sets then 90 gets, repeating: 10:90).
+    #[arg(long, value_enum, default_value_t = PatternArg::Mix)]
+    pattern: PatternArg,
     /// Key popularity.
     #[arg(long, value_enum, default_value_t = Dist::Uniform)]
     dist: Dist,
@@ -266,6 +292,7 @@ impl WorkloadArgs {
             },
             dist,
             mix,
+            pattern: self.pattern.into(),
             value_size: self.value_size.first().copied().unwrap_or(32),
             seed: self.seed,
             progress: !self.quiet,
@@ -331,9 +358,9 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
         });
     }
     println!(
-        "workload: {} keys, {} get:set, {:?}, {} thread(s) x {} conn(s), depth {}, {}",
+        "workload: {} keys, {}, {:?}, {} thread(s) x {} conn(s), depth {}, {}",
         base.keys.n,
-        base.mix,
+        pattern_label(&base),
         base.dist,
         base.threads,
         base.conns_per_thread,
@@ -368,6 +395,14 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
         );
     }
     Ok(())
+}
+
+/// "mix 90:10 get:set", "interleaved", ...
+fn pattern_label(c: &LoadConfig) -> String {
+    match c.pattern {
+        Pattern::Mix => format!("mix {} get:set", c.mix),
+        p => p.name().to_string(),
+    }
 }
 
 fn latency_cmd(a: LatencyArgs) -> Fallible<()> {

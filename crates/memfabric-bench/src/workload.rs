@@ -208,6 +208,70 @@ impl std::fmt::Display for OpMix {
     }
 }
 
+/// The order in which operations come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Each op drawn at random from the get:set [`OpMix`].
+    Mix,
+    /// set, get, set, get, ...: the seeds' interleaved 50:50 pattern.
+    Interleaved,
+    /// 10 sets, then 90 gets, repeating: the seeds' non-interleaved 10:90 pattern.
+    NonInterleaved,
+}
+
+/// Length of one [`Pattern::NonInterleaved`] cycle and the sets at its start.
+pub const NON_INTERLEAVED_CYCLE: u64 = 100;
+pub const NON_INTERLEAVED_SETS: u64 = 10;
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Mix => "mix",
+            Pattern::Interleaved => "interleaved",
+            Pattern::NonInterleaved => "non-interleaved",
+        }
+    }
+}
+
+/// The operation stream of one client thread: a [`Pattern`] with its position.
+#[derive(Clone, Debug)]
+pub struct OpSequence {
+    pattern: Pattern,
+    mix: OpMix,
+    i: u64,
+}
+
+impl OpSequence {
+    /// `mix` is used by [`Pattern::Mix`] only.
+    pub fn new(pattern: Pattern, mix: OpMix) -> Self {
+        OpSequence { pattern, mix, i: 0 }
+    }
+
+    /// The next operation. The fixed patterns consume no randomness, so the key sequence of
+    /// a seed is the same whatever the pattern.
+    pub fn next(&mut self, rng: &mut Rng) -> OpKind {
+        let i = self.i;
+        self.i += 1;
+        match self.pattern {
+            Pattern::Mix => self.mix.next(rng),
+            Pattern::Interleaved => {
+                if i % 2 == 0 {
+                    OpKind::Set
+                } else {
+                    OpKind::Get
+                }
+            }
+            Pattern::NonInterleaved => {
+                if i % NON_INTERLEAVED_CYCLE < NON_INTERLEAVED_SETS {
+                    OpKind::Set
+                } else {
+                    OpKind::Get
+                }
+            }
+        }
+    }
+}
+
 /// Key names: `<prefix><index as 10 decimal digits>`, fixed width so every request of a run
 /// has the same size.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 use memfabric_bench::latency::{self, LatencyConfig};
 use memfabric_bench::load::{self, LoadConfig};
 use memfabric_bench::transport::TcpConnector;
-use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix};
+use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -80,6 +80,7 @@ fn config(n: u64, ops: u64, value_size: usize, dist: KeyDist) -> LoadConfig {
         },
         dist,
         mix: OpMix::parse("90:10").unwrap(),
+        pattern: Pattern::Mix,
         value_size,
         seed: 7,
         progress: false,

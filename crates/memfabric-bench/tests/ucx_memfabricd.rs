@@ -10,7 +10,7 @@ use memfabric_bench::latency::{self, LatencyConfig};
 use memfabric_bench::load::{self, LoadConfig};
 use memfabric_bench::server::{self, ServerProcess, ServerSpec};
 use memfabric_bench::ucx::UcxConnector;
-use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix};
+use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -114,6 +114,7 @@ fn ucx_closed_loop_two_threads_pipelined() {
         keys,
         dist: KeyDist::Uniform,
         mix: OpMix::parse("90:10").unwrap(),
+        pattern: Pattern::Mix,
         value_size: 1000,
         seed: 7,
         progress: false,

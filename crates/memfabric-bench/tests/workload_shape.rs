@@ -3,7 +3,9 @@
 //! (4-5 sigma, or chi-square at p = 0.001) that a different seed would pass too.
 
 use memfabric_bench::rng::Rng;
-use memfabric_bench::workload::{KeyChooser, KeyDist, KeySpace, OpKind, OpMix, Zipfian};
+use memfabric_bench::workload::{
+    KeyChooser, KeyDist, KeySpace, OpKind, OpMix, OpSequence, Pattern, Zipfian,
+};
 use std::collections::HashSet;
 
 fn counts(chooser: &KeyChooser, n: u64, draws: u64, seed: u64) -> Vec<u64> {
@@ -218,4 +220,45 @@ fn same_seed_gives_both_servers_the_same_request_stream() {
     };
     assert_eq!(stream(9), stream(9));
     assert_ne!(stream(9), stream(10));
+}
+
+fn ops_of(pattern: Pattern, n: usize) -> Vec<OpKind> {
+    let mut seq = OpSequence::new(pattern, OpMix::parse("90:10").unwrap());
+    let mut rng = Rng::new(3);
+    (0..n).map(|_| seq.next(&mut rng)).collect()
+}
+
+#[test]
+fn interleaved_pattern_alternates_set_and_get() {
+    let ops = ops_of(Pattern::Interleaved, 1000);
+    assert_eq!(&ops[..4], &[OpKind::Set, OpKind::Get, OpKind::Set, OpKind::Get]);
+    for (i, op) in ops.iter().enumerate() {
+        let want = if i % 2 == 0 { OpKind::Set } else { OpKind::Get };
+        assert_eq!(*op, want, "op {i}");
+    }
+    let sets = ops.iter().filter(|o| **o == OpKind::Set).count();
+    assert_eq!(sets, 500);
+}
+
+#[test]
+fn non_interleaved_pattern_is_10_sets_then_90_gets_repeating() {
+    let ops = ops_of(Pattern::NonInterleaved, 1000);
+    for cycle in ops.chunks(100) {
+        assert_eq!(cycle.len(), 100);
+        assert!(cycle[..10].iter().all(|o| *o == OpKind::Set), "{cycle:?}");
+        assert!(cycle[10..].iter().all(|o| *o == OpKind::Get), "{cycle:?}");
+    }
+    // Runs: exactly one set run and one get run per cycle.
+    let switches = ops.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(switches, 2 * 10 - 1);
+}
+
+#[test]
+fn mix_pattern_draws_from_the_mix() {
+    let ops = ops_of(Pattern::Mix, 100_000);
+    let gets = ops.iter().filter(|o| **o == OpKind::Get).count() as f64 / 1e5;
+    assert!((gets - 0.9).abs() < 5.0 * (0.09f64 / 1e5).sqrt(), "{gets}");
+    // Random, not a fixed cycle: both kinds appear in every long window but not in a
+    // fixed order.
+    assert_ne!(ops[..100], ops_of(Pattern::NonInterleaved, 100)[..]);
 }

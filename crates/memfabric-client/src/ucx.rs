@@ -537,48 +537,34 @@ impl Transport for UcxTransport {
         let Some(ep) = c.ep.as_ref() else {
             return Err(Error::Closed);
         };
-        if how.proto == mf::Proto::Eager {
-            // Fast path: sent inside the call, nothing to keep alive.
+        // Fast path for eager requests: sent inside the call, nothing to keep alive.
+        let sent_now = if how.proto == mf::Proto::Eager {
             let v = value.as_deref().unwrap_or(&[]);
-            match self.w.am_send_now(ep, fp::AM_REQUEST, &header, v, true) {
-                Ok(true) => {
-                    self.inflight.insert(
-                        opaque,
-                        InFlight {
-                            conn,
-                            id,
-                            opcode,
-                            want_cas,
-                        },
-                    );
-                    return Ok(());
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    return Err(Error::Io {
-                        server: c.server.clone(),
-                        msg: format!("UCX send: {e}"),
-                    })
-                }
+            self.w.am_send_now(ep, fp::AM_REQUEST, &header, v, true)
+        } else {
+            Ok(false)
+        };
+        let sent = match sent_now {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let data = value
+                    .filter(|v| !v.is_empty())
+                    .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
+                self.w
+                    .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
+                    .map(|_| ())
             }
-        }
-        let data = value
-            .filter(|v| !v.is_empty())
-            .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
-        match self
-            .w
-            .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
-        {
-            Ok(_) => {
-                self.inflight.insert(
-                    opaque,
-                    InFlight {
-                        conn,
-                        id,
-                        opcode,
-                        want_cas,
-                    },
-                );
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(()) => {
+                let f = InFlight {
+                    conn,
+                    id,
+                    opcode,
+                    want_cas,
+                };
+                self.inflight.insert(opaque, f);
                 Ok(())
             }
             Err(e) => Err(Error::Io {

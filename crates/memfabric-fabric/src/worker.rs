@@ -819,19 +819,7 @@ impl Worker {
                 &param,
             )
         });
-        match st {
-            PtrStatus::Pending(_) => Ok(Posted::Pending),
-            PtrStatus::Done => {
-                // SAFETY: completed inline: the callback will not run; raw is ours.
-                let op = unsafe { Box::from_raw(raw) };
-                Ok(Posted::Done(op.buf))
-            }
-            PtrStatus::Failed(e) => {
-                // SAFETY: failed inline: the callback will not run; raw is ours.
-                drop(unsafe { Box::from_raw(raw) });
-                Err(e)
-            }
-        }
+        posted(st, raw)
     }
 
     /// Receive rendezvous data into `target` (its slices, in order, must add up to at
@@ -901,19 +889,7 @@ impl Worker {
         // completion.
         let st =
             ptr_status(unsafe { sys::ucp_am_recv_data_nbx(self.h, desc, buffer, count, &param) });
-        match st {
-            PtrStatus::Pending(_) => Ok(Posted::Pending),
-            PtrStatus::Done => {
-                // SAFETY: completed inline; the callback will not run; raw is ours.
-                let op = unsafe { Box::from_raw(raw) };
-                Ok(Posted::Done(op.buf))
-            }
-            PtrStatus::Failed(e) => {
-                // SAFETY: failed inline; the callback will not run; raw is ours.
-                drop(unsafe { Box::from_raw(raw) });
-                Err(e)
-            }
-        }
+        posted(st, raw)
     }
 
     /// RMA-read `target.len()` bytes at `remote_addr` (covered by `rkey`) from the peer of
@@ -958,19 +934,7 @@ impl Worker {
         // completion. UCX validates the remote range against the rkey.
         let st =
             ptr_status(unsafe { sys::ucp_get_nbx(ep.h, buffer, count, remote_addr, rk, &param) });
-        match st {
-            PtrStatus::Pending(_) => Ok(Posted::Pending),
-            PtrStatus::Done => {
-                // SAFETY: completed inline; the callback will not run.
-                let op = unsafe { Box::from_raw(raw) };
-                Ok(Posted::Done(op.buf))
-            }
-            PtrStatus::Failed(e) => {
-                // SAFETY: failed inline; the callback will not run.
-                drop(unsafe { Box::from_raw(raw) });
-                Err(e)
-            }
-        }
+        posted(st, raw)
     }
 
     /// Register `len` bytes at `addr` with UCX, for zero-copy sends/receives and remote
@@ -1218,6 +1182,26 @@ impl Drop for MemRegion {
     fn drop(&mut self) {
         // SAFETY: memh came from ucp_mem_map on ctx and is unmapped once.
         unsafe { sys::ucp_mem_unmap(self.ctx.h, self.memh) };
+    }
+}
+
+/// What a `*_nbx` call that was given the OpCtx at `raw` as its user data did. When it
+/// finished inline, UCX will not call the completion callback, so the state (and the
+/// buffer it owns) is reclaimed here.
+fn posted(st: PtrStatus, raw: *mut OpCtx) -> Result<Posted> {
+    match st {
+        PtrStatus::Pending(_) => Ok(Posted::Pending),
+        PtrStatus::Done => {
+            // SAFETY: completed inline: the callback will not run; raw (from
+            // Box::into_raw by the caller) is ours and reclaimed once.
+            let op = unsafe { Box::from_raw(raw) };
+            Ok(Posted::Done(op.buf))
+        }
+        PtrStatus::Failed(e) => {
+            // SAFETY: failed inline: as above.
+            drop(unsafe { Box::from_raw(raw) });
+            Err(e)
+        }
     }
 }
 

@@ -440,6 +440,16 @@ impl FabricWorker {
         }
     }
 
+    /// Send a response that carries only a status.
+    fn respond_status(&mut self, session: u32, op: Opcode, opaque: u64, status: Status) {
+        self.respond(
+            session,
+            Response::status_only(op, opaque, status),
+            None,
+            false,
+        );
+    }
+
     /// Send a response (with optional data) to a session.
     fn respond(
         &mut self,
@@ -448,10 +458,7 @@ impl FabricWorker {
         data: Option<Box<dyn mf::SendBuf>>,
         rndv: bool,
     ) {
-        let Some(t) = self.by_session.get(&session) else {
-            return;
-        };
-        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
         let header = r.to_bytes();
@@ -532,12 +539,7 @@ impl FabricWorker {
         );
         if keyed && req.key.is_empty() {
             stats.protocol_errors.incr();
-            self.respond(
-                session,
-                Response::status_only(req.opcode, req.opaque, Status::Invalid),
-                None,
-                false,
-            );
+            self.respond_status(session, req.opcode, req.opaque, Status::Invalid);
             return;
         }
         let carries_value = matches!(
@@ -551,12 +553,7 @@ impl FabricWorker {
         );
         if req.value_len != data_len as u64 || (!carries_value && data_len != 0) {
             stats.protocol_errors.incr();
-            self.respond(
-                session,
-                Response::status_only(req.opcode, req.opaque, Status::Invalid),
-                None,
-                false,
-            );
+            self.respond_status(session, req.opcode, req.opaque, Status::Invalid);
             return;
         }
         let mut ctx = ExecCtx {
@@ -594,16 +591,7 @@ impl FabricWorker {
             exptime,
             req.cas,
         );
-        self.stored(
-            ctx,
-            req.session,
-            req.opcode,
-            req.opaque,
-            req.key,
-            req.cas,
-            status,
-            noreply,
-        );
+        self.stored_req(ctx, req, status, noreply);
     }
 
     /// A value arriving by rendezvous: allocate the item and receive into it (append and
@@ -622,16 +610,7 @@ impl FabricWorker {
         {
             if len > store.config().item_size_max {
                 drop(d);
-                self.stored(
-                    ctx,
-                    req.session,
-                    req.opcode,
-                    req.opaque,
-                    req.key,
-                    req.cas,
-                    StoreStatus::TooLarge,
-                    noreply,
-                );
+                self.stored_req(ctx, req, StoreStatus::TooLarge, noreply);
                 return;
             }
             Box::new(vec![0u8; len])
@@ -640,16 +619,7 @@ impl FabricWorker {
                 Ok(p) => Box::new(ItemTarget(p)),
                 Err(e) => {
                     drop(d); // tells the sender to give up the transfer
-                    self.stored(
-                        ctx,
-                        req.session,
-                        req.opcode,
-                        req.opaque,
-                        req.key,
-                        req.cas,
-                        e.into(),
-                        noreply,
-                    );
+                    self.stored_req(ctx, req, e.into(), noreply);
                     return;
                 }
             }
@@ -703,12 +673,7 @@ impl FabricWorker {
             // The item (inside buf) is dropped unlinked: nothing half-written is visible.
             drop(buf);
             tracing::debug!("ucx receive for session {} failed: {e}", r.session);
-            self.respond(
-                r.session,
-                Response::status_only(r.opcode, r.opaque, Status::Failed),
-                None,
-                false,
-            );
+            self.respond_status(r.session, r.opcode, r.opaque, Status::Failed);
             return;
         }
         let store = &shared.0.store;
@@ -725,6 +690,18 @@ impl FabricWorker {
         self.stored(
             &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, status, r.noreply,
         );
+    }
+
+    /// `stored` for a request at hand.
+    fn stored_req(
+        &mut self,
+        ctx: &mut ExecCtx<'_>,
+        req: &Request<'_>,
+        status: StoreStatus,
+        noreply: bool,
+    ) {
+        let (s, op, opaque, key, cas) = (req.session, req.opcode, req.opaque, req.key, req.cas);
+        self.stored(ctx, s, op, opaque, key, cas, status, noreply);
     }
 
     /// Count and answer a storage outcome, as the binary protocol does.
@@ -783,7 +760,7 @@ impl FabricWorker {
                 Status::NoMemory
             }
         };
-        self.respond(session, Response::status_only(op, opaque, st), None, false);
+        self.respond_status(session, op, opaque, st);
     }
 
     /// Everything but storage.
@@ -821,12 +798,7 @@ impl FabricWorker {
                     if touch.is_some() {
                         s.touch_misses.incr();
                     }
-                    self.respond(
-                        session,
-                        Response::status_only(op, opaque, Status::NotFound),
-                        None,
-                        false,
-                    );
+                    self.respond_status(session, op, opaque, Status::NotFound);
                     return;
                 };
                 s.get_hits.incr();
@@ -866,12 +838,7 @@ impl FabricWorker {
                         self.respond(session, r, Some(Box::new(PinnedSource(pin))), true);
                     }
                     // Deleted between the two looks: a miss is a correct answer.
-                    None => self.respond(
-                        session,
-                        Response::status_only(op, opaque, Status::NotFound),
-                        None,
-                        false,
-                    ),
+                    None => self.respond_status(session, op, opaque, Status::NotFound),
                 }
             }
             Opcode::Delete => {
@@ -887,7 +854,7 @@ impl FabricWorker {
                     DeleteStatus::Exists => Status::Exists,
                 };
                 if !(noreply && st == Status::Ok) {
-                    self.respond(session, Response::status_only(op, opaque, st), None, false);
+                    self.respond_status(session, op, opaque, st);
                 }
             }
             Opcode::Incr | Opcode::Decr => {
@@ -930,17 +897,12 @@ impl FabricWorker {
                     Status::NotFound
                 };
                 if !(noreply && st == Status::Ok) {
-                    self.respond(session, Response::status_only(op, opaque, st), None, false);
+                    self.respond_status(session, op, opaque, st);
                 }
             }
             Opcode::FlushAll => {
                 if !shared.settings.flush_enabled {
-                    self.respond(
-                        session,
-                        Response::status_only(op, opaque, Status::Invalid),
-                        None,
-                        false,
-                    );
+                    self.respond_status(session, op, opaque, Status::Invalid);
                     return;
                 }
                 s.cmd_flush.incr();
@@ -968,12 +930,7 @@ impl FabricWorker {
                         };
                         self.send_text(session, r, text);
                     }
-                    None => self.respond(
-                        session,
-                        Response::status_only(op, opaque, Status::NotFound),
-                        None,
-                        false,
-                    ),
+                    None => self.respond_status(session, op, opaque, Status::NotFound),
                 }
             }
             Opcode::Version => {
@@ -999,10 +956,7 @@ impl FabricWorker {
     /// Send an eager response whose value is borrowed: sent at once when UCX can, else
     /// copied into an owned buffer for an asynchronous send.
     fn respond_value(&mut self, session: u32, r: Response, value: &[u8]) {
-        let Some(t) = self.by_session.get(&session) else {
-            return;
-        };
-        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
         match self
@@ -1029,10 +983,7 @@ impl FabricWorker {
         r: Response,
         key: &[u8],
     ) {
-        let Some(t) = self.by_session.get(&session) else {
-            return;
-        };
-        let Some((_, ep)) = self.clients.get(t).and_then(|c| c.session.as_ref()) else {
+        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
         let w = &mut self.w;
@@ -1085,6 +1036,17 @@ impl FabricWorker {
     pub fn owns(token: Token) -> bool {
         token.0 >= TOKEN_BASE && token != EFD_TOKEN
     }
+}
+
+/// The endpoint of a live session. A free function over the two maps, so that callers
+/// can hold it while they use the UCX worker (another field of `FabricWorker`).
+fn session_ep<'a>(
+    by_session: &HashMap<u32, Token>,
+    clients: &'a HashMap<Token, Client>,
+    session: u32,
+) -> Option<&'a mf::Endpoint> {
+    let t = by_session.get(&session)?;
+    clients.get(t)?.session.as_ref().map(|(_, ep)| ep)
 }
 
 fn set_mode(op: Opcode) -> SetMode {
