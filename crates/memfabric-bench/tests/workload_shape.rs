@@ -231,7 +231,10 @@ fn ops_of(pattern: Pattern, n: usize) -> Vec<OpKind> {
 #[test]
 fn interleaved_pattern_alternates_set_and_get() {
     let ops = ops_of(Pattern::Interleaved, 1000);
-    assert_eq!(&ops[..4], &[OpKind::Set, OpKind::Get, OpKind::Set, OpKind::Get]);
+    assert_eq!(
+        &ops[..4],
+        &[OpKind::Set, OpKind::Get, OpKind::Set, OpKind::Get]
+    );
     for (i, op) in ops.iter().enumerate() {
         let want = if i % 2 == 0 { OpKind::Set } else { OpKind::Get };
         assert_eq!(*op, want, "op {i}");
