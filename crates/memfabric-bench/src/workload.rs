@@ -255,7 +255,7 @@ impl OpSequence {
         match self.pattern {
             Pattern::Mix => self.mix.next(rng),
             Pattern::Interleaved => {
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     OpKind::Set
                 } else {
                     OpKind::Get
