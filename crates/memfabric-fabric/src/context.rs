@@ -76,6 +76,12 @@ impl Context {
 }
 
 impl Context {
+    /// Let UCX allocate and register `len` zero-filled bytes (see `MemRegion::allocate`):
+    /// memory that same-host peers can map directly.
+    pub fn mem_alloc(self: &Arc<Self>, len: usize) -> Result<crate::MemRegion> {
+        crate::MemRegion::allocate(self, len)
+    }
+
     /// Register `len` bytes at `addr` with UCX (see `Worker::mem_map`). The memory must
     /// stay mapped while the region lives.
     pub fn mem_map(self: &Arc<Self>, addr: *mut u8, len: usize) -> Result<crate::MemRegion> {

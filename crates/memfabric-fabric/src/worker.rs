@@ -1070,6 +1070,47 @@ impl Endpoint {
         Ok(RemoteKey(self.rkeys.len() - 1))
     }
 
+    /// Whether the memory behind `rkey` at `remote_addr` is directly mapped into this
+    /// process (`ucp_rkey_ptr`): true for a peer on the same host whose region UCX
+    /// allocated in shared memory. RMA reads there are plain memory copies.
+    pub fn rkey_is_mapped(&self, rkey: RemoteKey, remote_addr: u64) -> bool {
+        let Some(&rk) = self.rkeys.get(rkey.0) else {
+            return false;
+        };
+        let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: rk was unpacked on this endpoint and is still live; p is an
+        // out-pointer; UCX only reports whether (and where) the memory is mapped here.
+        let st = unsafe { sys::ucp_rkey_ptr(rk, remote_addr, &mut p) };
+        st == sys::UCS_OK && !p.is_null()
+    }
+
+    /// UCX's own description of this endpoint's lanes and the transports they use
+    /// (`ucp_ep_print_info`), e.g. to tell whether RMA is native or emulated.
+    pub fn describe(&self) -> String {
+        let mut buf: *mut libc::c_char = ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        // SAFETY: buf/size are out-pointers that stay valid until fclose below.
+        let f = unsafe { libc::open_memstream(&mut buf, &mut size) };
+        if f.is_null() {
+            return String::new();
+        }
+        // SAFETY: h is a live endpoint; f is an open stream (the C FILE type bindgen
+        // names sys::FILE is the same struct as libc's).
+        unsafe { sys::ucp_ep_print_info(self.h, f as *mut sys::FILE) };
+        // SAFETY: f is open; closing it finalises buf/size. Closed exactly once.
+        unsafe { libc::fclose(f) };
+        if buf.is_null() {
+            return String::new();
+        }
+        // SAFETY: after fclose, buf holds `size` bytes allocated with malloc by the
+        // stream; copied out, then freed exactly once.
+        let text = unsafe { std::slice::from_raw_parts(buf as *const u8, size) };
+        let out = String::from_utf8_lossy(text).into_owned();
+        // SAFETY: buf came from open_memstream's malloc and is not used after this.
+        unsafe { libc::free(buf as *mut c_void) };
+        out
+    }
+
     fn destroy_rkeys(&mut self) {
         for rk in self.rkeys.drain(..) {
             // SAFETY: each rkey was unpacked on this endpoint and is destroyed once,
@@ -1129,6 +1170,50 @@ unsafe impl Send for MemRegion {}
 unsafe impl Sync for MemRegion {}
 
 impl MemRegion {
+    /// Let UCX allocate `len` bytes and register them (`UCP_MEM_MAP_ALLOCATE`). UCX picks
+    /// the allocator by `UCX_ALLOC_PRIO` (shared-memory segments first by default), so
+    /// peers on the same host can read the region without a system call per read
+    /// (`ucp_rkey_ptr` works on it), which registered private memory cannot offer.
+    /// The memory is zero-filled and freed when the region is dropped.
+    pub(crate) fn allocate(ctx: &Arc<Context>, len: usize) -> Result<MemRegion> {
+        if len == 0 {
+            return Err(Error::invalid_param());
+        }
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH | sys::UCP_MEM_MAP_PARAM_FIELD_FLAGS)
+                as u64,
+            length: len,
+            flags: sys::UCP_MEM_MAP_ALLOCATE,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        // SAFETY: ctx is live; with ALLOCATE and no address UCX chooses the memory;
+        // memh is an out-pointer.
+        check(unsafe { sys::ucp_mem_map(ctx.h, &params, &mut memh) })?;
+        let mut attr = sys::ucp_mem_attr_t {
+            field_mask: (sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH) as u64,
+            ..Default::default()
+        };
+        // SAFETY: memh was just mapped on ctx; attr is a valid out-struct whose
+        // field_mask names the fields to fill.
+        let st = unsafe { sys::ucp_mem_query(memh, &mut attr) };
+        if let Err(e) = check(st) {
+            // SAFETY: memh came from ucp_mem_map above and is unmapped once.
+            unsafe { sys::ucp_mem_unmap(ctx.h, memh) };
+            return Err(e);
+        }
+        let region = MemRegion {
+            ctx: Arc::clone(ctx),
+            memh,
+            addr: attr.address as *mut u8,
+            len: attr.length,
+        };
+        if region.addr.is_null() || region.len < len {
+            return Err(Error::invalid_param());
+        }
+        Ok(region)
+    }
+
     pub(crate) fn new(ctx: &Arc<Context>, addr: *mut u8, len: usize) -> Result<MemRegion> {
         if addr.is_null() || len == 0 {
             return Err(Error::invalid_param());
@@ -1154,6 +1239,12 @@ impl MemRegion {
 
     pub fn addr(&self) -> u64 {
         self.addr as u64
+    }
+
+    /// The region's first byte, for handing the memory to its user (a region made by
+    /// [`Context::mem_alloc`] owns its memory until dropped).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.addr
     }
 
     pub fn len(&self) -> usize {

@@ -200,3 +200,71 @@ fn worker_address_connect_and_rma_read() {
     close_both(&mut client, cep, &mut server, sep);
     drop(region);
 }
+
+/// Read `n` bytes at `addr` of `server`'s region through `cep`, progressing both workers.
+fn rma_read(
+    client: &mut Worker,
+    server: &mut Worker,
+    cep: &Endpoint,
+    addr: u64,
+    rkey: memfabric_fabric::RemoteKey,
+    n: usize,
+) -> Vec<u8> {
+    match client
+        .get(cep, addr, rkey, Box::new(vec![0u8; n]), 11)
+        .unwrap()
+    {
+        Posted::Done(b) => *b.unwrap().downcast::<Vec<u8>>().unwrap(),
+        Posted::Pending => {
+            let done = pump(server, client, |e| match e {
+                Event::Done { token: 11, .. } => Some(e),
+                _ => None,
+            });
+            let Event::Done { result, buf, .. } = done else {
+                unreachable!()
+            };
+            result.unwrap();
+            *buf.unwrap().downcast::<Vec<u8>>().unwrap()
+        }
+    }
+}
+
+#[test]
+fn ucx_allocated_region_is_zeroed_writable_and_remotely_readable() {
+    let ctx = Context::new("alloc-test").unwrap();
+    let mut server = Worker::new(&ctx).unwrap();
+    let mut client = Worker::new(&ctx).unwrap();
+    let mut cep = client.connect_address(&server.address().unwrap()).unwrap();
+    let sep = server.connect_address(&client.address().unwrap()).unwrap();
+    let region = ctx.mem_alloc(1 << 20).unwrap();
+    assert!(region.len() >= 1 << 20);
+    // SAFETY (test): the region owns len() zero-filled bytes until it is dropped below;
+    // nothing else writes them while this slice lives.
+    let mem = unsafe { std::slice::from_raw_parts_mut(region.as_mut_ptr(), region.len()) };
+    assert!(
+        mem.iter().all(|&b| b == 0),
+        "UCX-allocated memory is zero-filled"
+    );
+    for (i, b) in mem.iter_mut().enumerate().take(70_000) {
+        *b = (i % 253) as u8;
+    }
+    let rkey = cep.unpack_rkey(&region.pack_rkey().unwrap()).unwrap();
+    let got = rma_read(
+        &mut client,
+        &mut server,
+        &cep,
+        region.addr() + 4096,
+        rkey,
+        65536,
+    );
+    assert_eq!(&got[..], &mem[4096..4096 + 65536]);
+    let mapped = cep.rkey_is_mapped(rkey, region.addr());
+    let lanes = cep.describe();
+    eprintln!(
+        "UCX_TLS={:?} rkey mapped here: {mapped}\n{lanes}",
+        std::env::var("UCX_TLS")
+    );
+    assert!(!lanes.is_empty());
+    close_both(&mut client, cep, &mut server, sep);
+    drop(region);
+}

@@ -18,6 +18,9 @@ pub const AM_RESPONSE: u16 = 2;
 /// once on a new endpoint created with UCX peer-failure handling, to learn whether the
 /// transports in use support it (see `Welcome::peer_errors`).
 pub const AM_PROBE: u16 = 3;
+/// AM id of access hints (client → server, no reply): items the client read with
+/// one-sided RMA reads, so that eviction counts them as used (`onesided::decode_hints`).
+pub const AM_HINTS: u16 = 4;
 
 /// Size of the fixed part of a request header (the key follows).
 pub const REQUEST_FIXED: usize = 40;

@@ -3,10 +3,12 @@
 //! Nothing here does I/O or touches storage: a parser takes bytes and says what request
 //! they hold and how many bytes it used (or that more are needed); an encoder appends a
 //! reply to a buffer. `fabric` holds the UCX active-message headers and the bootstrap
-//! frames of memfabric's own protocol (docs/fabric-protocol.md).
+//! frames of memfabric's own protocol (docs/fabric-protocol.md); `onesided` decodes and
+//! checks what a client reads from the server's memory with RMA (docs/one-sided.md).
 
 pub mod ascii;
 pub mod binary;
 pub mod fabric;
 pub mod meta;
+pub mod onesided;
 pub mod udp;
