@@ -11,7 +11,7 @@ use crate::addr::{check_one_scheme, ServerAddr};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
-use crate::transport::{make_transport, Completion, ConnId, Transport};
+use crate::transport::{make_transport, Completion, ConnId, GetMode, Transport};
 
 /// Client settings. `Config::default()` matches the documented defaults.
 #[derive(Debug, Clone)]
@@ -32,6 +32,9 @@ pub struct Config {
     /// At most this many requests in flight per server; issuing more first waits for some to
     /// complete (default 65536).
     pub max_in_flight: usize,
+    /// How GETs reach `ucx://` servers: one-sided RMA reads where the transport reads
+    /// natively (default `Auto`), always (`OneSided`) or never (`TwoSided`).
+    pub get_mode: GetMode,
 }
 
 impl Default for Config {
@@ -43,6 +46,7 @@ impl Default for Config {
             failover: false,
             distribution: Distribution::default(),
             max_in_flight: 65536,
+            get_mode: GetMode::Auto,
         }
     }
 }
@@ -129,7 +133,7 @@ impl Client {
     pub fn new(servers: impl IntoServers, config: Config) -> Result<Client, Error> {
         let list = servers.into_servers()?;
         let first = list.first().ok_or(Error::NoServers)?;
-        let transport = make_transport(first.scheme)?;
+        let transport = make_transport(first.scheme, config.get_mode)?;
         Ok(Self::with_transport(list, config, transport))
     }
 
@@ -170,6 +174,12 @@ impl Client {
             done: Vec::new(),
             failed: Vec::new(),
         }
+    }
+
+    /// The transport's counters: how GETs were served (one-sided hits, two-sided GETs,
+    /// one-sided reads that fell back and why, retries, access hints sent).
+    pub fn transport_counters(&self) -> Vec<(String, u64)> {
+        self.transport.counters()
     }
 
     pub fn config(&self) -> &Config {

@@ -35,12 +35,45 @@ pub trait Transport {
     /// Drop a connection; its in-flight requests are completed with Error::Closed at the next
     /// progress.
     fn close(&mut self, conn: ConnId);
+    /// The transport's own counters (e.g. how GETs were served), name and value.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+/// How GETs reach a server that offers one-sided reads (`ucx://` servers; TCP servers are
+/// always two-sided).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GetMode {
+    /// Always ask the server (an active message).
+    TwoSided,
+    /// Read the item from the server's memory with RMA reads, wherever the transport can
+    /// (falling back to asking the server when a read is not conclusive).
+    OneSided,
+    /// One-sided where the transport reads natively (shared memory, RDMA verbs), two-sided
+    /// where UCX would only emulate RMA (TCP).
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for GetMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "two-sided" | "twosided" => Ok(GetMode::TwoSided),
+            "one-sided" | "onesided" => Ok(GetMode::OneSided),
+            "auto" => Ok(GetMode::Auto),
+            _ => Err(format!(
+                "unknown GET mode '{s}' (two-sided, one-sided, auto)"
+            )),
+        }
+    }
 }
 
 /// The one place a scheme becomes a transport. A UCX transport plugs in here (`crate::ucx`).
-pub fn make_transport(scheme: Scheme) -> Result<Box<dyn Transport>, Error> {
+pub fn make_transport(scheme: Scheme, get_mode: GetMode) -> Result<Box<dyn Transport>, Error> {
     match scheme {
         Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
-        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new()?)),
+        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(get_mode)?)),
     }
 }

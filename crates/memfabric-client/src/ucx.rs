@@ -25,14 +25,20 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::addr::ServerAddr;
 use crate::error::Error;
+use crate::onesided::{Fallback, GetRead, Remote, Step};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
-use crate::transport::{Completion, ConnId, Transport};
+use crate::transport::{Completion, ConnId, GetMode, Transport};
+use memfabric_proto::onesided as os;
 
 /// Response values of at least this many bytes stay in UCX's receive buffer (no copy).
 const HOLD_MIN: usize = 2048;
 
 /// Token of request sends: their completion only releases the buffers.
 const SEND_TOKEN: mf::Token = 0;
+/// Tokens of one-sided reads: this bit, the GET's opaque shifted by 2, the read's part.
+const RMA_TOKEN: mf::Token = 1 << 63;
+/// Access hints are sent once this many one-sided hits are pending (or when idle).
+const HINT_BATCH: usize = 64;
 const EFD: Token = Token(usize::MAX - 1);
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
 /// memory round trip takes microseconds, a wake-up tens of them.
@@ -66,6 +72,38 @@ struct Conn {
     lifeline: TcpStream,
     session: u32,
     eager_max: usize,
+    /// Set when GETs to this server are read one-sidedly.
+    rma: Option<Rma>,
+}
+
+/// A server's memory as this endpoint reads it.
+struct Rma {
+    remote: Remote,
+    arena: mf::RemoteKey,
+    index: mf::RemoteKey,
+    /// Access hints not yet sent: (item offset, seq) of one-sided hits.
+    hints: Vec<(u64, u32)>,
+}
+
+/// A GET being read one-sidedly.
+struct OneSidedGet {
+    conn: ConnId,
+    id: u64,
+    want_cas: bool,
+    read: GetRead,
+}
+
+/// How GETs were served, for `Transport::counters`.
+#[derive(Default)]
+struct GetCounters {
+    onesided_hits: u64,
+    twosided: u64,
+    retries: u64,
+    fallbacks: HashMap<Fallback, u64>,
+    hints_sent: u64,
+    hint_messages: u64,
+    onesided_conns: u64,
+    twosided_conns: u64,
 }
 
 struct InFlight {
@@ -78,6 +116,11 @@ struct InFlight {
 
 pub struct UcxTransport {
     w: mf::Worker,
+    get_mode: GetMode,
+    onesided: HashMap<u64, OneSidedGet>,
+    /// RMA reads that completed inside the call that posted them.
+    local_events: std::collections::VecDeque<mf::Event>,
+    counters: GetCounters,
     address: Vec<u8>,
     poll: Poll,
     events: Events,
@@ -97,7 +140,7 @@ pub struct UcxTransport {
 }
 
 impl UcxTransport {
-    pub fn new() -> Result<UcxTransport, Error> {
+    pub fn new(get_mode: GetMode) -> Result<UcxTransport, Error> {
         let ctx = context()?;
         let ucx = |e: mf::Error| Error::Protocol(format!("UCX: {e}"));
         let mut w = mf::Worker::new(&ctx).map_err(ucx)?;
@@ -115,6 +158,10 @@ impl UcxTransport {
             .map_err(|e| Error::Protocol(format!("poll: {e}")))?;
         Ok(UcxTransport {
             w,
+            get_mode,
+            onesided: HashMap::new(),
+            local_events: std::collections::VecDeque::new(),
+            counters: GetCounters::default(),
             address,
             poll,
             events: Events::with_capacity(64),
@@ -220,6 +267,28 @@ impl UcxTransport {
             .filter(|(_, f)| f.conn == conn)
             .map(|(o, _)| *o)
             .collect();
+        let reads: Vec<u64> = self
+            .onesided
+            .iter()
+            .filter(|(_, g)| g.conn == conn)
+            .map(|(o, _)| *o)
+            .collect();
+        for opaque in reads {
+            if let Some(g) = self.onesided.remove(&opaque) {
+                let err = if msg.is_empty() {
+                    Error::Closed
+                } else {
+                    Error::Io {
+                        server: c.server.clone(),
+                        msg: msg.to_string(),
+                    }
+                };
+                done.push(Completion {
+                    id: g.id,
+                    result: Err(err),
+                });
+            }
+        }
         for opaque in ids {
             if let Some(f) = self.inflight.remove(&opaque) {
                 self.receiving.remove(&opaque);
@@ -291,6 +360,19 @@ impl UcxTransport {
                 if token == SEND_TOKEN {
                     return;
                 }
+                if token & RMA_TOKEN != 0 {
+                    let data = match result {
+                        Ok(()) => buf.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b),
+                        Err(_) => None,
+                    };
+                    self.onesided_read_done(
+                        (token & !RMA_TOKEN) >> 2,
+                        (token & 3) as u8,
+                        data,
+                        done,
+                    );
+                    return;
+                }
                 let Some(r) = self.receiving.remove(&token) else {
                     return;
                 };
@@ -347,8 +429,313 @@ impl UcxTransport {
         });
     }
 
+    /// Send `op` as an active message (the two-sided path of every operation).
+    fn send_am(&mut self, conn: ConnId, id: u64, op: Op) -> Result<(), Error> {
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(Error::Closed);
+        };
+        let want_cas = !matches!(op, Op::Get { cas: false, .. });
+        let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
+        let opaque = self.next_opaque;
+        self.next_opaque += 1;
+        let value_len = value.as_ref().map_or(0, |v| v.len());
+        let header = fp::Request {
+            opcode,
+            flags: 0,
+            session: c.session,
+            opaque,
+            item_flags,
+            exptime,
+            cas,
+            value_len: value_len as u64,
+            key: &key,
+        }
+        .to_vec();
+        let how = mf::SendHow {
+            proto: if value_len > c.eager_max {
+                mf::Proto::Rndv
+            } else {
+                mf::Proto::Eager
+            },
+            reply: true,
+        };
+        let Some(ep) = c.ep.as_ref() else {
+            return Err(Error::Closed);
+        };
+        // Fast path for eager requests: sent inside the call, nothing to keep alive.
+        let sent_now = if how.proto == mf::Proto::Eager {
+            let v = value.as_deref().unwrap_or(&[]);
+            self.w.am_send_now(ep, fp::AM_REQUEST, &header, v, true)
+        } else {
+            Ok(false)
+        };
+        let sent = match sent_now {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let data = value
+                    .filter(|v| !v.is_empty())
+                    .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
+                self.w
+                    .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
+                    .map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(()) => {
+                let f = InFlight {
+                    conn,
+                    id,
+                    opcode,
+                    want_cas,
+                };
+                self.inflight.insert(opaque, f);
+                Ok(())
+            }
+            Err(e) => Err(Error::Io {
+                server: c.server.clone(),
+                msg: format!("UCX send: {e}"),
+            }),
+        }
+    }
+
     fn has_work(&self) -> bool {
-        !self.inflight.is_empty()
+        !self.inflight.is_empty() || !self.onesided.is_empty()
+    }
+
+    /// Decide at connect whether GETs to this server go one-sided, and learn its geometry
+    /// from the control block (one RMA read). Any failure leaves the server two-sided.
+    fn setup_rma(
+        &mut self,
+        ep: &mut mf::Endpoint,
+        welcome: &fp::Welcome,
+        timeout: Duration,
+    ) -> Option<Rma> {
+        if self.get_mode == GetMode::TwoSided || welcome.index_len <= os::CTL_BYTES as u64 {
+            return None;
+        }
+        let arena = ep.unpack_rkey(&welcome.arena_rkey).ok()?;
+        let index = ep.unpack_rkey(&welcome.index_rkey).ok()?;
+        if self.get_mode == GetMode::Auto && !rma_is_native(ep, arena, welcome.arena_base) {
+            return None;
+        }
+        let ctl_addr = welcome.index_base + welcome.index_len - os::CTL_BYTES as u64;
+        let block = self.read_now(ep, ctl_addr, index, os::CTL_BYTES, timeout)?;
+        let (geo, _) = os::decode_control(&block).ok()?;
+        if geo.index_len() != welcome.index_len || geo.arena_len > welcome.arena_len {
+            return None;
+        }
+        let ours = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let theirs = welcome.started_unix as i64 + welcome.clock as i64;
+        Some(Rma {
+            remote: Remote {
+                geo,
+                arena_base: welcome.arena_base,
+                arena_len: welcome.arena_len,
+                index_base: welcome.index_base,
+                clock_offset: theirs - ours,
+            },
+            arena,
+            index,
+            hints: Vec::new(),
+        })
+    }
+
+    /// One RMA read, waited for (connect time only).
+    fn read_now(
+        &mut self,
+        ep: &mf::Endpoint,
+        addr: u64,
+        rkey: mf::RemoteKey,
+        len: usize,
+        timeout: Duration,
+    ) -> Option<Vec<u8>> {
+        const TOKEN: mf::Token = RMA_TOKEN | 3;
+        let take = |b: Option<Box<dyn std::any::Any>>| {
+            b.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b)
+        };
+        match self
+            .w
+            .get(ep, addr, rkey, Box::new(vec![0u8; len]), TOKEN)
+            .ok()?
+        {
+            mf::Posted::Done(b) => take(b),
+            mf::Posted::Pending => {
+                let deadline = Instant::now() + timeout;
+                let mut events = std::collections::VecDeque::new();
+                while Instant::now() < deadline {
+                    self.w.progress();
+                    self.w.drain_into(&mut events);
+                    while let Some(e) = events.pop_front() {
+                        match e {
+                            mf::Event::Done {
+                                token: TOKEN,
+                                result,
+                                buf,
+                            } => {
+                                return result.ok().and_then(|()| take(buf));
+                            }
+                            other => self.local_events.push_back(other),
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Post the reads of a one-sided GET's next round.
+    fn post_reads(&mut self, conn: ConnId, opaque: u64, reads: &[crate::onesided::Read]) -> bool {
+        let Some(c) = self.conns.get(&conn) else {
+            return false;
+        };
+        let (Some(ep), Some(rma)) = (c.ep.as_ref(), c.rma.as_ref()) else {
+            return false;
+        };
+        for r in reads {
+            let rkey = if r.arena { rma.arena } else { rma.index };
+            let token = RMA_TOKEN | (opaque << 2) | r.part as u64;
+            match self
+                .w
+                .get(ep, r.addr, rkey, Box::new(vec![0u8; r.len]), token)
+            {
+                Ok(mf::Posted::Pending) => {}
+                Ok(mf::Posted::Done(buf)) => self.local_events.push_back(mf::Event::Done {
+                    token,
+                    result: Ok(()),
+                    buf,
+                }),
+                Err(e) => self.local_events.push_back(mf::Event::Done {
+                    token,
+                    result: Err(e),
+                    buf: None,
+                }),
+            }
+        }
+        true
+    }
+
+    /// Act on what a one-sided GET's state machine says.
+    fn onesided_step(&mut self, opaque: u64, step: Step, done: &mut Vec<Completion>) {
+        match step {
+            Step::Wait => {}
+            Step::Post(reads) => {
+                let conn = self.onesided.get(&opaque).map(|g| g.conn);
+                if !conn.is_some_and(|c| self.post_reads(c, opaque, &reads)) {
+                    self.onesided_fallback(opaque, Fallback::ReadError, done);
+                }
+            }
+            Step::Hit { ok, chunk, hint } => {
+                let Some(g) = self.onesided.remove(&opaque) else {
+                    return;
+                };
+                self.counters.onesided_hits += 1;
+                self.counters.retries += g.read.retries as u64;
+                if let Some(rma) = self.conns.get_mut(&g.conn).and_then(|c| c.rma.as_mut()) {
+                    rma.hints.push(hint);
+                    if rma.hints.len() >= HINT_BATCH {
+                        self.send_hints(g.conn);
+                    }
+                }
+                let data = Bytes::from(chunk).slice(ok.value);
+                done.push(Completion {
+                    id: g.id,
+                    result: Ok(Reply::Value(Some(Value {
+                        data,
+                        flags: ok.flags,
+                        cas: if g.want_cas { ok.cas } else { 0 },
+                    }))),
+                });
+            }
+            Step::Fallback(why) => self.onesided_fallback(opaque, why, done),
+        }
+    }
+
+    fn onesided_read_done(
+        &mut self,
+        opaque: u64,
+        part: u8,
+        data: Option<Vec<u8>>,
+        done: &mut Vec<Completion>,
+    ) {
+        let Some(g) = self.onesided.get_mut(&opaque) else {
+            return; // its connection failed meanwhile
+        };
+        let Some(remote) = self
+            .conns
+            .get(&g.conn)
+            .and_then(|c| c.rma.as_ref())
+            .map(|r| r.remote.clone())
+        else {
+            return;
+        };
+        let step = g.read.on_read(&remote, part, data);
+        self.onesided_step(opaque, step, done);
+    }
+
+    /// Serve a one-sided GET two-sided after all.
+    fn onesided_fallback(&mut self, opaque: u64, why: Fallback, done: &mut Vec<Completion>) {
+        let Some(g) = self.onesided.remove(&opaque) else {
+            return;
+        };
+        *self.counters.fallbacks.entry(why).or_default() += 1;
+        self.counters.retries += g.read.retries as u64;
+        let op = Op::Get {
+            key: g.read.key().to_vec(),
+            cas: g.want_cas,
+        };
+        if let Err(e) = self.send_am(g.conn, g.id, op) {
+            done.push(Completion {
+                id: g.id,
+                result: Err(e),
+            });
+        }
+    }
+
+    /// Send the pending access hints of `conn` (fire and forget).
+    fn send_hints(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let (Some(ep), Some(rma)) = (c.ep.as_ref(), c.rma.as_mut()) else {
+            return;
+        };
+        while !rma.hints.is_empty() {
+            let n = rma.hints.len().min(os::HINTS_MAX);
+            let mut data = Vec::with_capacity(n * os::HINT_BYTES);
+            for (off, seq) in rma.hints.drain(..n) {
+                os::encode_hint(&mut data, off, seq);
+            }
+            let header = os::encode_hints_header(c.session, n as u32);
+            let how = mf::SendHow {
+                proto: mf::Proto::Eager,
+                reply: false,
+            };
+            let data = Box::new(BytesBuf(Bytes::from(data))) as Box<dyn mf::SendBuf>;
+            // Hints are advisory: one that cannot be sent is dropped.
+            if self
+                .w
+                .am_send(ep, fp::AM_HINTS, header, Some(data), how, SEND_TOKEN)
+                .is_ok()
+            {
+                self.counters.hints_sent += n as u64;
+                self.counters.hint_messages += 1;
+            }
+        }
+    }
+
+    fn send_all_hints(&mut self) {
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.rma.as_ref().is_some_and(|r| !r.hints.is_empty()))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in conns {
+            self.send_hints(id);
+        }
     }
 }
 
@@ -470,13 +857,19 @@ impl Transport for UcxTransport {
         let (lifeline, welcome) = self.bootstrap(addr, timeout)?;
         // Same error-handling mode as the server's endpoint to us, or UCX cannot pair them.
         self.w.set_peer_errors(welcome.peer_errors);
-        let ep = self
+        let mut ep = self
             .w
             .connect_address(&welcome.worker_address)
             .map_err(|e| Error::Io {
                 server: addr.to_string(),
                 msg: format!("UCX connect: {e}"),
             })?;
+        let rma = self.setup_rma(&mut ep, &welcome, timeout);
+        if rma.is_some() {
+            self.counters.onesided_conns += 1;
+        } else {
+            self.counters.twosided_conns += 1;
+        }
         lifeline.set_nonblocking(true).map_err(|e| Error::Io {
             server: addr.to_string(),
             msg: e.to_string(),
@@ -496,6 +889,7 @@ impl Transport for UcxTransport {
                 lifeline,
                 session: welcome.session,
                 eager_max: welcome.eager_max as usize,
+                rma,
             },
         );
         Ok(id)
@@ -505,73 +899,51 @@ impl Transport for UcxTransport {
         let Some(c) = self.conns.get(&conn) else {
             return Err(Error::Closed);
         };
-        let want_cas = !matches!(op, Op::Get { cas: false, .. });
         if op.key().is_some_and(|k| !crate::op::valid_key(k)) {
             // Same rule as the TCP transport, so a key works on every transport or none.
             return Err(Error::InvalidKey);
         }
-        let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
-        let opaque = self.next_opaque;
-        self.next_opaque += 1;
-        let value_len = value.as_ref().map_or(0, |v| v.len());
-        let header = fp::Request {
-            opcode,
-            flags: 0,
-            session: c.session,
-            opaque,
-            item_flags,
-            exptime,
-            cas,
-            value_len: value_len as u64,
-            key: &key,
+        if let (Op::Get { key, cas }, Some(rma)) = (&op, c.rma.as_ref()) {
+            let (read, step) = GetRead::new(&rma.remote, key.clone());
+            let opaque = self.next_opaque;
+            self.next_opaque += 1;
+            let g = OneSidedGet {
+                conn,
+                id,
+                want_cas: *cas,
+                read,
+            };
+            self.onesided.insert(opaque, g);
+            // Results (even of reads that complete at once) are handled by `progress`;
+            // a GET that cannot start its reads is served two-sided at once.
+            let mut done = Vec::new();
+            self.onesided_step(opaque, step, &mut done);
+            self.deferred.append(&mut done);
+            return Ok(());
         }
-        .to_vec();
-        let how = mf::SendHow {
-            proto: if value_len > c.eager_max {
-                mf::Proto::Rndv
-            } else {
-                mf::Proto::Eager
-            },
-            reply: true,
-        };
-        let Some(ep) = c.ep.as_ref() else {
-            return Err(Error::Closed);
-        };
-        // Fast path for eager requests: sent inside the call, nothing to keep alive.
-        let sent_now = if how.proto == mf::Proto::Eager {
-            let v = value.as_deref().unwrap_or(&[]);
-            self.w.am_send_now(ep, fp::AM_REQUEST, &header, v, true)
-        } else {
-            Ok(false)
-        };
-        let sent = match sent_now {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let data = value
-                    .filter(|v| !v.is_empty())
-                    .map(|v| Box::new(BytesBuf(v)) as Box<dyn mf::SendBuf>);
-                self.w
-                    .am_send(ep, fp::AM_REQUEST, header, data, how, SEND_TOKEN)
-                    .map(|_| ())
-            }
-            Err(e) => Err(e),
-        };
-        match sent {
-            Ok(()) => {
-                let f = InFlight {
-                    conn,
-                    id,
-                    opcode,
-                    want_cas,
-                };
-                self.inflight.insert(opaque, f);
-                Ok(())
-            }
-            Err(e) => Err(Error::Io {
-                server: c.server.clone(),
-                msg: format!("UCX send: {e}"),
-            }),
+        if matches!(op, Op::Get { .. }) {
+            self.counters.twosided += 1;
         }
+        self.send_am(conn, id, op)
+    }
+    fn counters(&self) -> Vec<(String, u64)> {
+        let c = &self.counters;
+        let mut v = vec![
+            ("get_onesided_hits".to_string(), c.onesided_hits),
+            ("get_twosided".to_string(), c.twosided),
+            ("get_onesided_retries".to_string(), c.retries),
+        ];
+        for f in Fallback::ALL {
+            v.push((
+                format!("get_onesided_fallback_{}", f.name()),
+                c.fallbacks.get(&f).copied().unwrap_or(0),
+            ));
+        }
+        v.push(("onesided_hints_sent".into(), c.hints_sent));
+        v.push(("onesided_hint_messages".into(), c.hint_messages));
+        v.push(("conns_onesided".into(), c.onesided_conns));
+        v.push(("conns_twosided".into(), c.twosided_conns));
+        v
     }
 
     fn progress(
@@ -589,6 +961,7 @@ impl Transport for UcxTransport {
             loop {
                 let n = self.w.progress();
                 self.w.drain_into(&mut events);
+                events.extend(self.local_events.drain(..));
                 if n == 0 && events.is_empty() {
                     break;
                 }
@@ -620,8 +993,10 @@ impl Transport for UcxTransport {
             if elapsed < SPIN && self.has_work() {
                 continue;
             }
+            // Idle: the access hints gathered so far go out before we sleep.
+            self.send_all_hints();
             // Sleep on the UCX event fd and the lifelines.
-            if !matches!(self.w.arm(), Ok(true)) {
+            if !self.local_events.is_empty() || !matches!(self.w.arm(), Ok(true)) {
                 continue;
             }
             let wait = (timeout - elapsed).min(Duration::from_millis(100));
@@ -643,4 +1018,16 @@ impl Transport for UcxTransport {
         self.fail_conn(conn, "", &mut done);
         self.deferred.append(&mut done);
     }
+}
+
+/// Whether RMA reads on `ep` are served without the server's CPU: the server's memory is
+/// mapped here (same-host shared memory), or UCX gave the endpoint a lane that reads
+/// natively (RDMA verbs, cma, knem, xpmem). Over TCP UCX only emulates RMA with active
+/// messages that the server's worker must progress, which is slower than asking it.
+fn rma_is_native(ep: &mf::Endpoint, arena: mf::RemoteKey, arena_base: u64) -> bool {
+    ep.rkey_is_mapped(arena, arena_base)
+        || ep
+            .describe()
+            .lines()
+            .any(|l| l.trim_start_matches(['#', ' ']).starts_with("get["))
 }
