@@ -1,15 +1,21 @@
-//! The closed-loop load generator: N client threads, each driving M connections with up to
-//! `depth` requests in flight per connection. A new request is issued only when a reply
-//! comes back, so the offered load adapts to the server (closed loop), and the run ends by
-//! itself on an op count and/or a deadline.
+//! The load generator: N client threads, each driving M connections with up to `depth`
+//! operations in flight per connection, bounded by an op count and/or a deadline.
+//!
+//! Closed loop (the default): an operation is issued only when one comes back, so the
+//! offered load adapts to the server. Open loop (`rate`): operations are due on a fixed
+//! schedule ([`OpenLoopSchedule`]) whatever the server does, and latency is measured from
+//! the time an operation was due, not from when it could be sent; an operation that waits
+//! for a free connection slot counts its wait (no coordinated omission).
 
 use crate::metrics::{LoadStats, Progress};
 use crate::rng::Rng;
 use crate::textproto::{Reply, Request};
 use crate::transport::{Connector, Transport, TransportError};
 use crate::workload::{
-    KeyChooser, KeyDist, KeySpace, OpKind, OpMix, OpSequence, Pattern, ValueMaker, WorkloadError,
+    Action, GetSetSource, KeyChooser, KeyDist, KeySpace, OpKind, OpMix, Pattern, TxnKind,
+    TxnSource, ValueMaker, WorkloadError,
 };
+use crate::ycsb::{YcsbSource, YcsbSpec};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -37,6 +43,8 @@ pub enum LoadError {
     },
     #[error("invalid load configuration: {0}")]
     Config(&'static str),
+    #[error("open-loop rate must be a positive number of ops/s, got {0}")]
+    BadRate(f64),
     #[error("a client thread panicked")]
     ThreadPanicked,
 }
@@ -58,6 +66,11 @@ pub struct LoadConfig {
     pub mix: OpMix,
     /// The order of operations.
     pub pattern: Pattern,
+    /// A YCSB workload instead of dist/mix/pattern (then `keys` and `value_size` should be
+    /// the spec's [`key_space`](YcsbSpec::key_space) and [`value_size`](YcsbSpec::value_size)).
+    pub ycsb: Option<YcsbSpec>,
+    /// Open loop at this many operations per second over all threads; `None` = closed loop.
+    pub rate: Option<f64>,
     pub value_size: usize,
     pub seed: u64,
     /// Print a progress line on stderr for runs longer than a couple of seconds.
@@ -81,14 +94,69 @@ impl LoadConfig {
         if self.keys.n == 0 {
             return Err(LoadError::Workload(WorkloadError::EmptyKeySpace));
         }
+        if let Some(rate) = self.rate {
+            OpenLoopSchedule::new(rate, 0, self.threads)?;
+        }
+        if let Some(spec) = &self.ycsb {
+            spec.validate()?;
+        }
         Ok(())
     }
 }
 
+/// When the operations of one thread of an open-loop run are due. Thread `t` of `T` at a
+/// total rate `r` sends its `i`-th operation `(i + t/T) * T/r` after the start: each thread
+/// runs at `r/T`, and the threads' sends interleave evenly rather than all at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpenLoopSchedule {
+    interval_s: f64,
+    offset_s: f64,
+}
+
+impl OpenLoopSchedule {
+    pub fn new(rate: f64, thread: usize, threads: usize) -> Result<Self, LoadError> {
+        if !rate.is_finite() || rate <= 0.0 {
+            return Err(LoadError::BadRate(rate));
+        }
+        let threads = threads.max(1) as f64;
+        let interval_s = threads / rate;
+        Ok(OpenLoopSchedule {
+            interval_s,
+            offset_s: interval_s * thread as f64 / threads,
+        })
+    }
+
+    /// How long after the start of the run operation `i` is due.
+    pub fn due(&self, i: u64) -> Duration {
+        Duration::from_secs_f64(self.offset_s + i as f64 * self.interval_s)
+    }
+}
+
+/// Below this much time to the next due operation an open-loop thread polls without
+/// sleeping: epoll's timeout has millisecond granularity, and sleeping through a 20 us gap
+/// would send late (which the latency then shows, but the generator should not cause it).
+const SPIN_BELOW: Duration = Duration::from_millis(1);
+
+/// One request on the wire, waiting for its reply (replies come in order per connection).
 struct Pending {
+    /// The operation slot it belongs to.
+    slot: usize,
+    /// Start of its latency: when it was sent, or (first requests of an open-loop
+    /// operation) when the operation was due.
     start: Instant,
     op: OpKind,
     key: u64,
+}
+
+/// One of a connection's `depth` places for an operation in flight.
+#[derive(Clone, Copy)]
+struct Slot {
+    kind: TxnKind,
+    start: Instant,
+    /// Replies still to come for the current batch of requests.
+    awaiting: usize,
+    /// A read-modify-write's SET, sent once its GET is answered.
+    then_set: Option<u64>,
 }
 
 /// Run the load; returns merged statistics of all threads.
@@ -107,6 +175,7 @@ pub fn run(connector: &dyn Connector, cfg: &LoadConfig) -> Result<LoadStats, Loa
         for t in 0..cfg.threads {
             let shared = Worker {
                 cfg,
+                thread: t,
                 chooser: &chooser,
                 values: &values,
                 stop: &stop,
@@ -172,6 +241,7 @@ fn split_budget(ops: Option<u64>, threads: usize) -> Vec<Option<u64>> {
 
 struct Worker<'a> {
     cfg: &'a LoadConfig,
+    thread: usize,
     chooser: &'a KeyChooser,
     values: &'a ValueMaker,
     stop: &'a AtomicBool,
@@ -180,73 +250,202 @@ struct Worker<'a> {
     seed: u64,
 }
 
+/// Per-thread buffers for encoding requests.
+struct Buffers {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    check: Vec<u8>,
+}
+
 impl Worker<'_> {
+    fn source(&self) -> Result<Box<dyn TxnSource + '_>, LoadError> {
+        Ok(match &self.cfg.ycsb {
+            Some(spec) => Box::new(YcsbSource::new(spec, self.thread, self.cfg.threads)?),
+            None => Box::new(GetSetSource::new(
+                self.cfg.pattern,
+                self.cfg.mix,
+                self.chooser,
+            )),
+        })
+    }
+
+    fn submit_one(
+        &self,
+        tr: &mut dyn Transport,
+        bufs: &mut Buffers,
+        pending: &mut [VecDeque<Pending>],
+        conn: usize,
+        request: Pending,
+    ) -> Result<(), LoadError> {
+        bufs.key.clear();
+        self.cfg.keys.write_key(request.key, &mut bufs.key);
+        let req = match request.op {
+            OpKind::Get => Request::Get { key: &bufs.key },
+            OpKind::Set => {
+                self.values.fill(request.key, &mut bufs.value);
+                Request::Set {
+                    key: &bufs.key,
+                    value: &bufs.value,
+                }
+            }
+        };
+        tr.submit(conn, &req)?;
+        if let Some(q) = pending.get_mut(conn) {
+            q.push_back(request);
+        }
+        Ok(())
+    }
+
+    /// Send the first requests of an operation; returns how many replies it now awaits.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_txn(
+        &self,
+        tr: &mut dyn Transport,
+        bufs: &mut Buffers,
+        pending: &mut [VecDeque<Pending>],
+        conn: usize,
+        slot: usize,
+        action: &Action,
+        start: Instant,
+    ) -> Result<usize, LoadError> {
+        let mut send = |op, key| {
+            let p = Pending {
+                slot,
+                start,
+                op,
+                key,
+            };
+            self.submit_one(tr, bufs, pending, conn, p)
+        };
+        Ok(match action {
+            Action::Get(k) | Action::GetThenSet(k) => {
+                send(OpKind::Get, *k)?;
+                1
+            }
+            Action::Set(k) => {
+                send(OpKind::Set, *k)?;
+                1
+            }
+            Action::MultiGet(keys) => {
+                for &k in keys {
+                    send(OpKind::Get, k)?;
+                }
+                keys.len()
+            }
+        })
+    }
+
     fn drive(&self, tr: &mut dyn Transport) -> Result<LoadStats, LoadError> {
         let conns = tr.connections();
+        let depth = self.cfg.depth;
         let mut rng = Rng::new(self.seed);
-        let mut ops = OpSequence::new(self.cfg.pattern, self.cfg.mix);
+        let mut source = self.source()?;
+        let schedule = match self.cfg.rate {
+            Some(r) => Some(OpenLoopSchedule::new(r, self.thread, self.cfg.threads)?),
+            None => None,
+        };
         let mut stats = LoadStats::new();
-        let mut pending: Vec<VecDeque<Pending>> = (0..conns)
-            .map(|_| VecDeque::with_capacity(self.cfg.depth))
-            .collect();
+        let mut pending: Vec<VecDeque<Pending>> =
+            (0..conns).map(|_| VecDeque::with_capacity(depth)).collect();
+        let idle = Slot {
+            kind: TxnKind::Get,
+            start: Instant::now(),
+            awaiting: 0,
+            then_set: None,
+        };
+        // Slot `s` belongs to connection `s / depth`; free slots wait here in the order
+        // they became free.
+        let mut slots = vec![idle; conns * depth];
+        let mut ready: VecDeque<usize> = (0..conns * depth).collect();
+        let mut follow_ups: Vec<usize> = Vec::new();
+        let mut bufs = Buffers {
+            key: Vec::with_capacity(64),
+            value: Vec::with_capacity(self.values.size()),
+            check: Vec::with_capacity(64),
+        };
+        let mut fault: Option<LoadError> = None;
         let mut in_flight = 0usize;
         let mut issued = 0u64;
-        let mut key_buf = Vec::with_capacity(64);
-        let mut val_buf = Vec::with_capacity(self.values.size());
-        let mut check_buf = Vec::with_capacity(64);
-        let mut ready: Vec<usize> = Vec::with_capacity(conns * self.cfg.depth);
-        let mut fault: Option<LoadError> = None;
         let mut unreported = 0u64;
 
         let start = Instant::now();
-        for c in 0..conns {
-            for _ in 0..self.cfg.depth {
-                ready.push(c);
-            }
-        }
         let mut last_reply = Instant::now();
         loop {
-            let may_issue = !self.stop.load(Ordering::Relaxed)
-                && match self.budget {
-                    Some(b) => issued < b,
-                    None => true,
-                };
-            if may_issue {
-                for &c in &ready {
+            let done_issuing =
+                self.stop.load(Ordering::Relaxed) || self.budget.is_some_and(|b| issued >= b);
+            // When the next operation is due (open loop); `None` = as soon as a slot frees.
+            let mut next_due = None;
+            if !done_issuing {
+                while let Some(&slot) = ready.front() {
                     if self.budget.is_some_and(|b| issued >= b) {
                         break;
                     }
-                    let op = ops.next(&mut rng);
-                    let key = self.chooser.next(&mut rng);
-                    key_buf.clear();
-                    self.cfg.keys.write_key(key, &mut key_buf);
-                    let req = match op {
-                        OpKind::Get => Request::Get { key: &key_buf },
-                        OpKind::Set => {
-                            self.values.fill(key, &mut val_buf);
-                            Request::Set {
-                                key: &key_buf,
-                                value: &val_buf,
+                    let due = match schedule {
+                        Some(sch) => {
+                            let due = start + sch.due(issued);
+                            if due > Instant::now() {
+                                next_due = Some(due);
+                                break;
                             }
+                            due
                         }
+                        None => Instant::now(),
                     };
-                    tr.submit(c, &req)?;
-                    if let Some(q) = pending.get_mut(c) {
-                        q.push_back(Pending {
-                            start: Instant::now(),
-                            op,
-                            key,
-                        });
-                    }
+                    ready.pop_front();
+                    let txn = source.next_txn(&mut rng);
+                    let conn = slot / depth;
+                    let awaiting =
+                        self.submit_txn(tr, &mut bufs, &mut pending, conn, slot, &txn.action, due)?;
+                    let then_set = match txn.action {
+                        Action::GetThenSet(k) => Some(k),
+                        _ => None,
+                    };
+                    slots[slot] = Slot {
+                        kind: txn.kind,
+                        start: due,
+                        awaiting,
+                        then_set,
+                    };
                     in_flight += 1;
                     issued += 1;
+                    if awaiting == 0 {
+                        // Nothing to wait for (an empty multi-get): done at once.
+                        stats.record_txn(txn.kind, 0);
+                        in_flight -= 1;
+                        ready.push_back(slot);
+                    }
                 }
             }
-            ready.clear();
             if in_flight == 0 {
-                break;
+                if done_issuing || (schedule.is_none() && ready.is_empty()) {
+                    break;
+                }
+                // Open loop, nothing in flight: wait for the next due time.
+                if let Some(due) = next_due {
+                    let wait = due.saturating_duration_since(Instant::now());
+                    if wait > SPIN_BELOW {
+                        std::thread::sleep((wait - SPIN_BELOW).min(TICK));
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                last_reply = Instant::now();
+                continue;
             }
-            let n = tr.progress(TICK, &mut |conn, reply| {
+            // Open loop with a free slot and an operation due soon: poll without sleeping.
+            let timeout = match next_due {
+                Some(due) => {
+                    let wait = due.saturating_duration_since(Instant::now());
+                    if wait > SPIN_BELOW {
+                        (wait - SPIN_BELOW).min(TICK)
+                    } else {
+                        Duration::ZERO
+                    }
+                }
+                None => TICK,
+            };
+            let mut completed = 0usize;
+            let n = tr.progress(timeout, &mut |conn, reply| {
                 let now = Instant::now();
                 let Some(p) = pending.get_mut(conn).and_then(|q| q.pop_front()) else {
                     fault.get_or_insert(LoadError::UnsolicitedReply(conn));
@@ -255,9 +454,9 @@ impl Worker<'_> {
                 let ns = now.duration_since(p.start).as_nanos() as u64;
                 match (p.op, reply) {
                     (OpKind::Get, Reply::Hit { key, data, .. }) => {
-                        check_buf.clear();
-                        self.cfg.keys.write_key(p.key, &mut check_buf);
-                        let ok = key == &check_buf[..] && self.values.check(p.key, data);
+                        bufs.check.clear();
+                        self.cfg.keys.write_key(p.key, &mut bufs.check);
+                        let ok = key == &bufs.check[..] && self.values.check(p.key, data);
                         stats.record_get(ns, Some(ok));
                     }
                     (OpKind::Get, Reply::Miss) => stats.record_get(ns, None),
@@ -268,15 +467,40 @@ impl Worker<'_> {
                         fault.get_or_insert(LoadError::WrongReplyKind { op, conn });
                     }
                 }
-                ready.push(conn);
+                let Some(slot) = slots.get_mut(p.slot) else {
+                    return;
+                };
+                slot.awaiting = slot.awaiting.saturating_sub(1);
+                if slot.awaiting > 0 {
+                    return;
+                }
+                if slot.then_set.is_some() {
+                    follow_ups.push(p.slot);
+                } else {
+                    stats.record_txn(slot.kind, now.duration_since(slot.start).as_nanos() as u64);
+                    completed += 1;
+                    ready.push_back(p.slot);
+                }
             })?;
             if let Some(f) = fault.take() {
                 return Err(f);
             }
+            for slot in follow_ups.drain(..) {
+                if let Some(key) = slots[slot].then_set.take() {
+                    let p = Pending {
+                        slot,
+                        start: Instant::now(),
+                        op: OpKind::Set,
+                        key,
+                    };
+                    self.submit_one(tr, &mut bufs, &mut pending, slot / depth, p)?;
+                    slots[slot].awaiting = 1;
+                }
+            }
             if n > 0 {
-                in_flight -= n.min(in_flight);
+                in_flight -= completed.min(in_flight);
                 last_reply = Instant::now();
-                unreported += n as u64;
+                unreported += completed as u64;
                 if unreported >= 256 || in_flight == 0 {
                     self.done_ops.fetch_add(unreported, Ordering::Relaxed);
                     unreported = 0;

@@ -127,6 +127,11 @@ struct WorkloadArgs {
     /// Requests in flight per connection (1 = no pipelining).
     #[arg(long, default_value_t = 1)]
     depth: usize,
+    /// Open loop: send at this fixed rate (ops/s over all client threads) whatever the
+    /// server does, and measure latency from each op's scheduled send time (no coordinated
+    /// omission). Without it the loop is closed (send when a reply comes back).
+    #[arg(long)]
+    rate: Option<f64>,
     /// Stop after this many operations in total.
     #[arg(long)]
     ops: Option<u64>,
@@ -286,13 +291,12 @@ impl WorkloadArgs {
             depth: self.depth,
             ops: self.ops,
             duration,
-            keys: KeySpace {
-                prefix: self.key_prefix.clone(),
-                n: self.keys,
-            },
+            keys: KeySpace::new(&self.key_prefix, self.keys),
             dist,
             mix,
             pattern: self.pattern.into(),
+            ycsb: None,
+            rate: self.rate,
             value_size: self.value_size.first().copied().unwrap_or(32),
             seed: self.seed,
             progress: !self.quiet,

@@ -1,6 +1,6 @@
 //! What a run measured: latency histograms, op counts, hit ratio, CPU time.
 
-use crate::workload::OpKind;
+use crate::workload::{OpKind, TxnKind};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
@@ -17,9 +17,14 @@ fn new_hist() -> Histogram<u64> {
     h
 }
 
-/// Counters and histograms of one run (one thread, or merged).
+/// Counters and histograms of one run (one thread, or merged). Requests (a GET, a SET) and
+/// operations (what the workload asked for: a YCSB scan is many GETs) are counted apart;
+/// for the get/set workloads every operation is one request.
 #[derive(Clone, Debug)]
 pub struct LoadStats {
+    /// Latency of each operation by kind, indexed by [`TxnKind::index`]; created on first
+    /// use (a histogram is ~200 KB).
+    pub txn_hists: [Option<Histogram<u64>>; TxnKind::ALL.len()],
     pub get_hist: Histogram<u64>,
     pub set_hist: Histogram<u64>,
     pub gets: u64,
@@ -45,6 +50,7 @@ impl Default for LoadStats {
 impl LoadStats {
     pub fn new() -> Self {
         LoadStats {
+            txn_hists: Default::default(),
             get_hist: new_hist(),
             set_hist: new_hist(),
             gets: 0,
@@ -94,8 +100,24 @@ impl LoadStats {
         }
     }
 
+    /// An operation finished `ns` after it was sent (or, in an open loop, after it was due).
+    pub fn record_txn(&mut self, kind: TxnKind, ns: u64) {
+        let h = self.txn_hists[kind.index()].get_or_insert_with(new_hist);
+        let _ = h.record(ns.max(1));
+    }
+
+    /// The latency histogram of one kind of operation, if any finished.
+    pub fn txn_hist(&self, kind: TxnKind) -> Option<&Histogram<u64>> {
+        self.txn_hists[kind.index()].as_ref()
+    }
+
     /// Fold `other` in (threads of one run, or rounds of one comparison: time adds up).
     pub fn merge(&mut self, other: &LoadStats) {
+        for (mine, theirs) in self.txn_hists.iter_mut().zip(&other.txn_hists) {
+            if let Some(t) = theirs {
+                let _ = mine.get_or_insert_with(new_hist).add(t);
+            }
+        }
         let _ = self.get_hist.add(&other.get_hist);
         let _ = self.set_hist.add(&other.set_hist);
         self.gets += other.gets;
@@ -109,14 +131,17 @@ impl LoadStats {
         self.elapsed = self.elapsed.max(other.elapsed);
     }
 
+    /// Finished operations (of every kind).
     pub fn ops(&self) -> u64 {
-        self.gets + self.sets
+        self.txn_hists.iter().flatten().map(Histogram::len).sum()
     }
 
-    /// Both op kinds in one histogram.
+    /// Latency of every operation, all kinds in one histogram.
     pub fn all_hist(&self) -> Histogram<u64> {
-        let mut h = self.get_hist.clone();
-        let _ = h.add(&self.set_hist);
+        let mut h = new_hist();
+        for t in self.txn_hists.iter().flatten() {
+            let _ = h.add(t);
+        }
         h
     }
 }
@@ -286,6 +311,36 @@ pub struct RunSummary {
     pub server_cpu_s: Option<f64>,
     pub server_cpu_s_per_mop: Option<f64>,
     pub client_cpu_s: Option<f64>,
+    /// Latency by kind of operation (only kinds that ran).
+    pub by_kind: Vec<KindSummary>,
+}
+
+/// Count and latency percentiles of one kind of operation.
+#[derive(Clone, Debug, Serialize)]
+pub struct KindSummary {
+    pub kind: TxnKind,
+    pub ops: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+}
+
+impl KindSummary {
+    pub fn of(s: &LoadStats) -> Vec<KindSummary> {
+        TxnKind::ALL
+            .iter()
+            .filter_map(|&kind| {
+                let h = s.txn_hist(kind)?;
+                Some(KindSummary {
+                    kind,
+                    ops: h.len(),
+                    p50_us: pct_us(h, 0.50),
+                    p99_us: pct_us(h, 0.99),
+                    p999_us: pct_us(h, 0.999),
+                })
+            })
+            .collect()
+    }
 }
 
 impl RunSummary {
@@ -321,6 +376,7 @@ impl RunSummary {
                 .filter(|_| ops > 0)
                 .map(|c| c * 1e6 / ops as f64),
             client_cpu_s,
+            by_kind: KindSummary::of(s),
         }
     }
 }
@@ -346,14 +402,21 @@ mod tests {
     fn merged_stats_add_counts_and_keep_longest_elapsed() {
         let mut a = LoadStats::new();
         a.record_get(1000, Some(true));
+        a.record_txn(TxnKind::Get, 1000);
         a.elapsed = Duration::from_secs(2);
         let mut b = LoadStats::new();
         b.record_get(3000, None);
+        b.record_txn(TxnKind::Get, 3000);
         b.record_set(2000, true);
+        b.record_get(2500, None);
+        b.record_txn(TxnKind::ReadModifyWrite, 4500);
         b.elapsed = Duration::from_secs(1);
         a.merge(&b);
-        assert_eq!((a.gets, a.hits, a.misses, a.sets), (2, 1, 1, 1));
+        assert_eq!((a.gets, a.hits, a.misses, a.sets), (3, 1, 2, 1));
+        assert_eq!(a.ops(), 3);
         assert_eq!(a.all_hist().len(), 3);
+        assert_eq!(a.txn_hist(TxnKind::Get).map(|h| h.len()), Some(2));
+        assert!(a.txn_hist(TxnKind::Scan).is_none());
         assert_eq!(a.elapsed, Duration::from_secs(2));
     }
 }

@@ -241,13 +241,14 @@ impl Transport for UcxTransport {
     /// Hands out what has finished; when nothing has, blocks on the oldest request (the
     /// client spins on the UCX worker before sleeping, so a fast reply is seen at once) up to
     /// the request deadline rather than `timeout`: giving up a wait abandons the request.
+    /// A zero `timeout` never blocks (an open-loop run must be free to send on schedule).
     fn progress(
         &mut self,
-        _timeout: Duration,
+        timeout: Duration,
         on_reply: &mut dyn FnMut(usize, Reply<'_>),
     ) -> Result<usize, TransportError> {
         let mut n = self.drain(on_reply)?;
-        if n > 0 || self.in_flight == 0 {
+        if n > 0 || self.in_flight == 0 || timeout.is_zero() {
             return Ok(n);
         }
         let oldest = self

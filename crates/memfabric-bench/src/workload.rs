@@ -16,6 +16,10 @@ pub enum WorkloadError {
     BadTheta(f64),
     #[error("op mix must look like GET:SET with non-negative integers, not all zero; got {0:?}")]
     BadMix(String),
+    #[error("unknown YCSB workload {0:?} (a, b, c, d, e or f)")]
+    BadYcsbWorkload(String),
+    #[error("YCSB maximum scan length must be at least 1")]
+    BadScanLength,
 }
 
 /// How keys are drawn from the key space.
@@ -272,25 +276,170 @@ impl OpSequence {
     }
 }
 
-/// Key names: `<prefix><index as 10 decimal digits>`, fixed width so every request of a run
-/// has the same size.
+/// The kinds of operation a workload reports latencies for. A kind is what the user asked
+/// for (a YCSB read-modify-write), which may take more than one request on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TxnKind {
+    Get,
+    Set,
+    /// YCSB READ: one GET.
+    Read,
+    /// YCSB UPDATE: one SET of an existing record (a cache replaces the whole value).
+    Update,
+    /// YCSB INSERT: one SET of a new record.
+    Insert,
+    /// YCSB SCAN, as a cache can do it: GETs of consecutive key ids, sent together.
+    Scan,
+    /// YCSB READ-MODIFY-WRITE: GET, then SET of the same key once the GET is answered.
+    ReadModifyWrite,
+}
+
+impl TxnKind {
+    pub const ALL: [TxnKind; 7] = [
+        TxnKind::Get,
+        TxnKind::Set,
+        TxnKind::Read,
+        TxnKind::Update,
+        TxnKind::Insert,
+        TxnKind::Scan,
+        TxnKind::ReadModifyWrite,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnKind::Get => "get",
+            TxnKind::Set => "set",
+            TxnKind::Read => "read",
+            TxnKind::Update => "update",
+            TxnKind::Insert => "insert",
+            TxnKind::Scan => "scan",
+            TxnKind::ReadModifyWrite => "read-modify-write",
+        }
+    }
+
+    /// Position in [`ALL`](Self::ALL), for per-kind arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The requests one operation needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Get(u64),
+    Set(u64),
+    /// GETs of these key ids, submitted together on one connection.
+    MultiGet(Vec<u64>),
+    /// GET, then (after its reply) SET of the same key id.
+    GetThenSet(u64),
+}
+
+/// One operation of a workload: what it is called and what it sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Txn {
+    pub kind: TxnKind,
+    pub action: Action,
+}
+
+/// Where a client thread takes its operations from, in order.
+pub trait TxnSource {
+    fn next_txn(&mut self, rng: &mut Rng) -> Txn;
+}
+
+/// The get/set workloads: an [`OpSequence`] for the op and a [`KeyChooser`] for the key.
+pub struct GetSetSource<'a> {
+    ops: OpSequence,
+    chooser: &'a KeyChooser,
+}
+
+impl<'a> GetSetSource<'a> {
+    pub fn new(pattern: Pattern, mix: OpMix, chooser: &'a KeyChooser) -> Self {
+        GetSetSource {
+            ops: OpSequence::new(pattern, mix),
+            chooser,
+        }
+    }
+}
+
+impl TxnSource for GetSetSource<'_> {
+    fn next_txn(&mut self, rng: &mut Rng) -> Txn {
+        // Op first, then key: the order the load loop has always drawn them in, so a seed
+        // gives the same stream as before.
+        let op = self.ops.next(rng);
+        let key = self.chooser.next(rng);
+        match op {
+            OpKind::Get => Txn {
+                kind: TxnKind::Get,
+                action: Action::Get(key),
+            },
+            OpKind::Set => Txn {
+                kind: TxnKind::Set,
+                action: Action::Set(key),
+            },
+        }
+    }
+}
+
+/// How a key id becomes a key name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyNaming {
+    /// `<prefix><id as 10 decimal digits>`, fixed width so every request of a run has the
+    /// same size.
+    #[default]
+    FixedWidth,
+    /// YCSB's hashed insert order: `<prefix><fnvhash64(id) in decimal>` (YCSB's
+    /// `CoreWorkload.buildKeyName` with `insertorder=hashed`, prefix `user`).
+    YcsbHashed,
+}
+
+/// The key names of a run: ids `0..n`, named by `naming`.
 #[derive(Clone, Debug)]
 pub struct KeySpace {
     pub prefix: String,
     pub n: u64,
+    pub naming: KeyNaming,
 }
 
 impl KeySpace {
+    /// Fixed-width names `<prefix><10 digits>` for ids `0..n`.
+    pub fn new(prefix: &str, n: u64) -> Self {
+        KeySpace {
+            prefix: prefix.to_string(),
+            n,
+            naming: KeyNaming::FixedWidth,
+        }
+    }
+
     /// Append the name of key `id` to `out`.
     pub fn write_key(&self, id: u64, out: &mut Vec<u8>) {
         out.extend_from_slice(self.prefix.as_bytes());
-        let mut digits = [b'0'; 10];
-        let mut v = id;
-        for d in digits.iter_mut().rev() {
-            *d = b'0' + (v % 10) as u8;
-            v /= 10;
+        match self.naming {
+            KeyNaming::FixedWidth => {
+                let mut digits = [b'0'; 10];
+                let mut v = id;
+                for d in digits.iter_mut().rev() {
+                    *d = b'0' + (v % 10) as u8;
+                    v /= 10;
+                }
+                out.extend_from_slice(&digits);
+            }
+            KeyNaming::YcsbHashed => {
+                // Decimal without allocating: at most 19 digits for a non-negative i64.
+                let mut digits = [0u8; 20];
+                let mut v = ycsb_fnvhash64(id);
+                let mut at = digits.len();
+                loop {
+                    at -= 1;
+                    digits[at] = b'0' + (v % 10) as u8;
+                    v /= 10;
+                    if v == 0 {
+                        break;
+                    }
+                }
+                out.extend_from_slice(&digits[at..]);
+            }
         }
-        out.extend_from_slice(&digits);
     }
 
     /// The key name of `id` as a fresh vector.
@@ -372,6 +521,22 @@ impl ValueMaker {
     }
 }
 
+/// YCSB's `Utils.fnvhash64(long)`: FNV-1a over the 8 octets of `val` (lowest first), then
+/// `Math.abs`. (Java's abs leaves `Long.MIN_VALUE` negative where this gives 2^63: one hash
+/// value in 2^64, which no benchmark's key ids reach in practice.)
+pub fn ycsb_fnvhash64(val: u64) -> u64 {
+    const FNV_OFFSET_BASIS_64: u64 = 0xCBF2_9CE4_8422_2325;
+    const FNV_PRIME_64: u64 = 1_099_511_628_211;
+    let mut hash = FNV_OFFSET_BASIS_64;
+    let mut v = val;
+    for _ in 0..8 {
+        hash ^= v & 0xff;
+        hash = hash.wrapping_mul(FNV_PRIME_64);
+        v >>= 8;
+    }
+    (hash as i64).unsigned_abs()
+}
+
 fn stamp(id: u64) -> [u8; STAMP] {
     let mut s = [0u8; STAMP];
     let hex = b"0123456789abcdef";
@@ -395,10 +560,7 @@ mod tests {
 
     #[test]
     fn keys_are_fixed_width() {
-        let ks = KeySpace {
-            prefix: "k:".into(),
-            n: 10,
-        };
+        let ks = KeySpace::new("k:", 10);
         assert_eq!(ks.key(7), b"k:0000000007".to_vec());
         assert_eq!(ks.key(4_294_967_295).len(), 12);
     }

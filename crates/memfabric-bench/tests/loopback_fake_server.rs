@@ -1,70 +1,19 @@
-//! The load generator end to end against a tiny in-process memcached stand-in on
-//! 127.0.0.1: counts and correctness only, never timings.
+//! The load generator end to end against the in-process memcached stand-in
+//! ([`Responder`]) on 127.0.0.1: counts and correctness only, never timings.
 
 use memfabric_bench::latency::{self, LatencyConfig};
 use memfabric_bench::load::{self, LoadConfig};
+use memfabric_bench::responder::Responder;
 use memfabric_bench::transport::TcpConnector;
 use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-type Map = Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>;
-
-/// Speaks just enough of the text protocol (get of one key, set) for the bench. With
-/// `corrupt`, every GET answers a value one byte short, which the bench must flag.
-fn fake_server(corrupt: bool) -> (SocketAddr, Map) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let map: Map = Arc::default();
-    let m = Arc::clone(&map);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let m = Arc::clone(&m);
-            std::thread::spawn(move || serve(stream, m, corrupt));
-        }
-    });
-    (addr, map)
-}
-
-fn serve(stream: TcpStream, map: Map, corrupt: bool) {
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        let mut out = Vec::new();
-        match parts.as_slice() {
-            ["get", key] => {
-                if let Some(v) = map.lock().unwrap().get(key.as_bytes()) {
-                    let v = if corrupt { &v[..v.len() - 1] } else { &v[..] };
-                    out.extend_from_slice(format!("VALUE {key} 0 {}\r\n", v.len()).as_bytes());
-                    out.extend_from_slice(v);
-                    out.extend_from_slice(b"\r\n");
-                }
-                out.extend_from_slice(b"END\r\n");
-            }
-            ["set", key, _flags, _exp, len] => {
-                let n: usize = len.parse().unwrap();
-                let mut data = vec![0; n + 2];
-                r.read_exact(&mut data).unwrap();
-                data.truncate(n);
-                map.lock().unwrap().insert(key.as_bytes().to_vec(), data);
-                out.extend_from_slice(b"STORED\r\n");
-            }
-            _ => out.extend_from_slice(b"ERROR\r\n"),
-        }
-        if w.write_all(&out).is_err() {
-            return;
-        }
-    }
+/// The in-process responder (get of one key, set); with `corrupt`, every GET answers a value
+/// one byte short, which the bench must flag. Dropped at the end of each test.
+fn fake_server(corrupt: bool) -> (SocketAddr, Responder) {
+    let r = Responder::start(corrupt).expect("start responder");
+    (r.addr, r)
 }
 
 fn config(n: u64, ops: u64, value_size: usize, dist: KeyDist) -> LoadConfig {
@@ -74,13 +23,12 @@ fn config(n: u64, ops: u64, value_size: usize, dist: KeyDist) -> LoadConfig {
         depth: 4,
         ops: Some(ops),
         duration: Some(Duration::from_secs(60)),
-        keys: KeySpace {
-            prefix: "t:".into(),
-            n,
-        },
+        keys: KeySpace::new("t:", n),
         dist,
         mix: OpMix::parse("90:10").unwrap(),
         pattern: Pattern::Mix,
+        ycsb: None,
+        rate: None,
         value_size,
         seed: 7,
         progress: false,
@@ -91,20 +39,17 @@ fn config(n: u64, ops: u64, value_size: usize, dist: KeyDist) -> LoadConfig {
 #[test]
 fn preload_stores_every_key_of_the_key_space_once() {
     let (addr, map) = fake_server(false);
-    let keys = KeySpace {
-        prefix: "t:".into(),
-        n: 1234,
-    };
+    let keys = KeySpace::new("t:", 1234);
     let p = load::preload(&TcpConnector { addr }, &keys, 100, 5, 8).unwrap();
     assert_eq!(p.stored, 1234);
-    let map = map.lock().unwrap();
+    let map = map.items.lock().unwrap();
     assert_eq!(map.len(), 1234);
     assert!((0..1234).all(|i| map.get(&keys.key(i)).is_some_and(|v| v.len() == 100)));
 }
 
 #[test]
 fn pipelined_run_issues_exactly_the_op_budget_and_every_get_hits() {
-    let (addr, _) = fake_server(false);
+    let (addr, _server) = fake_server(false);
     let connector = TcpConnector { addr };
     let cfg = config(500, 5000, 4096, KeyDist::Zipfian { theta: 0.99 });
     load::preload(&connector, &cfg.keys, cfg.value_size, 4, 16).unwrap();
@@ -125,7 +70,7 @@ fn pipelined_run_issues_exactly_the_op_budget_and_every_get_hits() {
 
 #[test]
 fn gets_of_keys_never_stored_count_as_misses() {
-    let (addr, _) = fake_server(false);
+    let (addr, _server) = fake_server(false);
     let mut cfg = config(100, 2000, 32, KeyDist::Uniform);
     cfg.mix = OpMix::parse("1:0").unwrap();
     let s = load::run(&TcpConnector { addr }, &cfg).unwrap();
@@ -134,7 +79,7 @@ fn gets_of_keys_never_stored_count_as_misses() {
 
 #[test]
 fn truncated_values_are_counted_as_mismatches_not_hits() {
-    let (addr, _) = fake_server(true);
+    let (addr, _server) = fake_server(true);
     let connector = TcpConnector { addr };
     let mut cfg = config(50, 1000, 64, KeyDist::Uniform);
     cfg.mix = OpMix::parse("1:0").unwrap();
@@ -146,7 +91,7 @@ fn truncated_values_are_counted_as_mismatches_not_hits() {
 
 #[test]
 fn values_larger_than_the_receive_buffer_round_trip() {
-    let (addr, _) = fake_server(false);
+    let (addr, _server) = fake_server(false);
     let connector = TcpConnector { addr };
     let mut cfg = config(8, 200, 300_000, KeyDist::Uniform);
     cfg.threads = 1;
@@ -159,7 +104,7 @@ fn values_larger_than_the_receive_buffer_round_trip() {
 
 #[test]
 fn latency_sweep_reports_one_row_per_op_and_size() {
-    let (addr, _) = fake_server(false);
+    let (addr, _server) = fake_server(false);
     let cfg = LatencyConfig {
         sizes: vec![1, 32, 4096],
         ops: vec![OpKind::Get, OpKind::Set],
@@ -191,4 +136,75 @@ fn run_against_a_closed_port_fails_with_a_connect_error() {
     };
     let err = load::run(&TcpConnector { addr }, &config(10, 10, 8, KeyDist::Uniform));
     assert!(err.is_err());
+}
+
+#[test]
+fn every_ycsb_workload_runs_its_op_budget_and_every_read_finds_its_record() {
+    use memfabric_bench::workload::TxnKind;
+    use memfabric_bench::ycsb::{YcsbSpec, YcsbWorkload};
+    for w in YcsbWorkload::ALL {
+        let (addr, server) = fake_server(false);
+        let connector = TcpConnector { addr };
+        let spec = YcsbSpec::standard(w, 300);
+        let mut cfg = config(300, 2000, spec.value_size(), KeyDist::Uniform);
+        cfg.keys = spec.key_space();
+        cfg.ycsb = Some(spec.clone());
+        // One connection per thread: a read of a thread's own fresh insert is answered
+        // after the insert (replies are in order on a connection).
+        cfg.conns_per_thread = 1;
+        let p = load::preload(&connector, &cfg.keys, spec.value_size(), 4, 8).unwrap();
+        assert_eq!(p.stored, 300, "{w:?} load phase");
+        let s = load::run(&connector, &cfg).unwrap();
+        assert_eq!(s.ops(), 2000, "{w:?}");
+        assert_eq!((s.errors, s.mismatches, s.misses), (0, 0, 0), "{w:?}");
+        assert_eq!(s.stored, s.sets, "{w:?}");
+        let kinds: u64 = TxnKind::ALL
+            .iter()
+            .filter_map(|k| s.txn_hist(*k).map(|h| h.len()))
+            .sum();
+        assert_eq!(kinds, 2000, "{w:?}");
+        match w {
+            // Scans are many GETs per operation.
+            YcsbWorkload::E => assert!(s.gets > 10 * 2000 / 2, "{w:?}: {} gets", s.gets),
+            // Every read-modify-write is one GET and one SET.
+            YcsbWorkload::F => {
+                let rmw = s.txn_hist(TxnKind::ReadModifyWrite).map_or(0, |h| h.len());
+                assert_eq!(s.sets, rmw);
+                assert_eq!(s.gets, 2000);
+            }
+            _ => assert_eq!(s.gets + s.sets, 2000, "{w:?}"),
+        }
+        let inserts = s.txn_hist(TxnKind::Insert).map_or(0, |h| h.len());
+        assert_eq!(
+            server.len() as u64,
+            300 + inserts,
+            "{w:?}: inserted records"
+        );
+    }
+}
+
+#[test]
+fn open_loop_run_sends_exactly_its_op_budget() {
+    let (addr, _server) = fake_server(false);
+    let connector = TcpConnector { addr };
+    let mut cfg = config(100, 300, 32, KeyDist::Uniform);
+    cfg.rate = Some(20_000.0);
+    load::preload(&connector, &cfg.keys, 32, 2, 4).unwrap();
+    let s = load::run(&connector, &cfg).unwrap();
+    assert_eq!(s.ops(), 300);
+    assert_eq!(s.hits, s.gets);
+    assert_eq!(s.all_hist().len(), 300);
+}
+
+#[test]
+fn open_loop_run_bounded_by_time_stops_by_itself() {
+    let (addr, _server) = fake_server(false);
+    let mut cfg = config(100, 0, 32, KeyDist::Uniform);
+    cfg.ops = None;
+    cfg.duration = Some(Duration::from_millis(300));
+    cfg.rate = Some(1000.0);
+    cfg.mix = OpMix::parse("0:1").unwrap();
+    let s = load::run(&TcpConnector { addr }, &cfg).unwrap();
+    assert!(s.ops() > 0);
+    assert_eq!(s.stored, s.ops());
 }

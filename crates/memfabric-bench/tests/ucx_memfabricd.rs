@@ -99,10 +99,7 @@ fn ucx_latency_sweep_reports_every_row() {
 fn ucx_closed_loop_two_threads_pipelined() {
     let (_srv, ucx) = start_memfabricd();
     let connector = UcxConnector::new(ucx);
-    let keys = KeySpace {
-        prefix: "mfb-ucx-load:".into(),
-        n: 500,
-    };
+    let keys = KeySpace::new("mfb-ucx-load:", 500);
     let p = load::preload(&connector, &keys, 1000, 4, 8).expect("preload");
     assert_eq!(p.stored, 500);
     let cfg = LoadConfig {
@@ -115,6 +112,8 @@ fn ucx_closed_loop_two_threads_pipelined() {
         dist: KeyDist::Uniform,
         mix: OpMix::parse("90:10").unwrap(),
         pattern: Pattern::Mix,
+        ycsb: None,
+        rate: None,
         value_size: 1000,
         seed: 7,
         progress: false,

@@ -183,10 +183,7 @@ fn op_mix_50_50_is_balanced() {
 #[test]
 fn preload_ranges_cover_every_key_exactly_once() {
     for (n, parts) in [(100_000u64, 8u64), (10, 3), (5, 8), (1, 1), (7, 7)] {
-        let ks = KeySpace {
-            prefix: "k:".into(),
-            n,
-        };
+        let ks = KeySpace::new("k:", n);
         let mut seen = vec![0u32; n as usize];
         for p in 0..parts {
             for id in ks.preload_range(p, parts) {
@@ -199,10 +196,7 @@ fn preload_ranges_cover_every_key_exactly_once() {
 
 #[test]
 fn every_key_index_has_a_distinct_name() {
-    let ks = KeySpace {
-        prefix: "mfb:".into(),
-        n: 100_000,
-    };
+    let ks = KeySpace::new("mfb:", 100_000);
     let names: HashSet<Vec<u8>> = (0..ks.n).map(|i| ks.key(i)).collect();
     assert_eq!(names.len(), 100_000);
     assert!(names.iter().all(|k| k.len() == 14 && k.len() <= 250));
