@@ -39,6 +39,8 @@ const SEND_TOKEN: mf::Token = 0;
 const RMA_TOKEN: mf::Token = 1 << 63;
 /// Access hints are sent once this many one-sided hits are pending (or when idle).
 const HINT_BATCH: usize = 64;
+/// ... and at least this often while GETs keep the transport busy.
+const HINT_MAX_AGE: Duration = Duration::from_millis(10);
 const EFD: Token = Token(usize::MAX - 1);
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
 /// memory round trip takes microseconds, a wake-up tens of them.
@@ -121,6 +123,9 @@ pub struct UcxTransport {
     /// RMA reads that completed inside the call that posted them.
     local_events: std::collections::VecDeque<mf::Event>,
     counters: GetCounters,
+    last_hint_flush: Instant,
+    /// Access hints gathered and not yet sent, over all connections.
+    pending_hints: usize,
     address: Vec<u8>,
     poll: Poll,
     events: Events,
@@ -162,6 +167,8 @@ impl UcxTransport {
             onesided: HashMap::new(),
             local_events: std::collections::VecDeque::new(),
             counters: GetCounters::default(),
+            last_hint_flush: Instant::now(),
+            pending_hints: 0,
             address,
             poll,
             events: Events::with_capacity(64),
@@ -635,6 +642,7 @@ impl UcxTransport {
                 self.counters.retries += g.read.retries as u64;
                 if let Some(rma) = self.conns.get_mut(&g.conn).and_then(|c| c.rma.as_mut()) {
                     rma.hints.push(hint);
+                    self.pending_hints += 1;
                     if rma.hints.len() >= HINT_BATCH {
                         self.send_hints(g.conn);
                     }
@@ -704,6 +712,7 @@ impl UcxTransport {
         };
         while !rma.hints.is_empty() {
             let n = rma.hints.len().min(os::HINTS_MAX);
+            self.pending_hints = self.pending_hints.saturating_sub(n);
             let mut data = Vec::with_capacity(n * os::HINT_BYTES);
             for (off, seq) in rma.hints.drain(..n) {
                 os::encode_hint(&mut data, off, seq);
@@ -727,6 +736,7 @@ impl UcxTransport {
     }
 
     fn send_all_hints(&mut self) {
+        self.last_hint_flush = Instant::now();
         let conns: Vec<ConnId> = self
             .conns
             .iter()
@@ -953,6 +963,9 @@ impl Transport for UcxTransport {
         failed: &mut Vec<ConnId>,
     ) -> Result<(), Error> {
         let start = Instant::now();
+        if self.pending_hints > 0 && start.duration_since(self.last_hint_flush) >= HINT_MAX_AGE {
+            self.send_all_hints();
+        }
         done.append(&mut self.deferred);
         let mut events = std::mem::take(&mut self.events_buf);
         let mut rounds: u32 = 0;
@@ -994,7 +1007,9 @@ impl Transport for UcxTransport {
                 continue;
             }
             // Idle: the access hints gathered so far go out before we sleep.
-            self.send_all_hints();
+            if self.pending_hints > 0 {
+                self.send_all_hints();
+            }
             // Sleep on the UCX event fd and the lifelines.
             if !self.local_events.is_empty() || !matches!(self.w.arm(), Ok(true)) {
                 continue;
