@@ -14,7 +14,7 @@
 use crate::textproto::{Reply, Request};
 use crate::transport::{Connector, Transport, TransportError};
 use bytes::Bytes;
-use memfabric_client::{Client, Config, Error, Handle, Op, StoreMode, StoreStatus};
+use memfabric_client::{Client, Config, Error, GetMode, Handle, Op, StoreMode, StoreStatus};
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -26,13 +26,26 @@ pub struct UcxConnector {
     pub addr: SocketAddr,
     /// Deadline of one request; past it the run fails (the bench's stall limit).
     pub timeout: Duration,
+    /// How GETs are served: `TwoSided` is the active-message path (`--transport ucx`),
+    /// `OneSided` reads items from the server's memory (`--transport onesided`).
+    pub get_mode: GetMode,
 }
 
 impl UcxConnector {
+    /// The active-message path: every request, GETs included, is served by the server.
     pub fn new(addr: SocketAddr) -> Self {
         UcxConnector {
             addr,
             timeout: Duration::from_secs(10),
+            get_mode: GetMode::TwoSided,
+        }
+    }
+
+    /// GETs read one-sidedly (RMA), everything else as active messages.
+    pub fn onesided(addr: SocketAddr) -> Self {
+        UcxConnector {
+            get_mode: GetMode::OneSided,
+            ..UcxConnector::new(addr)
         }
     }
 }
@@ -43,6 +56,7 @@ impl Connector for UcxConnector {
             self.addr,
             conns,
             self.timeout,
+            self.get_mode,
         )?))
     }
 }
@@ -154,6 +168,7 @@ impl UcxTransport {
         addr: SocketAddr,
         conns: usize,
         timeout: Duration,
+        get_mode: GetMode,
     ) -> Result<Self, TransportError> {
         let cerr = |msg: String| TransportError::Connect {
             addr,
@@ -162,6 +177,7 @@ impl UcxTransport {
         let config = Config {
             timeout,
             connect_timeout: Duration::from_secs(5),
+            get_mode,
             ..Config::default()
         };
         let mut client = Client::new(format!("ucx://{addr}").as_str(), config)
