@@ -25,6 +25,14 @@ struct Cli {
     /// Hash of plain ketama: md5, or libmemcached's default (one-at-a-time).
     #[arg(long, value_enum, default_value_t = Hash::Md5)]
     hash: Hash,
+    /// How GETs reach ucx:// servers: one-sided RMA reads where the transport reads
+    /// natively (auto), always (one-sided), or never (two-sided).
+    #[arg(long, default_value = "auto")]
+    get_mode: memfabric_client::GetMode,
+    /// After the command, print how the GETs were served (one-sided hits, fallbacks) to
+    /// standard error.
+    #[arg(long)]
+    counters: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -78,8 +86,10 @@ fn main() -> ExitCode {
             (Dist::Ketama, Hash::Md5) => Distribution::Ketama(KeyHash::Md5),
             (Dist::Ketama, Hash::Default) => Distribution::Ketama(KeyHash::OneAtATime),
         },
+        get_mode: cli.get_mode,
         ..Config::default()
     };
+    let counters = cli.counters;
     let mut client = match Client::new(cli.servers.as_str(), config) {
         Ok(c) => c,
         Err(e) => {
@@ -87,7 +97,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&mut client, cli.cmd) {
+    let result = run(&mut client, cli.cmd);
+    if counters {
+        for (name, value) in client.transport_counters() {
+            eprintln!("{name} {value}");
+        }
+    }
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("memfabric: {e}");
