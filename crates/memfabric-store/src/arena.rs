@@ -12,10 +12,29 @@ use std::io;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 
-/// One anonymous, private mapping.
+/// Memory the store may use for its arena or index instead of its own anonymous mapping
+/// (for example memory allocated by UCX so that shared-memory peers can read it directly).
+///
+/// # Safety
+/// Implementors guarantee: [base, base+len) is mapped readable and writable, zero-filled
+/// when handed over, base is 4096-aligned, and it stays mapped, unmoved and otherwise
+/// unused by the process until the object is dropped (remote peers/NICs may read it).
+#[allow(clippy::len_without_is_empty)]
+pub unsafe trait Memory: Send + Sync + 'static {
+    fn base(&self) -> *mut u8;
+    fn len(&self) -> usize;
+}
+
+/// Gives the store memory of at least `len` bytes.
+pub type Allocate<'a> = &'a (dyn Fn(usize) -> io::Result<Box<dyn Memory>> + Sync);
+
+/// One mapping: an anonymous private one of our own, or caller-supplied `Memory`.
 pub struct Arena {
     base: *mut u8,
     len: usize,
+    /// Caller-supplied memory: kept alive for as long as the arena, freed by its own
+    /// `Drop` after the arena is gone. `None`: `base`/`len` are our own mmap.
+    owner: Option<Box<dyn Memory>>,
 }
 
 // SAFETY: the arena is plain memory; every access below goes through atomics or through
@@ -48,6 +67,38 @@ impl Arena {
         Ok(Arena {
             base: base as *mut u8,
             len,
+            owner: None,
+        })
+    }
+
+    /// Use `len` bytes (rounded up to whole OS pages) of caller-supplied memory, obtained
+    /// from `alloc`. Fails if `alloc` fails or returns less than asked, an unaligned or
+    /// null base.
+    pub fn with_memory(len: usize, alloc: Allocate<'_>) -> io::Result<Arena> {
+        let len = len.max(4096).next_multiple_of(4096);
+        let mem = alloc(len)?;
+        Arena::from_memory(mem, len)
+    }
+
+    /// Use the first `len` bytes of `mem` (see `Memory` for what it guarantees).
+    pub fn from_memory(mem: Box<dyn Memory>, len: usize) -> io::Result<Arena> {
+        let base = mem.base();
+        if mem.len() < len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("memory of {} bytes is smaller than {len}", mem.len()),
+            ));
+        }
+        if base.is_null() || !(base as usize).is_multiple_of(4096) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "memory base is null or not 4096-aligned",
+            ));
+        }
+        Ok(Arena {
+            base,
+            len,
+            owner: Some(mem),
         })
     }
 
@@ -196,6 +247,10 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Caller-supplied memory: its own Drop (after this one) frees it.
+            return;
+        }
         // SAFETY: `base`/`len` are exactly what mmap returned; no reference into the
         // arena outlives it (all are borrowed from `&self`).
         unsafe {
@@ -205,7 +260,7 @@ impl Drop for Arena {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
@@ -219,6 +274,132 @@ mod tests {
         assert!(a.eq(100, b"hello"));
         a.u64_at(8).store(42, Ordering::Relaxed);
         assert_eq!(a.u64_at(8).load(Ordering::Relaxed), 42);
+    }
+
+    /// Anonymous mapping handed over as caller memory (what UCX-allocated memory is).
+    pub(crate) struct TestMemory {
+        base: *mut u8,
+        len: usize,
+    }
+
+    impl TestMemory {
+        pub(crate) fn new(len: usize) -> io::Result<TestMemory> {
+            // SAFETY: an anonymous private mapping with no address hint has no
+            // preconditions; the result is checked against MAP_FAILED before use.
+            let base = unsafe {
+                libc::mmap(
+                    ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(TestMemory {
+                base: base as *mut u8,
+                len,
+            })
+        }
+    }
+
+    impl Drop for TestMemory {
+        fn drop(&mut self) {
+            // SAFETY: exactly the mapping mmap returned in `new`; the arena that used it
+            // has been dropped before this box (Arena::drop leaves it mapped).
+            unsafe {
+                libc::munmap(self.base as *mut libc::c_void, self.len);
+            }
+        }
+    }
+
+    // SAFETY: the pointer is a private mapping owned by this object alone.
+    unsafe impl Send for TestMemory {}
+    // SAFETY: as above; the object itself never touches the memory.
+    unsafe impl Sync for TestMemory {}
+
+    // SAFETY: a fresh anonymous mapping is readable, writable, zero-filled and
+    // page-aligned (4096 on every platform we run on), and it stays mapped until Drop.
+    unsafe impl Memory for TestMemory {
+        fn base(&self) -> *mut u8 {
+            self.base
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+    }
+
+    #[test]
+    fn caller_memory_is_used_in_place_and_must_be_large_enough() {
+        let alloc = |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n)?)) };
+        let a = Arena::with_memory(10_000, &alloc).unwrap();
+        assert_eq!(a.len(), 12_288);
+        a.write(12_000, b"end");
+        assert!(a.eq(12_000, b"end"));
+        let short =
+            |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n - 4096)?)) };
+        assert!(Arena::with_memory(1 << 16, &short).is_err());
+    }
+
+    #[test]
+    fn a_store_on_caller_memory_sets_gets_and_evicts_in_that_memory() {
+        use crate::{GetOptions, SetMode, Store, StoreConfig, StoreStatus};
+        use std::sync::Mutex;
+        // Every mapping handed out, as (base, len), to compare with the store's regions.
+        let given: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+        let alloc = |n: usize| -> io::Result<Box<dyn Memory>> {
+            let m = TestMemory::new(n)?;
+            given.lock().unwrap().push((m.base as usize, m.len));
+            Ok(Box::new(m))
+        };
+        let cfg = StoreConfig {
+            memory_limit: 2 << 20,
+            slab_automove: false,
+            ..StoreConfig::default()
+        };
+        let s = Store::with_memory(cfg, &alloc).unwrap();
+        let given = given.lock().unwrap().clone();
+        assert_eq!(
+            given.len(),
+            2,
+            "one allocation for the arena, one for the index"
+        );
+        let (a, alen) = s.arena_region();
+        let (i, ilen) = s.index_region();
+        assert_eq!((a as usize, alen), given[0]);
+        assert_eq!((i as usize, ilen), given[1]);
+        let power = s.stats().hash_power_level;
+        assert_eq!(ilen, crate::remote::index_len(power));
+        // Fill well past the memory limit: eviction keeps working, recent keys are there.
+        let value = vec![7u8; 1000];
+        for k in 0..10_000u32 {
+            let st = s.store(SetMode::Set, format!("key{k}").as_bytes(), &value, 0, 0, 0);
+            assert!(matches!(st, StoreStatus::Stored { .. }), "{st:?}");
+        }
+        assert!(s.stats().evictions > 0);
+        let mut out = Vec::new();
+        assert!(s
+            .get(b"key9999", &GetOptions::default(), &mut out)
+            .is_some());
+        assert_eq!(out, value);
+        let block = s.control_block();
+        assert_eq!(&block[..4], b"MMFX");
+        drop(s);
+    }
+
+    #[test]
+    fn a_store_refuses_caller_memory_that_is_too_small() {
+        use crate::{Store, StoreConfig};
+        let alloc =
+            |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n / 2)?)) };
+        assert!(Store::with_memory(StoreConfig::default(), &alloc).is_err());
+        let failing = |_: usize| -> io::Result<Box<dyn Memory>> {
+            Err(io::Error::new(io::ErrorKind::OutOfMemory, "no"))
+        };
+        assert!(Store::with_memory(StoreConfig::default(), &failing).is_err());
     }
 
     #[test]

@@ -11,11 +11,13 @@
 //! from the key alone. The class in the slot tells a reader how many bytes the item's chunk
 //! spans, so one read fetches header, key and value in the common case.
 //!
-//! The buckets live in their own anonymous mapping (an `Arena`), so they can be registered
-//! for RDMA like the item arena.
+//! The buckets live in their own mapping (an `Arena`), so they can be registered for RDMA
+//! like the item arena. The mapping ends with the control block (`remote.rs`): the
+//! geometry and the live words (flush CAS, flush time, clock) a remote reader needs.
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use crate::arena::Arena;
+use crate::arena::{Allocate, Arena};
+use crate::remote;
 
 pub const SLOTS: usize = 7;
 pub const BUCKET_BYTES: usize = 64;
@@ -66,27 +68,125 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(power: u32, seed: u64) -> std::io::Result<Index> {
+    /// `2^power` buckets and the control block, in an anonymous mapping (`alloc` = None)
+    /// or in caller-supplied memory. The control block gets magic, layout, seed and
+    /// hashpower; `init_control` fills in the rest.
+    pub fn new_in(power: u32, seed: u64, alloc: Option<Allocate<'_>>) -> std::io::Result<Index> {
         let n = 1usize << power;
-        Ok(Index {
-            mem: Arena::new(n * BUCKET_BYTES)?,
+        let len = remote::index_len(power);
+        let mem = match alloc {
+            Some(alloc) => Arena::with_memory(len, alloc)?,
+            None => Arena::new(len)?,
+        };
+        let ix = Index {
+            mem,
             mask: n - 1,
             seed,
             power,
-        })
+        };
+        ix.ctl_u64(remote::OFF_HASH_SEED)
+            .store(seed, Ordering::Relaxed);
+        ix.ctl_u32(remote::OFF_HASHPOWER)
+            .store(power, Ordering::Relaxed);
+        ix.ctl_u32(remote::OFF_ITEM_HDR)
+            .store(crate::item::HDR as u32, Ordering::Relaxed);
+        ix.ctl_u32(remote::OFF_LAYOUT)
+            .store(remote::CTL_LAYOUT, Ordering::Relaxed);
+        // Magic last: a reader that sees it sees a filled-in block.
+        ix.ctl_u32(remote::OFF_MAGIC)
+            .store(remote::CTL_MAGIC, Ordering::Release);
+        Ok(ix)
+    }
+
+    #[cfg(test)]
+    pub fn new(power: u32, seed: u64) -> std::io::Result<Index> {
+        Index::new_in(power, seed, None)
+    }
+
+    /// Fill in the arena geometry of the control block: chunk size per class id (entry 0
+    /// unused), page size, arena length.
+    pub fn init_control(&self, chunk_sizes: &[u32], page_size: usize, arena_len: usize) {
+        let n = chunk_sizes
+            .len()
+            .min((remote::CTL_BYTES - remote::OFF_CHUNK_SIZES) / 4);
+        for (i, &size) in chunk_sizes[..n].iter().enumerate() {
+            self.ctl_u32(remote::OFF_CHUNK_SIZES + 4 * i)
+                .store(size, Ordering::Relaxed);
+        }
+        self.ctl_u32(remote::OFF_CLASSES)
+            .store(n as u32, Ordering::Relaxed);
+        self.ctl_u32(remote::OFF_PAGE_SIZE)
+            .store(page_size as u32, Ordering::Relaxed);
+        self.ctl_u64(remote::OFF_ARENA_LEN)
+            .store(arena_len as u64, Ordering::Release);
     }
 
     pub fn power(&self) -> u32 {
         self.power
     }
 
-    /// Base address and length of the bucket mapping.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Base address and length of the index mapping (buckets + control block).
     pub fn region(&self) -> (*mut u8, usize) {
         self.mem.region()
     }
 
+    /// Bytes of the index mapping (buckets + control block).
     pub fn bytes(&self) -> usize {
+        self.mem.len()
+    }
+
+    fn ctl_off(&self) -> usize {
         (self.mask + 1) * BUCKET_BYTES
+    }
+
+    fn ctl_u32(&self, off: usize) -> &AtomicU32 {
+        self.mem.u32_at(self.ctl_off() + off)
+    }
+
+    fn ctl_u64(&self, off: usize) -> &AtomicU64 {
+        self.mem.u64_at(self.ctl_off() + off)
+    }
+
+    /// Control block: items with a CAS below this are flushed (0 = none).
+    pub fn flush_cas(&self) -> &AtomicU64 {
+        self.ctl_u64(remote::OFF_FLUSH_CAS)
+    }
+
+    /// Control block: delayed flush time (0 = none).
+    pub fn flush_time(&self) -> &AtomicU32 {
+        self.ctl_u32(remote::OFF_FLUSH_TIME)
+    }
+
+    /// Control block: the store's clock as remote readers see it.
+    pub fn ctl_now(&self) -> &AtomicU32 {
+        self.ctl_u32(remote::OFF_NOW)
+    }
+
+    /// A copy of the control block, field by field with atomic loads of each field's own
+    /// size (no field is torn; the table and the unused rest as u32 words).
+    pub fn control_block(&self) -> Vec<u8> {
+        const U64_FIELDS: [usize; 4] = [
+            remote::OFF_FLUSH_CAS,
+            remote::OFF_HASH_SEED,
+            remote::OFF_ARENA_LEN,
+            remote::OFF_RESERVED,
+        ];
+        let mut v = Vec::with_capacity(remote::CTL_BYTES);
+        let mut o = 0;
+        while o < remote::CTL_BYTES {
+            if U64_FIELDS.contains(&o) {
+                v.extend_from_slice(&self.ctl_u64(o).load(Ordering::Acquire).to_le_bytes());
+                o += 8;
+            } else {
+                v.extend_from_slice(&self.ctl_u32(o).load(Ordering::Acquire).to_le_bytes());
+                o += 4;
+            }
+        }
+        v
     }
 
     pub fn hash(&self, key: &[u8]) -> KeyHash {

@@ -20,10 +20,12 @@ mod item;
 mod maintenance;
 mod ops;
 mod pins;
+pub mod remote;
 mod slab;
 mod stats;
 mod store;
 
+pub use arena::{Allocate, Memory};
 pub use clock::Clock;
 pub use config::StoreConfig;
 pub use ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};

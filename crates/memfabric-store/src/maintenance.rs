@@ -28,10 +28,12 @@ impl Inner {
         let mut quiet = vec![0u32; self.slabs.classes.len()];
         let mut last_move_check = Instant::now();
         while !self.is_shutting_down() {
+            self.refresh_remote_clock(self.clock.now());
             self.wait_for_work(Duration::from_millis(250));
             if self.is_shutting_down() {
                 break;
             }
+            self.refresh_remote_clock(self.clock.now());
             if self.cfg.background_sweeper {
                 for class in 1..self.slabs.classes.len() as u8 {
                     self.sweep_slice(class);

@@ -26,6 +26,10 @@ pub struct StoreStats {
     /// Items dropped because both candidate index buckets were full.
     pub index_evictions: u64,
     pub malloc_fails: u64,
+    /// Access hints from one-sided readers that marked an item (`note_remote_access`).
+    pub remote_hints: u64,
+    /// Access hints that named no linked item with that seq (stale, or garbage).
+    pub remote_hints_rejected: u64,
 }
 
 /// One slab class (`stats slabs`).

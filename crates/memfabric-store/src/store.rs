@@ -114,11 +114,6 @@ pub struct Inner {
     pub(crate) grace: Grace,
     pub(crate) pins: Pins,
     next_cas: AtomicU64,
-    /// Items with a CAS below this were flushed (`flush_all` without delay).
-    flush_cas: AtomicU64,
-    /// Items stored at or before this time are flushed once it has passed (delayed
-    /// `flush_all`). 0 = none.
-    flush_time: AtomicU32,
     pub(crate) c: Counters,
     shutdown: AtomicBool,
     wake: (Mutex<bool>, Condvar),
@@ -141,6 +136,8 @@ pub(crate) struct Counters {
     crawler_reclaimed: AtomicU64,
     outofmemory: AtomicU64,
     index_evictions: AtomicU64,
+    remote_hints: AtomicU64,
+    remote_hints_rejected: AtomicU64,
 }
 
 /// Why an item is being removed (for the counters).
@@ -180,6 +177,16 @@ impl Drop for Store {
 impl Store {
     /// Map the arena and build the index.
     pub fn new(config: StoreConfig) -> std::io::Result<Store> {
+        Store::build(config, None)
+    }
+
+    /// Like `Store::new`, but the arena and the index (with its control block) live in
+    /// memory from `alloc` (called twice: arena, then index).
+    pub fn with_memory(config: StoreConfig, alloc: Allocate<'_>) -> std::io::Result<Store> {
+        Store::build(config, Some(alloc))
+    }
+
+    fn build(config: StoreConfig, alloc: Option<Allocate<'_>>) -> std::io::Result<Store> {
         let mut cfg = config;
         cfg.page_size = cfg.page_size.clamp(64 << 10, 1 << 30).next_power_of_two();
         cfg.min_chunk = cfg.min_chunk.clamp(1, cfg.page_size / 4);
@@ -191,7 +198,11 @@ impl Store {
         // Address space for `cache_memlimit` to grow into: twice the start limit. Untouched
         // pages of the mapping cost nothing (MAP_NORESERVE).
         let slabs = Slabs::new(cfg.page_size, limit_pages, limit_pages * 2, &sizes);
-        let arena = Arena::new(slabs.total_pages * cfg.page_size)?;
+        let arena_len = slabs.total_pages * cfg.page_size;
+        let arena = match alloc {
+            Some(alloc) => Arena::with_memory(arena_len, alloc)?,
+            None => Arena::new(arena_len)?,
+        };
         let power = match cfg.hashpower {
             Some(p) => (p as u32).clamp(4, 32),
             None => {
@@ -206,32 +217,34 @@ impl Store {
                 .map_or(0, |d| d.as_nanos() as u64);
             t ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15
         };
-        let index = Index::new(power, seed)?;
+        let index = Index::new_in(power, seed, alloc)?;
+        let chunk_sizes: Vec<u32> = slabs.classes.iter().map(|c| c.size as u32).collect();
+        index.init_control(&chunk_sizes, cfg.page_size, arena.len());
+        let clock = Clock::new();
+        index.ctl_now().store(clock.now(), Ordering::Release);
         let total_pages = slabs.total_pages;
         let inner = Arc::new(Inner {
-            clock: Clock::new(),
+            clock,
             arena,
             index,
             slabs,
             grace: Grace::default(),
             pins: Pins::new(total_pages, cfg.page_size),
             next_cas: AtomicU64::new(0),
-            flush_cas: AtomicU64::new(0),
-            flush_time: AtomicU32::new(0),
             c: Counters::default(),
             shutdown: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
         });
-        let maintenance = if inner.cfg.slab_automove || inner.cfg.background_sweeper {
+        // Always running: besides sweeping and moving pages (if configured) it keeps the
+        // control block's clock fresh for remote readers.
+        let maintenance = {
             let m = inner.clone();
             Some(
                 std::thread::Builder::new()
                     .name("mf-maintenance".into())
                     .spawn(move || m.maintenance_loop())?,
             )
-        } else {
-            None
         };
         Ok(Store {
             inner,
@@ -410,18 +423,62 @@ impl Store {
     }
 
     /// Invalidate every item stored up to now (`at` = None) or up to absolute time `at`.
+    /// Both words live in the index's control block, where remote readers see them.
     pub fn flush_all(&self, at: Option<u32>) {
+        let now = self.clock.now();
+        self.refresh_remote_clock(now);
         match at {
-            Some(t) if t > self.clock.now() => {
+            Some(t) if t > now => {
                 // memcached: items stored before the flush time die when it comes.
-                self.flush_time.store(t - 1, Ordering::SeqCst);
+                self.index.flush_time().store(t - 1, Ordering::SeqCst);
             }
             _ => {
                 let c = self.next_cas.fetch_add(1, Ordering::SeqCst) + 1;
-                self.flush_cas.store(c, Ordering::SeqCst);
-                self.flush_time.store(0, Ordering::SeqCst);
+                self.index.flush_cas().store(c, Ordering::SeqCst);
+                self.index.flush_time().store(0, Ordering::SeqCst);
             }
         }
+    }
+
+    /// The xxh3-64 seed of the index hash (also in the control block).
+    pub fn hash_seed(&self) -> u64 {
+        self.index.seed()
+    }
+
+    /// A copy of the index's control block (`remote` describes the layout), read field
+    /// by field with atomic loads.
+    pub fn control_block(&self) -> Vec<u8> {
+        self.index.control_block()
+    }
+
+    /// Arena offset and header `seq` of `key`'s live item, as a one-sided reader would
+    /// find them (tests and diagnostics; takes the key's bucket locks).
+    pub fn item_location(&self, key: &[u8]) -> Option<(u64, u32)> {
+        if key.is_empty() || key.len() > KEY_MAX_LEN {
+            return None;
+        }
+        let a = &self.arena;
+        self.transact(key, |t| {
+            let off = t.current_off()?;
+            Some((off as u64, item::read_header(a, off).seq))
+        })
+    }
+
+    /// A remote reader read the item at arena offset `off` whose header seq was `seq`.
+    /// Marks it referenced/fetched and bumps its atime exactly like a local GET does, if
+    /// and only if `off` is the start of a chunk of a carved page (page's class, chunk
+    /// boundary), the chunk is LINKED (the index points at it) and its seq is still
+    /// `seq`. Untrusted input: any `off`/`seq` is answered with false, never a panic,
+    /// never a write anywhere else. Lock-free (no bucket or class lock).
+    pub fn note_remote_access(&self, off: u64, seq: u32) -> bool {
+        let ok = self.inner.remote_access(off, seq);
+        let c = if ok {
+            &self.c.remote_hints
+        } else {
+            &self.c.remote_hints_rejected
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        ok
     }
 
     /// `cache_memlimit`: change the memory limit at run time. Growing is possible up to
@@ -532,6 +589,8 @@ impl Store {
             outofmemory: r(&c.outofmemory),
             index_evictions: r(&c.index_evictions),
             malloc_fails: 0,
+            remote_hints: r(&c.remote_hints),
+            remote_hints_rejected: r(&c.remote_hints_rejected),
         }
     }
 
@@ -610,11 +669,11 @@ impl Inner {
         if h.exptime != 0 && h.exptime <= now {
             return Some(false);
         }
-        let fc = self.flush_cas.load(Ordering::Relaxed);
+        let fc = self.index.flush_cas().load(Ordering::Relaxed);
         if fc != 0 && h.cas < fc {
             return Some(true);
         }
-        let ft = self.flush_time.load(Ordering::Relaxed);
+        let ft = self.index.flush_time().load(Ordering::Relaxed);
         if ft != 0 && ft <= now && h.time <= ft {
             return Some(true);
         }
@@ -764,6 +823,83 @@ impl Inner {
         if at.load(Ordering::Relaxed) != now {
             at.store(now, Ordering::Relaxed);
         }
+    }
+
+    /// Publish the store's clock in the control block (maintenance tick, flush_all).
+    pub(crate) fn refresh_remote_clock(&self, now: u32) {
+        let w = self.index.ctl_now();
+        if w.load(Ordering::Relaxed) != now {
+            w.store(now, Ordering::Release);
+        }
+    }
+
+    /// `Store::note_remote_access` without the counters.
+    ///
+    /// The access-bit write must obey the rule of the lock-free reader (`get_into`): it
+    /// may only land on the header of an item that was linked *after* this thread entered
+    /// the grace period. Then a page move that re-carves the item's page must have
+    /// unlinked it after we entered, so its `synchronize` waits for us, and the chunk
+    /// boundaries cannot shift under the write. "Linked after we entered" is proven as
+    /// the local reader proves it: a slot of one of the key's buckets points at `off`,
+    /// and both that bucket's version and the item's `seq` are unchanged across the
+    /// checks. The cheap geometry checks (carved page, class, chunk boundary) come first
+    /// so garbage is rejected without reading a key out of the middle of a value.
+    fn remote_access(&self, off: u64, seq: u32) -> bool {
+        if seq & 1 == 1 {
+            return false;
+        }
+        let Ok(off) = usize::try_from(off) else {
+            return false;
+        };
+        let a = &self.arena;
+        if off >= a.len() {
+            return false;
+        }
+        let _guard = self.grace.enter();
+        let class = self.slabs.class_of(off);
+        let Some(ci) = self.slabs.classes.get(class as usize).copied() else {
+            return false;
+        };
+        if class == 0 || ci.size < HDR {
+            return false;
+        }
+        let in_page = off % self.slabs.page_size;
+        if !in_page.is_multiple_of(ci.size) || in_page / ci.size >= ci.per_page {
+            return false;
+        }
+        // The chunk lies inside its page, which lies inside the arena.
+        if off + ci.size > a.len() {
+            return false;
+        }
+        let h = item::read_header(a, off);
+        if h.seq != seq || h.state != item::LINKED || h.class != class {
+            return false;
+        }
+        let klen = h.key_len as usize;
+        if klen == 0 || klen > KEY_MAX_LEN || HDR + klen > ci.size {
+            return false;
+        }
+        let mut key = [0u8; KEY_MAX_LEN];
+        a.read(item::key_off(off), &mut key[..klen]);
+        let kh = self.index.hash(&key[..klen]);
+        for b in [kh.b1, kh.b2] {
+            let v = self.index.read_begin(b);
+            let points_here = (0..index::SLOTS).any(|i| {
+                self.index
+                    .slot(b, i)
+                    .is_some_and(|s| s.off == off && s.tag == kh.tag && s.class == class)
+            });
+            if points_here {
+                // Linked (the bucket did not change while we looked) and the header is
+                // the one we checked (seq unchanged): record the access.
+                if !self.validate(off, seq, b, v) {
+                    return false;
+                }
+                self.touch_access(off);
+                return true;
+            }
+        }
+        false
     }
 
     /// A reader met a dead item: remove it if its buckets are free right now.
@@ -1771,10 +1907,10 @@ impl Grace {
     }
 }
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::arena::Arena;
+use crate::arena::{Allocate, Arena};
 use crate::index::{self, Index, KeyHash};
 use crate::item::{self, Header, HDR};
 use crate::pins::Pins;
