@@ -69,8 +69,8 @@ pub struct Index {
 
 impl Index {
     /// `2^power` buckets and the control block, in an anonymous mapping (`alloc` = None)
-    /// or in caller-supplied memory. The control block gets magic, layout, seed and
-    /// hashpower; `init_control` fills in the rest.
+    /// or in caller-supplied memory. The control block gets layout, seed and hashpower;
+    /// `init_control` fills in the rest and then the magic.
     pub fn new_in(power: u32, seed: u64, alloc: Option<Allocate<'_>>) -> std::io::Result<Index> {
         let n = 1usize << power;
         let len = remote::index_len(power);
@@ -92,9 +92,6 @@ impl Index {
             .store(crate::item::HDR as u32, Ordering::Relaxed);
         ix.ctl_u32(remote::OFF_LAYOUT)
             .store(remote::CTL_LAYOUT, Ordering::Relaxed);
-        // Magic last: a reader that sees it sees a filled-in block.
-        ix.ctl_u32(remote::OFF_MAGIC)
-            .store(remote::CTL_MAGIC, Ordering::Release);
         Ok(ix)
     }
 
@@ -118,7 +115,10 @@ impl Index {
         self.ctl_u32(remote::OFF_PAGE_SIZE)
             .store(page_size as u32, Ordering::Relaxed);
         self.ctl_u64(remote::OFF_ARENA_LEN)
-            .store(arena_len as u64, Ordering::Release);
+            .store(arena_len as u64, Ordering::Relaxed);
+        // Magic last: a reader that sees it sees a filled-in block.
+        self.ctl_u32(remote::OFF_MAGIC)
+            .store(remote::CTL_MAGIC, Ordering::Release);
     }
 
     pub fn power(&self) -> u32 {

@@ -471,13 +471,29 @@ impl Store {
     /// `seq`. Untrusted input: any `off`/`seq` is answered with false, never a panic,
     /// never a write anywhere else. Lock-free (no bucket or class lock).
     pub fn note_remote_access(&self, off: u64, seq: u32) -> bool {
-        let ok = self.inner.remote_access(off, seq);
+        let guard = self.grace.enter();
+        let ok = self.inner.remote_access(&guard, off, seq);
         let c = if ok {
             &self.c.remote_hints
         } else {
             &self.c.remote_hints_rejected
         };
         c.fetch_add(1, Ordering::Relaxed);
+        ok
+    }
+
+    /// `note_remote_access` for a batch of (offset, seq) hints, inside one grace period
+    /// (cheaper per hint). Returns how many were accepted.
+    pub fn note_remote_accesses(&self, hints: &[(u64, u32)]) -> usize {
+        let guard = self.grace.enter();
+        let ok = hints
+            .iter()
+            .filter(|&&(off, seq)| self.inner.remote_access(&guard, off, seq))
+            .count();
+        self.c.remote_hints.fetch_add(ok as u64, Ordering::Relaxed);
+        self.c
+            .remote_hints_rejected
+            .fetch_add((hints.len() - ok) as u64, Ordering::Relaxed);
         ok
     }
 
@@ -833,7 +849,8 @@ impl Inner {
         }
     }
 
-    /// `Store::note_remote_access` without the counters.
+    /// `Store::note_remote_access` without the counters, inside the caller's grace period
+    /// (`_in_grace`: a batch shares one).
     ///
     /// The access-bit write must obey the rule of the lock-free reader (`get_into`): it
     /// may only land on the header of an item that was linked *after* this thread entered
@@ -844,7 +861,7 @@ impl Inner {
     /// and both that bucket's version and the item's `seq` are unchanged across the
     /// checks. The cheap geometry checks (carved page, class, chunk boundary) come first
     /// so garbage is rejected without reading a key out of the middle of a value.
-    fn remote_access(&self, off: u64, seq: u32) -> bool {
+    fn remote_access(&self, _in_grace: &GraceGuard<'_>, off: u64, seq: u32) -> bool {
         if seq & 1 == 1 {
             return false;
         }
@@ -855,7 +872,6 @@ impl Inner {
         if off >= a.len() {
             return false;
         }
-        let _guard = self.grace.enter();
         let class = self.slabs.class_of(off);
         let Some(ci) = self.slabs.classes.get(class as usize).copied() else {
             return false;

@@ -326,3 +326,142 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_batch_of_hints_counts_accepted_and_rejected() {
+    let s = small_store(4 << 20);
+    set(&s, b"a", b"1");
+    set(&s, b"b", b"2");
+    let a = s.item_location(b"a").unwrap();
+    let b = s.item_location(b"b").unwrap();
+    let hints = [a, (a.0 + 8, a.1), b, (b.0, b.1 + 2), (u64::MAX, 0)];
+    assert_eq!(s.note_remote_accesses(&hints), 2);
+    assert_eq!(s.note_remote_accesses(&[]), 0);
+    assert!(s.peek(b"a").unwrap().fetched && s.peek(b"b").unwrap().fetched);
+    let st = s.stats();
+    assert_eq!((st.remote_hints, st.remote_hints_rejected), (2, 3));
+}
+
+#[test]
+fn hints_for_a_page_moved_to_another_class_are_rejected() {
+    let s = small_store(8 << 20);
+    let small = vec![5u8; 100];
+    let keys: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| format!("s{i:05}").into_bytes())
+        .collect();
+    for k in &keys {
+        set(&s, k, &small);
+    }
+    let from = s.peek(&keys[0]).unwrap().class_id;
+    let old: Vec<(u64, u32)> = keys.iter().map(|k| s.item_location(k).unwrap()).collect();
+    // The page moves to the class of 3000-byte values and is re-carved there.
+    set(&s, b"big0", &pattern(1, 3000));
+    let to = s.peek(b"big0").unwrap().class_id;
+    assert_eq!(
+        s.slabs_reassign(from as i32, to as i32),
+        memfabric_store::ReassignStatus::Ok
+    );
+    let bigs: Vec<(Vec<u8>, Vec<u8>)> = (1..400)
+        .map(|i| (format!("big{i}").into_bytes(), pattern(i, 3000)))
+        .collect();
+    for (k, v) in &bigs {
+        set(&s, k, v);
+    }
+    let mut moved = 0;
+    for (k, &(off, seq)) in keys.iter().zip(&old) {
+        let present = s.item_location(k) == Some((off, seq));
+        moved += usize::from(!present);
+        // A hint counts only for an item still where it was.
+        assert_eq!(s.note_remote_access(off, seq), present, "{off}");
+        // Near misses into the re-carved page never count.
+        assert!(!s.note_remote_access(off + 8, seq));
+    }
+    assert!(moved > 1000, "a whole page of small items left: {moved}");
+    for (k, v) in &bigs {
+        assert_eq!(peek_value(&s, k).as_ref(), Some(v));
+    }
+}
+
+#[test]
+fn hints_racing_writes_deletes_and_page_moves_never_corrupt_a_value() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // Values name their key and version, so any stray write shows up on read.
+    fn value_for(key: usize, version: u32) -> Vec<u8> {
+        let len = [30usize, 120, 700, 2500][(key + version as usize) % 4];
+        let mut v = format!("{key}|{version}|").into_bytes();
+        v.extend(pattern(key as u32 ^ version.rotate_left(7), len));
+        v
+    }
+    fn parse(v: &[u8]) -> Option<(usize, u32)> {
+        let mut p = v.splitn(3, |&b| b == b'|');
+        let mut num = || std::str::from_utf8(p.next()?).ok()?.parse::<u64>().ok();
+        Some((num()? as usize, num()? as u32))
+    }
+    const KEYS: usize = 3000;
+    let s = Arc::new(small_store(4 << 20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hinter = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut x = 0x9e37_79b9_u64;
+            let mut accepted = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..256 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let k = format!("k{}", x as usize % KEYS);
+                    if let Some((off, seq)) = s.item_location(k.as_bytes()) {
+                        // The real location, a stale seq, or a near miss.
+                        let h = match x >> 60 {
+                            0..=7 => (off, seq),
+                            8..=11 => (off, seq.wrapping_sub(2)),
+                            _ => (off + 8 * (x >> 56 & 7), seq),
+                        };
+                        accepted += u64::from(s.note_remote_access(h.0, h.1));
+                    }
+                }
+            }
+            accepted
+        })
+    };
+    use memfabric_store::ReassignStatus::Ok;
+    let mut version = 0u32;
+    let mut moves = 0;
+    for round in 0..30 {
+        for k in 0..KEYS {
+            version += 1;
+            let key = format!("k{k}");
+            if (k + round) % 7 == 0 {
+                s.delete(key.as_bytes(), 0);
+            } else {
+                set(&s, key.as_bytes(), &value_for(k, version));
+            }
+        }
+        // Move a page between classes now and then (re-carving under the hinter).
+        let classes: Vec<u8> = s.slab_stats().iter().map(|c| c.id).collect();
+        if classes.len() >= 2 {
+            let (a, b) = (
+                classes[round % classes.len()],
+                classes[(round + 1) % classes.len()],
+            );
+            moves += usize::from(s.slabs_reassign(a as i32, b as i32) == Ok);
+        }
+        for k in 0..KEYS {
+            if let Some(v) = peek_value(&s, format!("k{k}").as_bytes()) {
+                let (key, ver) = parse(&v).expect("value header intact");
+                assert_eq!(key, k);
+                assert_eq!(v, value_for(k, ver), "value of k{k} changed");
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let accepted = hinter.join().unwrap();
+    eprintln!(
+        "{moves} page moves, {accepted} hints accepted, {:?}",
+        s.stats()
+    );
+    assert!(accepted > 0);
+    assert_eq!(s.stats().remote_hints, accepted);
+}
