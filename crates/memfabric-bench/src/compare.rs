@@ -1,49 +1,231 @@
-//! `compare`: memcached and memfabricd, same flags, same load, in one run; ratios.
+//! `compare`: memcached and memfabricd, same flags, same load, in one run; every number also
+//! as a ratio to memcached.
 //!
-//! Both servers stay up for the whole comparison. Each value size is preloaded on both, then
-//! measured in `rounds` rounds; the order alternates every round (A B, B A, ...) so slow
-//! drifts of a shared machine (another job's build starting) hit both servers alike.
-//! Rounds are summed into one result per server and size; per-round throughput ratios are
-//! kept to show how noisy the run was.
+//! What is measured is a list of [`Target`]s: a server and the transport a client reaches it
+//! by (memcached over TCP, memfabricd over TCP, memfabricd over UCX, ...). The first target is
+//! the reference every ratio is taken against. Both servers stay up for the whole
+//! comparison; each load is measured on every target in `rounds` rounds whose order
+//! alternates (forward, backward, ...) so slow drifts of a shared machine (another job's
+//! build starting) hit every target alike. Rounds are pooled into one result per target;
+//! per-round ratios are kept to show how noisy the run was.
+//!
+//! The sections of a full comparison ([`run_suite`]): latency by value size (one op at a
+//! time), throughput by number of client threads, YCSB workloads, and the load generator's
+//! own ceiling against the in-process [`Responder`].
 
-use crate::load::{self, LoadConfig, LoadError};
-use crate::metrics::{self, LoadStats, RunSummary};
-use crate::server::{ServerError, ServerProcess, ServerSpec};
-use crate::transport::TcpConnector;
+use crate::latency::{self, LatencyConfig, LatencyResult};
+use crate::load::{self, LoadConfig, LoadError, MeasuredRun};
+use crate::metrics::{LoadStats, RunSummary};
+use crate::responder::Responder;
+use crate::server::{self, ServerError, ServerProcess, ServerSpec};
+use crate::transport::{Connector, TcpConnector};
+use crate::ucx::UcxConnector;
+use crate::ycsb::YcsbSpec;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::net::SocketAddr;
+use std::time::Duration;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum CompareError {
     #[error(transparent)]
     Server(#[from] ServerError),
-    #[error("{server}: {source}")]
-    Load { server: String, source: LoadError },
+    #[error("{target}: {source}")]
+    Load { target: String, source: LoadError },
+    #[error("unknown target {0:?} (known: {1})")]
+    UnknownTarget(String, String),
+    #[error("give at least one target")]
+    NoTargets,
+    #[error("{0}: its server was not started with that endpoint")]
+    NoEndpoint(&'static str),
+    #[error("in-process responder: {0}")]
+    Responder(std::io::Error),
 }
 
-#[derive(Clone, Debug)]
-pub struct CompareConfig {
-    /// The reference (memcached).
-    pub base: ServerSpec,
+/// Which of the two servers a target runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// The reference (Debian's memcached).
+    Memcached,
     /// The candidate (memfabricd).
-    pub cand: ServerSpec,
-    /// Load template; value_size is set per size.
-    pub load: LoadConfig,
-    pub value_sizes: Vec<usize>,
-    pub rounds: usize,
-    pub preload: bool,
+    Memfabricd,
 }
 
-/// Candidate / reference for one value size.
+/// Where a started server listens.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerAddrs {
+    /// memcached protocols over TCP.
+    pub tcp: SocketAddr,
+    /// memfabricd's UCX bootstrap port (`--ucx-port`), when it was given one.
+    pub ucx: Option<SocketAddr>,
+}
+
+/// Makes the client side of a target from its server's addresses (`None`: the server has no
+/// such endpoint).
+pub type MakeConnector = fn(&ServerAddrs) -> Option<Box<dyn Connector>>;
+
+/// A server and the way a client reaches it.
+#[derive(Clone, Copy)]
+pub struct Target {
+    /// `<server>-<transport>`, as in reports.
+    pub name: &'static str,
+    pub server: ServerKind,
+    /// The server needs a UCX port for this target.
+    pub needs_ucx: bool,
+    pub connector: MakeConnector,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+fn tcp(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
+    Some(Box::new(TcpConnector { addr: a.tcp }))
+}
+
+fn ucx_am(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
+    a.ucx
+        .map(|addr| Box::new(UcxConnector::new(addr)) as Box<dyn Connector>)
+}
+
+/// Every target `compare` knows, the reference first. A new transport is one more line.
+#[rustfmt::skip]
+pub const TARGETS: &[Target] = &[
+    Target { name: "memcached-tcp", server: ServerKind::Memcached, needs_ucx: false, connector: tcp },
+    Target { name: "memfabricd-tcp", server: ServerKind::Memfabricd, needs_ucx: false, connector: tcp },
+    Target { name: "memfabricd-ucx", server: ServerKind::Memfabricd, needs_ucx: true, connector: ucx_am },
+];
+
+/// The targets named in `names` (in the order of [`TARGETS`], whose first is the reference).
+pub fn targets_named(names: &[String]) -> Result<Vec<Target>, CompareError> {
+    for n in names {
+        if !TARGETS.iter().any(|t| t.name == n) {
+            let known: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
+            return Err(CompareError::UnknownTarget(n.clone(), known.join(", ")));
+        }
+    }
+    let picked: Vec<Target> = TARGETS
+        .iter()
+        .filter(|t| names.iter().any(|n| n == t.name))
+        .copied()
+        .collect();
+    if picked.is_empty() {
+        return Err(CompareError::NoTargets);
+    }
+    Ok(picked)
+}
+
+/// The started servers; killed when dropped.
+pub struct Servers {
+    memcached: Option<(ServerProcess, ServerAddrs)>,
+    memfabricd: Option<(ServerProcess, ServerAddrs)>,
+}
+
+/// A target ready to measure: its client side and its server's pid.
+pub struct Endpoint {
+    pub target: Target,
+    pub connector: Box<dyn Connector>,
+    pub pid: u32,
+}
+
+impl Servers {
+    /// Start the servers `targets` need; memfabricd gets a free `--ucx-port` when a target
+    /// needs UCX.
+    pub fn start(
+        memcached: &ServerSpec,
+        memfabricd: &ServerSpec,
+        targets: &[Target],
+    ) -> Result<Servers, CompareError> {
+        let wants = |k| targets.iter().any(|t| t.server == k);
+        let start = |spec: &ServerSpec, ucx: bool| -> Result<_, CompareError> {
+            let mut spec = spec.clone();
+            let ucx_port = if ucx {
+                let p = server::free_port()?;
+                spec.extra_args
+                    .extend(["--ucx-port".to_string(), p.to_string()]);
+                Some(SocketAddr::from(([127, 0, 0, 1], p)))
+            } else {
+                None
+            };
+            let proc = spec.start()?;
+            let addrs = ServerAddrs {
+                tcp: proc.addr,
+                ucx: ucx_port,
+            };
+            Ok((proc, addrs))
+        };
+        let needs_ucx = |k| targets.iter().any(|t| t.server == k && t.needs_ucx);
+        let memcached = if wants(ServerKind::Memcached) {
+            Some(start(memcached, needs_ucx(ServerKind::Memcached))?)
+        } else {
+            None
+        };
+        let memfabricd = if wants(ServerKind::Memfabricd) {
+            Some(start(memfabricd, needs_ucx(ServerKind::Memfabricd))?)
+        } else {
+            None
+        };
+        Ok(Servers {
+            memcached,
+            memfabricd,
+        })
+    }
+
+    fn get(&self, k: ServerKind) -> Option<&(ServerProcess, ServerAddrs)> {
+        match k {
+            ServerKind::Memcached => self.memcached.as_ref(),
+            ServerKind::Memfabricd => self.memfabricd.as_ref(),
+        }
+    }
+
+    /// The TCP address of a server (for reports).
+    pub fn tcp_addr(&self, k: ServerKind) -> Option<SocketAddr> {
+        self.get(k).map(|(_, a)| a.tcp)
+    }
+
+    pub fn endpoint(&self, target: &Target) -> Result<Endpoint, CompareError> {
+        let (proc, addrs) = self
+            .get(target.server)
+            .ok_or(CompareError::NoEndpoint(target.name))?;
+        let connector = (target.connector)(addrs).ok_or(CompareError::NoEndpoint(target.name))?;
+        Ok(Endpoint {
+            target: *target,
+            connector,
+            pid: proc.pid(),
+        })
+    }
+
+    /// Store every key of `keys` once in each started server (over TCP: the fastest way in,
+    /// and the same for both); returns what each server took.
+    pub fn preload(
+        &self,
+        keys: &crate::workload::KeySpace,
+        value_size: usize,
+    ) -> Result<Vec<(String, load::PreloadStats)>, CompareError> {
+        let mut out = Vec::new();
+        for (proc, addrs) in [&self.memcached, &self.memfabricd].into_iter().flatten() {
+            let p = load::preload(&TcpConnector { addr: addrs.tcp }, keys, value_size, 8, 32)
+                .map_err(load_err_named(&proc.name))?;
+            out.push((proc.name.clone(), p));
+        }
+        Ok(out)
+    }
+}
+
+/// A target's result relative to the reference (the first target).
 #[derive(Clone, Debug, Serialize)]
 pub struct Ratios {
+    pub target: String,
     pub value_size: usize,
-    /// > 1 means the candidate did more ops/s.
+    /// > 1 means the target did more ops/s.
     pub throughput: f64,
-    /// < 1 means the candidate's p99 is lower.
+    /// < 1 means the target's p99 is lower.
     pub p99: f64,
-    /// < 1 means the candidate used less server CPU per million ops.
+    /// < 1 means the target used less server CPU per million ops.
     pub cpu_per_mop: Option<f64>,
     /// Throughput ratio of each round, to judge the noise.
     pub throughput_by_round: Vec<f64>,
@@ -69,33 +251,22 @@ impl Verdict {
     }
 }
 
-pub struct CompareResult {
-    /// Every (round, server, size) run, in execution order.
-    pub rounds: Vec<(usize, RunSummary)>,
-    /// Summed over rounds: base then candidate, per size.
+/// One load measured on every target.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellResult {
+    /// What was measured ("4096 B, 2 client threads", "YCSB A").
+    pub label: String,
+    /// Client threads of the load.
+    pub clients: usize,
+    /// Pooled over rounds, one per target, in target order.
     pub totals: Vec<RunSummary>,
+    /// Every (round, target) run in execution order.
+    pub rounds: Vec<(usize, RunSummary)>,
+    /// Each non-reference target against the reference.
     pub ratios: Vec<Ratios>,
-    /// Merged latency histograms per total (same order as `totals`), for plots.
+    /// Merged latency histograms, same order as `totals` (for plots).
+    #[serde(skip)]
     pub hists: Vec<Histogram<u64>>,
-    pub base_addr: String,
-    pub cand_addr: String,
-}
-
-fn measure(
-    srv: &ServerProcess,
-    cfg: &LoadConfig,
-) -> Result<(LoadStats, Option<f64>, Option<f64>), CompareError> {
-    let cpu0 = metrics::process_cpu_seconds(srv.pid()).ok();
-    let cli0 = metrics::self_cpu_seconds().ok();
-    let stats =
-        load::run(&TcpConnector { addr: srv.addr }, cfg).map_err(|source| CompareError::Load {
-            server: srv.name.clone(),
-            source,
-        })?;
-    let cpu1 = metrics::process_cpu_seconds(srv.pid()).ok();
-    let cli1 = metrics::self_cpu_seconds().ok();
-    let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
-    Ok((stats, d(cpu0, cpu1), d(cli0, cli1)))
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -121,113 +292,372 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
-pub fn run(cfg: &CompareConfig) -> Result<CompareResult, CompareError> {
-    let base = cfg.base.start()?;
-    let cand = cfg.cand.start()?;
-    let servers = [&base, &cand];
-    let mut rounds = Vec::new();
-    let mut totals = Vec::new();
-    let mut ratios = Vec::new();
-    let mut hists = Vec::new();
-    for &size in &cfg.value_sizes {
-        if cfg.preload {
-            for srv in servers {
-                load::preload(
-                    &TcpConnector { addr: srv.addr },
-                    &cfg.load.keys,
-                    size,
-                    8,
-                    32,
-                )
-                .map_err(|source| CompareError::Load {
-                    server: srv.name.clone(),
-                    source,
-                })?;
-            }
-        }
-        let mut agg = [LoadStats::new(), LoadStats::new()];
-        let mut elapsed = [0f64; 2];
-        let mut cpu: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
-        let mut cli: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
-        let mut per_round_tput = Vec::new();
-        let mut per_round_p99 = Vec::new();
-        for r in 0..cfg.rounds.max(1) {
-            let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
-            let mut tput = [0f64; 2];
-            let mut p99 = [0f64; 2];
-            for i in order {
-                let srv = servers[i];
-                let mut lc = cfg.load.clone();
-                lc.value_size = size;
-                lc.label = format!("{} {}B r{}", srv.name, size, r + 1);
-                lc.seed = cfg.load.seed.wrapping_add(r as u64);
-                let (stats, c, k) = measure(srv, &lc)?;
-                let summary = RunSummary::from_stats(&srv.name, size, &stats, c, k);
-                tput[i] = summary.ops_per_sec;
-                p99[i] = summary.p99_us;
-                rounds.push((r + 1, summary));
-                elapsed[i] += stats.elapsed.as_secs_f64();
-                cpu[i] = cpu[i].zip(c).map(|(a, b)| a + b);
-                cli[i] = cli[i].zip(k).map(|(a, b)| a + b);
-                agg[i].merge(&stats);
-            }
-            per_round_tput.push(ratio(tput[0], tput[1]));
-            per_round_p99.push(ratio(p99[0], p99[1]));
-        }
-        let mut sums = Vec::new();
-        for i in 0..2 {
-            agg[i].elapsed = std::time::Duration::from_secs_f64(elapsed[i]);
-            hists.push(agg[i].all_hist());
-            sums.push(RunSummary::from_stats(
-                &servers[i].name,
-                size,
-                &agg[i],
-                cpu[i],
-                cli[i],
-            ));
-        }
-        let (a, b) = (&sums[0], &sums[1]);
-        let throughput = ratio(a.ops_per_sec, b.ops_per_sec);
-        let p99 = ratio(a.p99_us, b.p99_us);
-        let cpu_per_mop = a
-            .server_cpu_s_per_mop
-            .zip(b.server_cpu_s_per_mop)
-            .map(|(x, y)| ratio(x, y));
-        ratios.push(Ratios {
-            value_size: size,
-            throughput,
-            p99,
-            cpu_per_mop,
-            median_throughput: median(&per_round_tput),
-            median_p99: median(&per_round_p99),
-            throughput_by_round: per_round_tput,
-            p99_by_round: per_round_p99,
-            meets_target: Verdict {
-                throughput: throughput >= 1.0,
-                p99: p99 <= 1.1,
-                cpu_per_mop: cpu_per_mop.is_some_and(|c| c <= 1.0),
-            },
-        });
-        totals.extend(sums);
+/// The order of the targets in round `r`: forward in even rounds, backward in odd ones.
+pub fn round_order(targets: usize, r: usize) -> Vec<usize> {
+    if r.is_multiple_of(2) {
+        (0..targets).collect()
+    } else {
+        (0..targets).rev().collect()
     }
-    Ok(CompareResult {
-        rounds,
+}
+
+/// Measure `cfg` on every endpoint for `rounds` rounds; `label` names the cell, `value_size`
+/// goes into its rows. Each round gets its own seed (the same on every target).
+pub fn measure_cell(
+    endpoints: &[Endpoint],
+    cfg: &LoadConfig,
+    rounds: usize,
+    label: &str,
+    value_size: usize,
+) -> Result<CellResult, CompareError> {
+    let n = endpoints.len();
+    let mut pooled: Vec<Option<MeasuredRun>> = vec![None; n];
+    let mut elapsed = vec![0f64; n];
+    let mut per_round: Vec<Vec<RunSummary>> = Vec::new();
+    let mut rounds_out = Vec::new();
+    for r in 0..rounds.max(1) {
+        let mut this_round: Vec<Option<RunSummary>> = vec![None; n];
+        for i in round_order(n, r) {
+            let ep = &endpoints[i];
+            let mut lc = cfg.clone();
+            lc.label = format!("{} {label} r{}", ep.target.name, r + 1);
+            lc.seed = cfg.seed.wrapping_add(r as u64);
+            let m =
+                load::measured_run(ep.connector.as_ref(), &lc, Some(ep.pid)).map_err(|source| {
+                    CompareError::Load {
+                        target: ep.target.name.to_string(),
+                        source,
+                    }
+                })?;
+            let summary = m.summary(ep.target.name, value_size);
+            rounds_out.push((r + 1, summary.clone()));
+            this_round[i] = Some(summary);
+            elapsed[i] += m.stats.elapsed.as_secs_f64();
+            pooled[i] = Some(match pooled[i].take() {
+                None => m,
+                Some(mut acc) => {
+                    acc.stats.merge(&m.stats);
+                    acc.server_cpu_s = acc.server_cpu_s.zip(m.server_cpu_s).map(|(a, b)| a + b);
+                    acc.client_cpu_s = acc.client_cpu_s.zip(m.client_cpu_s).map(|(a, b)| a + b);
+                    acc
+                }
+            });
+        }
+        per_round.push(this_round.into_iter().flatten().collect());
+    }
+    let mut totals = Vec::new();
+    let mut hists = Vec::new();
+    for (i, p) in pooled.iter_mut().enumerate() {
+        let mut m = p.take().unwrap_or(MeasuredRun {
+            stats: LoadStats::new(),
+            server_cpu_s: None,
+            client_cpu_s: None,
+        });
+        // Rounds ran one after another: their times add up.
+        m.stats.elapsed = Duration::from_secs_f64(elapsed[i]);
+        hists.push(m.stats.all_hist());
+        totals.push(m.summary(endpoints[i].target.name, value_size));
+    }
+    let ratios = ratios_against_first(&totals, &per_round, value_size);
+    Ok(CellResult {
+        label: label.to_string(),
+        clients: cfg.threads,
         totals,
+        rounds: rounds_out,
         ratios,
         hists,
-        base_addr: base.addr.to_string(),
-        cand_addr: cand.addr.to_string(),
     })
+}
+
+/// Every target after the first against the first.
+fn ratios_against_first(
+    totals: &[RunSummary],
+    per_round: &[Vec<RunSummary>],
+    value_size: usize,
+) -> Vec<Ratios> {
+    let Some(base) = totals.first() else {
+        return Vec::new();
+    };
+    totals
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, t)| {
+            let by_round = |f: fn(&RunSummary) -> f64| -> Vec<f64> {
+                per_round
+                    .iter()
+                    .filter_map(|r| Some(ratio(f(r.first()?), f(r.get(i)?))))
+                    .collect()
+            };
+            let throughput = ratio(base.ops_per_sec, t.ops_per_sec);
+            let p99 = ratio(base.p99_us, t.p99_us);
+            let cpu_per_mop = base
+                .server_cpu_s_per_mop
+                .zip(t.server_cpu_s_per_mop)
+                .map(|(x, y)| ratio(x, y));
+            let throughput_by_round = by_round(|s| s.ops_per_sec);
+            let p99_by_round = by_round(|s| s.p99_us);
+            Ratios {
+                target: t.server.clone(),
+                value_size,
+                throughput,
+                p99,
+                cpu_per_mop,
+                median_throughput: median(&throughput_by_round),
+                median_p99: median(&p99_by_round),
+                throughput_by_round,
+                p99_by_round,
+                meets_target: Verdict {
+                    throughput: throughput >= 1.0,
+                    p99: p99 <= 1.1,
+                    cpu_per_mop: cpu_per_mop.is_some_and(|c| c <= 1.0),
+                },
+            }
+        })
+        .collect()
+}
+
+/// Throughput section: one cell per (value size, client threads).
+#[derive(Clone, Debug)]
+pub struct ThroughputPlan {
+    /// Template; threads and value size are set per cell.
+    pub load: LoadConfig,
+    pub value_sizes: Vec<usize>,
+    pub clients: Vec<usize>,
+    pub preload: bool,
+}
+
+/// YCSB section: one load phase, then one cell per workload.
+#[derive(Clone, Debug)]
+pub struct YcsbPlan {
+    /// Template; keys, value size and the workload are set from each spec.
+    pub load: LoadConfig,
+    /// Same record count and record layout for all.
+    pub specs: Vec<YcsbSpec>,
+}
+
+/// What a full comparison measures; a section that is `None` is skipped.
+#[derive(Clone, Debug)]
+pub struct SuitePlan {
+    pub memcached: ServerSpec,
+    pub memfabricd: ServerSpec,
+    pub targets: Vec<Target>,
+    pub rounds: usize,
+    pub latency: Option<LatencyConfig>,
+    pub throughput: Option<ThroughputPlan>,
+    pub ycsb: Option<YcsbPlan>,
+    /// Run the throughput template against the in-process responder at these client counts.
+    pub ceiling: Option<Vec<usize>>,
+}
+
+/// One row of the latency section.
+#[derive(Clone, Debug, Serialize)]
+pub struct LatencyRow {
+    pub target: String,
+    #[serde(flatten)]
+    pub result: LatencyResult,
+}
+
+/// The YCSB load phase on one server.
+#[derive(Clone, Debug, Serialize)]
+pub struct YcsbLoad {
+    pub server: String,
+    pub records: u64,
+    pub seconds: f64,
+    pub ops_per_sec: f64,
+}
+
+/// The load generator against the in-process responder with `clients` threads.
+#[derive(Clone, Debug, Serialize)]
+pub struct CeilingRow {
+    pub clients: usize,
+    pub run: RunSummary,
+}
+
+/// Everything a full comparison measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SuiteResult {
+    pub targets: Vec<String>,
+    pub memcached_addr: Option<String>,
+    pub memfabricd_addr: Option<String>,
+    pub latency: Vec<LatencyRow>,
+    pub throughput: Vec<CellResult>,
+    pub ycsb_load: Vec<YcsbLoad>,
+    pub ycsb: Vec<CellResult>,
+    /// The load generator against the in-process responder, by client threads.
+    pub ceiling: Vec<CeilingRow>,
+}
+
+/// Run every section of `plan`: servers up once, sections in order, servers down.
+pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
+    if plan.targets.is_empty() {
+        return Err(CompareError::NoTargets);
+    }
+    let servers = Servers::start(&plan.memcached, &plan.memfabricd, &plan.targets)?;
+    let endpoints = plan
+        .targets
+        .iter()
+        .map(|t| servers.endpoint(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = SuiteResult {
+        targets: plan.targets.iter().map(|t| t.name.to_string()).collect(),
+        memcached_addr: servers
+            .tcp_addr(ServerKind::Memcached)
+            .map(|a| a.to_string()),
+        memfabricd_addr: servers
+            .tcp_addr(ServerKind::Memfabricd)
+            .map(|a| a.to_string()),
+        ..SuiteResult::default()
+    };
+    if let Some(lat) = &plan.latency {
+        for ep in &endpoints {
+            let mut cfg = lat.clone();
+            cfg.server_pid = Some(ep.pid);
+            let rows = latency::run(ep.connector.as_ref(), &cfg)
+                .map_err(load_err_named(ep.target.name))?;
+            out.latency
+                .extend(rows.into_iter().map(|(result, _)| LatencyRow {
+                    target: ep.target.name.to_string(),
+                    result,
+                }));
+        }
+    }
+    if let Some(tp) = &plan.throughput {
+        for &size in &tp.value_sizes {
+            if tp.preload {
+                servers.preload(&tp.load.keys, size)?;
+            }
+            for &clients in &tp.clients {
+                let mut cfg = tp.load.clone();
+                cfg.value_size = size;
+                cfg.threads = clients;
+                let label = format!("{size} B, {clients} client thread{}", plural(clients));
+                out.throughput
+                    .push(measure_cell(&endpoints, &cfg, plan.rounds, &label, size)?);
+            }
+        }
+    }
+    if let Some(y) = &plan.ycsb {
+        if let Some(first) = y.specs.first() {
+            for (server, p) in servers.preload(&first.key_space(), first.value_size())? {
+                let seconds = p.elapsed.as_secs_f64();
+                out.ycsb_load.push(YcsbLoad {
+                    server,
+                    records: p.stored,
+                    seconds,
+                    ops_per_sec: if seconds > 0.0 {
+                        p.stored as f64 / seconds
+                    } else {
+                        0.0
+                    },
+                });
+            }
+        }
+        for spec in &y.specs {
+            let mut cfg = y.load.clone();
+            cfg.keys = spec.key_space();
+            cfg.value_size = spec.value_size();
+            cfg.ycsb = Some(spec.clone());
+            let label = format!("YCSB {}", spec.workload.letter());
+            out.ycsb.push(measure_cell(
+                &endpoints,
+                &cfg,
+                plan.rounds,
+                &label,
+                spec.value_size(),
+            )?);
+        }
+    }
+    drop(endpoints);
+    drop(servers);
+    if let (Some(clients), Some(tp)) = (&plan.ceiling, &plan.throughput) {
+        out.ceiling = generator_ceiling(
+            &tp.load,
+            tp.value_sizes.first().copied().unwrap_or(32),
+            clients,
+        )?;
+    }
+    Ok(out)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The load generator against the in-process responder (a hash map behind the text
+/// protocol): its ops/s and the client's CPU per op bound what the generator can drive.
+pub fn generator_ceiling(
+    template: &LoadConfig,
+    value_size: usize,
+    clients: &[usize],
+) -> Result<Vec<CeilingRow>, CompareError> {
+    let responder = Responder::start(false).map_err(CompareError::Responder)?;
+    let connector = TcpConnector {
+        addr: responder.addr,
+    };
+    load::preload(&connector, &template.keys, value_size, 8, 32)
+        .map_err(load_err_named("responder"))?;
+    let mut rows = Vec::new();
+    for &c in clients {
+        let mut cfg = template.clone();
+        cfg.threads = c;
+        cfg.value_size = value_size;
+        cfg.label = format!("responder {c} clients");
+        let m = load::measured_run(&connector, &cfg, None).map_err(load_err_named("responder"))?;
+        rows.push(CeilingRow {
+            clients: c,
+            run: m.summary("responder", value_size),
+        });
+    }
+    Ok(rows)
+}
+
+fn load_err_named(target: &str) -> impl Fn(LoadError) -> CompareError + '_ {
+    move |source| CompareError::Load {
+        target: target.to_string(),
+        source,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::*;
 
     #[test]
     fn median_of_odd_and_even_counts() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn rounds_alternate_direction() {
+        assert_eq!(round_order(3, 0), vec![0, 1, 2]);
+        assert_eq!(round_order(3, 1), vec![2, 1, 0]);
+        assert_eq!(round_order(3, 2), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_reference_comes_first_whatever_the_order_asked() {
+        let t = targets_named(&["memfabricd-ucx".into(), "memcached-tcp".into()]).unwrap();
+        let names: Vec<&str> = t.iter().map(|t| t.name).collect();
+        assert_eq!(names, vec!["memcached-tcp", "memfabricd-ucx"]);
+        assert!(targets_named(&["nope".into()]).is_err());
+        assert!(targets_named(&[]).is_err());
+    }
+
+    #[test]
+    fn ucx_target_needs_a_ucx_port() {
+        let a = ServerAddrs {
+            tcp: SocketAddr::from(([127, 0, 0, 1], 1)),
+            ucx: None,
+        };
+        let ucx = TARGETS.iter().find(|t| t.name == "memfabricd-ucx").unwrap();
+        assert!((ucx.connector)(&a).is_none());
+        assert!((TARGETS[0].connector)(&a).is_some());
     }
 }

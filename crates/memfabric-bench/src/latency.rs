@@ -1,19 +1,62 @@
 //! Latency in the style of OSU's ohb_memlat: one client, one connection, one operation at a
-//! time, for each value size and operation; reports p50/p99 per (op, size).
+//! time, for each value size and operation (get, set, or a 90:10 mix of both on the same
+//! key); reports p50/p99/p99.9 per (op, size).
 
 use crate::load::LoadError;
 use crate::metrics::pct_us;
+use crate::rng::Rng;
 use crate::textproto::{Reply, Request};
 use crate::transport::{Connector, Transport};
-use crate::workload::{OpKind, ValueMaker};
+use crate::workload::{OpKind, OpMix, ValueMaker};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
+/// What each measured operation of a row is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LatencyOp {
+    Get,
+    Set,
+    /// Each operation drawn from this get:set mix (same seed every row).
+    Mix(OpMix),
+}
+
+impl LatencyOp {
+    /// The ohb_memlat mix: 90% gets, 10% sets.
+    pub const MIX_90_10: LatencyOp = LatencyOp::Mix(OpMix { gets: 90, sets: 10 });
+
+    /// `get`, `set` or `mix` (90:10).
+    pub fn parse(s: &str) -> Option<LatencyOp> {
+        match s {
+            "get" => Some(LatencyOp::Get),
+            "set" => Some(LatencyOp::Set),
+            "mix" => Some(LatencyOp::MIX_90_10),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencyOp::Get => "get",
+            LatencyOp::Set => "set",
+            LatencyOp::Mix(_) => "mix",
+        }
+    }
+}
+
+impl From<OpKind> for LatencyOp {
+    fn from(op: OpKind) -> Self {
+        match op {
+            OpKind::Get => LatencyOp::Get,
+            OpKind::Set => LatencyOp::Set,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LatencyConfig {
     pub sizes: Vec<usize>,
-    pub ops: Vec<OpKind>,
+    pub ops: Vec<LatencyOp>,
     /// Measured operations per (op, size).
     pub iterations: u64,
     /// Unmeasured operations first, to warm caches and the connection.
@@ -23,7 +66,7 @@ pub struct LatencyConfig {
     pub server_pid: Option<u32>,
 }
 
-/// One row of the JSON report: `{"transport","op","size","p50_us","p99_us","ops"}`;
+/// One row of the JSON report: `{"transport","op","size","p50_us","p99_us","p999_us","ops"}`;
 /// `ops` is the number of measured operations.
 #[derive(Clone, Debug, Serialize)]
 pub struct LatencyResult {
@@ -32,6 +75,7 @@ pub struct LatencyResult {
     pub size: usize,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
     pub ops: u64,
     /// Server CPU seconds (utime+stime, all threads) per million measured ops; only with a
     /// server pid.
@@ -100,19 +144,27 @@ pub fn run(
                 });
             }
             let get = Request::Get { key: &key };
-            let req = match op {
-                OpKind::Get => get,
-                OpKind::Set => set,
-            };
             let check = |d: &[u8]| vm.check(0, d);
             let mut h = Histogram::<u64>::new(3).map_err(|_| LoadError::Config("histogram"))?;
             let mut failures = 0u64;
             let mut cpu0 = None;
+            // The mix draws its ops from a fixed seed: every row and every server sees the
+            // same sequence.
+            let mut rng = Rng::new(0x006d_6978);
             for i in 0..cfg.warmup + cfg.iterations {
                 if i == cfg.warmup {
                     cpu0 = server_cpu(cfg.server_pid);
                 }
-                let (ns, ok) = one_op(tr.as_mut(), &req, op, &check)?;
+                let kind = match op {
+                    LatencyOp::Get => OpKind::Get,
+                    LatencyOp::Set => OpKind::Set,
+                    LatencyOp::Mix(mix) => mix.next(&mut rng),
+                };
+                let req = match kind {
+                    OpKind::Get => get,
+                    OpKind::Set => set,
+                };
+                let (ns, ok) = one_op(tr.as_mut(), &req, kind, &check)?;
                 if i >= cfg.warmup {
                     let _ = h.record(ns.max(1));
                     failures += u64::from(!ok);
@@ -123,16 +175,17 @@ pub fn run(
                 return Err(LoadError::PreloadFailed {
                     failed: failures,
                     total: cfg.iterations,
-                    first: format!("{op:?} of {size} bytes did not succeed"),
+                    first: format!("{} of {size} bytes did not succeed", op.name()),
                 });
             }
             out.push((
                 LatencyResult {
                     transport: transport.clone(),
-                    op: op_name(op).to_string(),
+                    op: op.name().to_string(),
                     size,
                     p50_us: pct_us(&h, 0.5),
                     p99_us: pct_us(&h, 0.99),
+                    p999_us: pct_us(&h, 0.999),
                     ops: h.len(),
                     server_cpu_s_per_mop: cpu
                         .filter(|_| !h.is_empty())
@@ -147,11 +200,4 @@ pub fn run(
 
 fn server_cpu(pid: Option<u32>) -> Option<f64> {
     pid.and_then(|p| crate::metrics::process_cpu_seconds(p).ok())
-}
-
-pub fn op_name(op: OpKind) -> &'static str {
-    match op {
-        OpKind::Get => "get",
-        OpKind::Set => "set",
-    }
 }

@@ -7,6 +7,7 @@
 //! memfabricd ([`server`]) side by side; [`latency`] is the ohb_memlat-style sweep.
 
 pub mod compare;
+pub mod compare_report;
 pub mod latency;
 pub mod load;
 pub mod metrics;

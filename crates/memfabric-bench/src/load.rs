@@ -231,6 +231,48 @@ pub fn run(connector: &dyn Connector, cfg: &LoadConfig) -> Result<LoadStats, Loa
     Ok(total)
 }
 
+/// A run with the CPU time it cost: the server's (when its pid is known) and this process's.
+#[derive(Clone, Debug)]
+pub struct MeasuredRun {
+    pub stats: LoadStats,
+    /// Server CPU seconds (utime+stime of all its threads) during the run.
+    pub server_cpu_s: Option<f64>,
+    /// The load generator's own CPU seconds during the run.
+    pub client_cpu_s: Option<f64>,
+}
+
+impl MeasuredRun {
+    /// The summary row of this run under `name`.
+    pub fn summary(&self, name: &str, value_size: usize) -> crate::metrics::RunSummary {
+        crate::metrics::RunSummary::from_stats(
+            name,
+            value_size,
+            &self.stats,
+            self.server_cpu_s,
+            self.client_cpu_s,
+        )
+    }
+}
+
+/// [`run`], reading the server's CPU time (from /proc, when `server_pid` is given) and the
+/// client's before and after.
+pub fn measured_run(
+    connector: &dyn Connector,
+    cfg: &LoadConfig,
+    server_pid: Option<u32>,
+) -> Result<MeasuredRun, LoadError> {
+    let server_cpu = || server_pid.and_then(|p| crate::metrics::process_cpu_seconds(p).ok());
+    let client_cpu = || crate::metrics::self_cpu_seconds().ok();
+    let (server0, client0) = (server_cpu(), client_cpu());
+    let stats = run(connector, cfg)?;
+    let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    Ok(MeasuredRun {
+        stats,
+        server_cpu_s: delta(server0, server_cpu()),
+        client_cpu_s: delta(client0, client_cpu()),
+    })
+}
+
 /// Share `ops` between `threads`; the first ones take the remainder.
 fn split_budget(ops: Option<u64>, threads: usize) -> Vec<Option<u64>> {
     let t = threads.max(1) as u64;
@@ -368,6 +410,7 @@ impl Worker<'_> {
         let mut issued = 0u64;
         let mut unreported = 0u64;
 
+        let cpu_at_start = crate::metrics::thread_cpu_seconds().ok();
         let start = Instant::now();
         let mut last_reply = Instant::now();
         loop {
@@ -511,6 +554,9 @@ impl Worker<'_> {
         }
         self.done_ops.fetch_add(unreported, Ordering::Relaxed);
         stats.elapsed = start.elapsed();
+        stats.generator_cpu_s = cpu_at_start
+            .zip(crate::metrics::thread_cpu_seconds().ok())
+            .map(|(a, b)| b - a);
         Ok(stats)
     }
 }

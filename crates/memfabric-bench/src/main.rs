@@ -1,8 +1,9 @@
 //! memfabric-bench: throughput, latency, and the memcached comparison.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use memfabric_bench::compare::{self, CompareConfig, CompareResult};
-use memfabric_bench::latency::{self, LatencyConfig, LatencyReport};
+use memfabric_bench::compare::{self, SuitePlan, ThroughputPlan, YcsbPlan};
+use memfabric_bench::compare_report::{self, ReportContext};
+use memfabric_bench::latency::{self, LatencyConfig, LatencyOp, LatencyReport};
 use memfabric_bench::load::{self, LoadConfig};
 use memfabric_bench::metrics::{self, RunSummary};
 use memfabric_bench::plot::{self, Panel};
@@ -10,7 +11,8 @@ use memfabric_bench::report::{self, Machine};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_bench::transport::{Connector, TcpConnector};
 use memfabric_bench::ucx::UcxConnector;
-use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
+use memfabric_bench::workload::{KeyDist, KeySpace, OpMix, Pattern};
+use memfabric_bench::ycsb::{RequestDist, YcsbSpec, YcsbWorkload};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,8 +36,11 @@ enum Cmd {
     Throughput(ThroughputArgs),
     /// One op at a time per size (ohb_memlat style) against a running server.
     Latency(LatencyArgs),
-    /// Start memcached and memfabricd with the same flags, run the same load on both, report ratios.
-    Compare(CompareArgs),
+    /// YCSB core workloads A-F adapted to a cache: a load phase, then each run phase.
+    Ycsb(YcsbArgs),
+    /// Start memcached and memfabricd with the same flags and measure memcached-TCP,
+    /// memfabricd-TCP and memfabricd-UCX under the same load: ratios to memcached.
+    Compare(Box<CompareArgs>),
 }
 
 /// Order of operations (`--pattern`).
@@ -216,7 +221,7 @@ struct LatencyArgs {
         default_value = "1,8,32,128,512,1024,4096,16384,65536"
     )]
     sizes: Vec<usize>,
-    /// Operations to measure.
+    /// Operations to measure: get, set, mix (90% get, 10% set of the same key).
     #[arg(long, value_delimiter = ',', default_value = "get,set")]
     ops: Vec<String>,
     /// Measured operations per (op, size).
@@ -236,32 +241,171 @@ struct CompareArgs {
     /// The reference server binary.
     #[arg(long, default_value = "/usr/bin/memcached")]
     memcached: PathBuf,
-    /// The candidate server binary (point it at memcached for a smoke test).
+    /// The candidate server binary (point it at memcached, with --targets
+    /// memcached-tcp,memfabricd-tcp, for an A/A noise check).
     #[arg(long, default_value = "target/release/memfabricd")]
     memfabricd: PathBuf,
-    /// Label of the candidate in reports.
-    #[arg(long, default_value = "memfabricd")]
-    cand_name: String,
+    /// What to measure: server x transport, comma separated; the first known one
+    /// (memcached-tcp) is the reference of every ratio.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memcached-tcp,memfabricd-tcp,memfabricd-ucx"
+    )]
+    targets: Vec<String>,
+    /// Sections to run, comma separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "latency,throughput,ycsb,ceiling"
+    )]
+    sections: Vec<Section>,
     /// Worker threads of both servers (-t).
     #[arg(long, default_value_t = 1)]
     server_threads: usize,
     /// Memory limit of both servers in MB (-m); large enough to hold the key space.
     #[arg(long, default_value_t = 1024)]
     memory: usize,
+    /// memfabricd's --poll-us (busy-poll after activity; UCX clients want it).
+    #[arg(long, default_value_t = 50)]
+    poll_us: u64,
     /// Extra argument for memcached (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     memcached_arg: Vec<String>,
     /// Extra argument for memfabricd (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     memfabricd_arg: Vec<String>,
-    /// Measured rounds per value size; the order of the servers alternates each round.
+    /// Measured rounds per load; the order of the targets alternates each round.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Exit with status 1 when the acceptance target is missed.
+    /// Throughput section: client thread counts, one cell each (default: --threads).
+    #[arg(long, value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Latency section: value sizes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,32,1024,4096,16384,65536,524288"
+    )]
+    latency_sizes: Vec<usize>,
+    /// Latency section: operations (get, set, mix).
+    #[arg(long, value_delimiter = ',', default_value = "get,set,mix")]
+    latency_ops: Vec<String>,
+    /// Latency section: measured operations per (op, size, target).
+    #[arg(long, default_value_t = 5000)]
+    latency_iterations: u64,
+    /// YCSB section: workloads (a-f).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c")]
+    ycsb: Vec<String>,
+    /// YCSB section: records of the load phase.
+    #[arg(long, default_value_t = 100_000)]
+    ycsb_records: u64,
+    /// YCSB section: client threads.
+    #[arg(long, default_value_t = 2)]
+    ycsb_threads: usize,
+    /// Exit with status 1 when a throughput cell misses the acceptance target
+    /// (throughput >= 1.0x, p99 <= 1.1x, CPU/Mop <= 1.0x of memcached-tcp).
     #[arg(long)]
     check: bool,
+    /// The quick report: fixed, small parameters (listed in the report), under 3 minutes on
+    /// 2 cores; writes docs/benchmarks.md's generated section, docs/img/compare-quick.json
+    /// and docs/img/compare-*.png unless --report/--json/--plot-dir say otherwise.
+    #[arg(long)]
+    quick: bool,
+    /// Write the Markdown report into this file between its compare-report markers.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Directory for the report's PNG plots (default: the report's docs/img).
+    #[arg(long)]
+    plot_dir: Option<PathBuf>,
     #[command(flatten)]
     workload: WorkloadArgs,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Section {
+    /// One op at a time by value size.
+    Latency,
+    /// Closed loop by client threads.
+    Throughput,
+    /// YCSB workloads.
+    Ycsb,
+    /// The load generator against the in-process responder.
+    Ceiling,
+}
+
+/// YCSB's request distribution (`--distribution` overrides the workload's own).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum RequestDistArg {
+    Uniform,
+    Zipfian,
+    Latest,
+}
+
+impl From<RequestDistArg> for RequestDist {
+    fn from(d: RequestDistArg) -> Self {
+        match d {
+            RequestDistArg::Uniform => RequestDist::Uniform,
+            RequestDistArg::Zipfian => RequestDist::Zipfian,
+            RequestDistArg::Latest => RequestDist::Latest,
+        }
+    }
+}
+
+#[derive(Args)]
+struct YcsbArgs {
+    /// Server address (with `--transport ucx`: memfabricd's `--ucx-port`).
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    server: SocketAddr,
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
+    /// Server process id, to measure its CPU time (utime+stime from /proc).
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Label of the server in reports.
+    #[arg(long, default_value = "server")]
+    name: String,
+    /// Workloads to run in order (a-f), after one load phase.
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
+    workloads: Vec<String>,
+    /// Records inserted by the load phase (YCSB's recordcount).
+    #[arg(long, default_value_t = 100_000)]
+    record_count: u64,
+    /// Operations of each run phase (YCSB's operationcount); 100000 if neither this nor
+    /// --duration is given.
+    #[arg(long)]
+    operation_count: Option<u64>,
+    /// Stop each run phase after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Override the workloads' request distribution.
+    #[arg(long, value_enum)]
+    distribution: Option<RequestDistArg>,
+    /// Longest scan of workload E (multi-get of consecutive records).
+    #[arg(long, default_value_t = 100)]
+    max_scan_length: u64,
+    /// Client threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Connections per client thread.
+    #[arg(long, default_value_t = 4)]
+    conns: usize,
+    /// Operations in flight per connection.
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    /// Open loop at this many ops/s (latency from the scheduled send time).
+    #[arg(long)]
+    rate: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Skip the load phase (the records are already there).
+    #[arg(long)]
+    no_load: bool,
+    #[arg(long)]
+    quiet: bool,
     #[command(flatten)]
     out: OutputArgs,
 }
@@ -339,37 +483,27 @@ fn throughput(a: ThroughputArgs) -> Fallible<()> {
                 p.elapsed.as_secs_f64()
             );
         }
-        let cpu0 = a
-            .server_pid
-            .and_then(|p| metrics::process_cpu_seconds(p).ok());
-        let cli0 = metrics::self_cpu_seconds().ok();
-        let stats = load::run(connector, &cfg)?;
-        let cpu1 = a
-            .server_pid
-            .and_then(|p| metrics::process_cpu_seconds(p).ok());
-        let cli1 = metrics::self_cpu_seconds().ok();
-        let d = |x: Option<f64>, y: Option<f64>| x.zip(y).map(|(x, y)| y - x);
-        summaries.push(RunSummary::from_stats(
-            &a.name,
-            size,
-            &stats,
-            d(cpu0, cpu1),
-            d(cli0, cli1),
-        ));
+        let m = load::measured_run(connector, &cfg, a.server_pid)?;
+        summaries.push(m.summary(&a.name, size));
+        let stats = m.stats;
         panels.push(Panel {
             title: format!("{size} B values"),
             series: vec![(a.name.clone(), plot::percentile_curve(&stats.all_hist()))],
         });
     }
     println!(
-        "workload: {} keys, {}, {:?}, {} thread(s) x {} conn(s), depth {}, {}",
+        "workload: {} keys, {}, {:?}, {} thread(s) x {} conn(s), depth {}, {}, {}",
         base.keys.n,
         pattern_label(&base),
         base.dist,
         base.threads,
         base.conns_per_thread,
         base.depth,
-        a.transport.name()
+        a.transport.name(),
+        base.rate.map_or_else(
+            || "closed loop".to_string(),
+            |r| format!("open loop at {r} ops/s (latency from the scheduled send time)")
+        )
     );
     print!("{}", report::runs_table(&summaries));
     if let Some(p) = &a.out.json {
@@ -413,10 +547,8 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
     let ops = a
         .ops
         .iter()
-        .map(|o| match o.as_str() {
-            "get" => Ok(OpKind::Get),
-            "set" => Ok(OpKind::Set),
-            other => Err(format!("--ops: unknown op {other:?} (get, set)")),
+        .map(|o| {
+            LatencyOp::parse(o).ok_or_else(|| format!("--ops: unknown op {o:?} (get, set, mix)"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     if a.transport.is_empty() {
@@ -488,6 +620,7 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
                 r.size.to_string(),
                 format!("{:.2}", r.p50_us),
                 format!("{:.2}", r.p99_us),
+                format!("{:.2}", r.p999_us),
                 r.ops.to_string(),
             ];
             if with_cpu {
@@ -499,7 +632,15 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
             row
         })
         .collect();
-    let mut headers = vec!["transport", "op", "size", "p50_us", "p99_us", "ops"];
+    let mut headers = vec![
+        "transport",
+        "op",
+        "size",
+        "p50_us",
+        "p99_us",
+        "p99.9_us",
+        "ops",
+    ];
     if with_cpu {
         headers.push("server_cpu_s_per_mop");
     }
@@ -541,185 +682,392 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
     Ok(())
 }
 
-fn compare_cmd(a: CompareArgs) -> Fallible<bool> {
-    let load = a.workload.load_config("")?;
-    let spec = |name: &str, path: &Path, extra: &[String]| ServerSpec {
+/// The parameters `--quick` fixes, as (flag effect, description for the report).
+fn apply_quick(a: &mut CompareArgs) {
+    a.rounds = 2;
+    a.latency_sizes = vec![1, 32, 1024, 4096, 16384, 65536, 524_288];
+    a.latency_ops = vec!["get".into(), "set".into(), "mix".into()];
+    a.latency_iterations = 1000;
+    a.clients = vec![1, 2, 4];
+    a.workload.keys = 10_000;
+    a.workload.value_size = vec![4096];
+    a.workload.conns = 2;
+    a.workload.depth = 1;
+    a.workload.ops = None;
+    a.workload.duration = Some(1.5);
+    a.workload.rate = None;
+    a.ycsb = vec!["a".into(), "b".into(), "c".into()];
+    a.ycsb_records = 20_000;
+    a.ycsb_threads = 2;
+    a.workload.quiet = true;
+    let docs = PathBuf::from("docs");
+    a.report.get_or_insert_with(|| docs.join("benchmarks.md"));
+    a.out
+        .json
+        .get_or_insert_with(|| docs.join("img").join("compare-quick.json"));
+}
+
+fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
+    let wall = std::time::Instant::now();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    if a.quick {
+        apply_quick(&mut a);
+    }
+    // The UCX transports of both sides: the environment's, or shared memory. Set before
+    // any thread or server starts, so both inherit it.
+    let ucx_tls = std::env::var("UCX_TLS").unwrap_or_else(|_| {
+        std::env::set_var("UCX_TLS", DEFAULT_UCX_TLS);
+        DEFAULT_UCX_TLS.to_string()
+    });
+    let targets = compare::targets_named(&a.targets)?;
+    let machine = Machine::describe();
+    let spec = |name: &str, path: &Path, extra: Vec<String>| ServerSpec {
         name: name.to_string(),
         path: path.to_path_buf(),
         threads: a.server_threads,
         memory_mb: a.memory,
-        extra_args: extra.to_vec(),
+        extra_args: extra,
     };
-    let base = spec("memcached", &a.memcached, &a.memcached_arg);
-    let cand = spec(&a.cand_name, &a.memfabricd, &a.memfabricd_arg);
-    let machine = Machine::describe();
-    println!("machine: {}", machine.line());
-    println!("reference: {}", base.display_args());
-    println!("candidate: {}", cand.display_args());
-    println!(
-        "workload: {} keys, {} get:set, {:?}, {} client thread(s) x {} conn(s), depth {}, {} round(s) of {}",
-        load.keys.n,
-        load.mix,
-        load.dist,
-        load.threads,
-        load.conns_per_thread,
-        load.depth,
-        a.rounds,
-        match (load.ops, load.duration) {
-            (Some(o), _) => format!("{o} ops"),
-            (None, Some(d)) => format!("{:.0}s", d.as_secs_f64()),
-            (None, None) => "-".into(),
-        }
-    );
-    let cfg = CompareConfig {
-        base: base.clone(),
-        cand: cand.clone(),
-        load,
-        value_sizes: a.workload.value_size.clone(),
-        rounds: a.rounds,
-        preload: !a.workload.no_preload,
+    let memcached = spec("memcached", &a.memcached, a.memcached_arg.clone());
+    let mut mf_extra = vec!["--poll-us".to_string(), a.poll_us.to_string()];
+    mf_extra.extend(a.memfabricd_arg.iter().cloned());
+    let memfabricd = spec("memfabricd", &a.memfabricd, mf_extra);
+    let mut load = a.workload.load_config("")?;
+    let clients = if a.clients.is_empty() {
+        vec![a.workload.threads]
+    } else {
+        a.clients.clone()
     };
-    let res = compare::run(&cfg)?;
-    println!("\nper round:");
-    let per_round: Vec<RunSummary> = res
-        .rounds
-        .iter()
-        .map(|(r, s)| {
-            let mut s = s.clone();
-            s.server = format!("r{r} {}", s.server);
-            s
+    let has = |s| a.sections.contains(&s);
+    let latency = if has(Section::Latency) {
+        let ops = a
+            .latency_ops
+            .iter()
+            .map(|o| {
+                LatencyOp::parse(o)
+                    .ok_or_else(|| format!("--latency-ops: unknown op {o:?} (get, set, mix)"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(LatencyConfig {
+            sizes: a.latency_sizes.clone(),
+            ops,
+            iterations: a.latency_iterations,
+            warmup: (a.latency_iterations / 10).max(10),
+            key_prefix: "mfb-lat:".into(),
+            server_pid: None,
         })
-        .collect();
-    print!("{}", report::runs_table(&per_round));
-    println!("\nall rounds:");
-    print!("{}", report::runs_table(&res.totals));
-    println!("\n{} / memcached:", a.cand_name);
-    print!("{}", ratios_table(&res));
-    let pass = res.ratios.iter().all(|r| r.meets_target.all());
-    println!(
-        "target (throughput >= 1.0x, p99 <= 1.1x, CPU/Mop <= 1.0x): {}",
-        if pass { "MET" } else { "NOT MET" }
-    );
+    } else {
+        None
+    };
+    let throughput = (has(Section::Throughput) || has(Section::Ceiling)).then(|| ThroughputPlan {
+        load: load.clone(),
+        value_sizes: a.workload.value_size.clone(),
+        clients: clients.clone(),
+        preload: !a.workload.no_preload,
+    });
+    let ycsb = if has(Section::Ycsb) {
+        let specs = a
+            .ycsb
+            .iter()
+            .map(|w| YcsbWorkload::parse(w).map(|w| YcsbSpec::standard(w, a.ycsb_records)))
+            .collect::<Result<Vec<_>, _>>()?;
+        load.threads = a.ycsb_threads;
+        Some(YcsbPlan { load, specs })
+    } else {
+        None
+    };
+    let plan = SuitePlan {
+        memcached: memcached.clone(),
+        memfabricd: memfabricd.clone(),
+        targets,
+        rounds: a.rounds,
+        latency,
+        throughput: throughput.filter(|_| has(Section::Throughput) || has(Section::Ceiling)),
+        ycsb,
+        ceiling: has(Section::Ceiling).then(|| clients.clone()),
+    };
+    let mut plan = plan;
+    // Ceiling alone: the throughput template is needed, its cells are not.
+    let throughput_cells = has(Section::Throughput);
+    if !throughput_cells {
+        if let Some(tp) = plan.throughput.as_mut() {
+            tp.clients.clear();
+        }
+    }
+    println!("machine: {}", machine.line());
+    println!("reference: {}", memcached.display_args());
+    println!("candidate: {}", memfabricd.display_args());
+    println!("UCX_TLS={ucx_tls}");
+    let settings = suite_settings(&a, &plan);
+    for line in &settings {
+        println!("{line}");
+    }
+    let res = compare::run_suite(&plan)?;
+    print!("{}", compare_report::text(&res));
+    let pass = res
+        .throughput
+        .iter()
+        .flat_map(|c| &c.ratios)
+        .all(|r| r.meets_target.all());
+    if throughput_cells {
+        println!(
+            "\ntarget (every target vs memcached-tcp: throughput >= 1.0x, p99 <= 1.1x, CPU/Mop <= 1.0x): {}",
+            if pass { "MET" } else { "NOT MET" }
+        );
+    }
     if let Some(p) = &a.out.json {
-        write_json(p, &compare_json(&machine, &a, &base, &cand, &res))?;
+        let v = serde_json::json!({
+            "command": command,
+            "machine": machine,
+            "ucx_tls": ucx_tls,
+            "servers": {
+                "memcached": {
+                    "command": memcached.display_args(),
+                    "version": server::version_of(&a.memcached),
+                },
+                "memfabricd": { "command": memfabricd.display_args() },
+            },
+            "settings": settings,
+            "results": res,
+        });
+        write_json(p, &v)?;
     }
     if let Some(p) = &a.out.plot {
-        let panels = a
-            .workload
-            .value_size
+        let panels: Vec<Panel> = res
+            .throughput
             .iter()
-            .enumerate()
-            .map(|(i, size)| Panel {
-                title: format!("{size} B values"),
-                series: (0..2)
-                    .filter_map(|k| {
-                        let idx = 2 * i + k;
-                        let s = res.totals.get(idx)?;
-                        let h = res.hists.get(idx)?;
-                        Some((s.server.clone(), plot::percentile_curve(h)))
-                    })
+            .map(|c| Panel {
+                title: c.label.clone(),
+                series: c
+                    .totals
+                    .iter()
+                    .zip(&c.hists)
+                    .map(|(t, h)| (t.server.clone(), plot::percentile_curve(h)))
                     .collect(),
             })
-            .collect::<Vec<_>>();
+            .collect();
         report_plot(
-            plot::latency_percentiles(
-                p,
-                &format!(
-                    "{} vs memcached, -t {}, {} get:set, {} conns",
-                    a.cand_name,
-                    a.server_threads,
-                    a.workload.mix,
-                    a.workload.threads * a.workload.conns
-                ),
-                &panels,
-            ),
+            plot::latency_percentiles(p, "latency by percentile, closed loop", &panels),
             p,
         );
     }
+    if let Some(doc) = &a.report {
+        let doc_dir = doc.parent().unwrap_or(Path::new("."));
+        let plot_dir = a.plot_dir.clone().unwrap_or_else(|| doc_dir.join("img"));
+        let drawn = compare_report::draw_plots(&res, &plot_dir, "compare");
+        let plots: Vec<(String, String)> = drawn
+            .iter()
+            .map(|(caption, path)| {
+                let rel = path.strip_prefix(doc_dir).unwrap_or(path);
+                (caption.clone(), rel.display().to_string())
+            })
+            .collect();
+        let servers = [memcached.display_args(), memfabricd.display_args()];
+        let ctx = ReportContext {
+            command: &command,
+            machine: &machine,
+            servers: &servers,
+            ucx_tls: &ucx_tls,
+            settings: &settings,
+            wall_seconds: wall.elapsed().as_secs_f64(),
+            commit: git_commit(),
+            plots: &plots,
+        };
+        let section = compare_report::markdown(&res, &ctx);
+        let old = std::fs::read_to_string(doc).unwrap_or_default();
+        std::fs::write(doc, compare_report::splice(&old, &section))
+            .map_err(|e| format!("{}: {e}", doc.display()))?;
+        eprintln!("wrote {} (generated section)", doc.display());
+    }
+    eprintln!("compare took {:.0}s", wall.elapsed().as_secs_f64());
     Ok(pass)
 }
 
-fn ratios_table(res: &CompareResult) -> String {
-    let yes = |b: bool| if b { "ok" } else { "MISS" };
-    let list = |xs: &[f64]| {
-        xs.iter()
-            .map(|x| format!("{x:.2}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let rows: Vec<Vec<String>> = res
-        .ratios
-        .iter()
-        .map(|r| {
-            vec![
-                format!("{} B", r.value_size),
-                format!("{:.3}x {}", r.throughput, yes(r.meets_target.throughput)),
-                format!("{:.3}x {}", r.p99, yes(r.meets_target.p99)),
-                r.cpu_per_mop.map_or_else(
-                    || "-".into(),
-                    |c| format!("{c:.3}x {}", yes(r.meets_target.cpu_per_mop)),
-                ),
-                format!("{:.3}x", r.median_throughput),
-                format!("{:.3}x", r.median_p99),
-                list(&r.throughput_by_round),
-                list(&r.p99_by_round),
-            ]
-        })
-        .collect();
-    report::table(
-        &[
-            "value",
-            "throughput",
-            "p99",
-            "cpu/Mop",
-            "median tput",
-            "median p99",
-            "tput by round",
-            "p99 by round",
-        ],
-        &rows,
-    )
+/// UCX transports when UCX_TLS is unset: shared memory on one host.
+const DEFAULT_UCX_TLS: &str = "posix,cma,self";
+
+/// The parameters of a comparison, one line each, for the terminal and the report.
+fn suite_settings(a: &CompareArgs, plan: &SuitePlan) -> Vec<String> {
+    let names: Vec<&str> = plan.targets.iter().map(|t| t.name).collect();
+    let mut out = vec![format!(
+        "Targets: {}; {} round(s) per load, target order alternating each round.",
+        names.join(", "),
+        plan.rounds
+    )];
+    if let Some(l) = &plan.latency {
+        let ops: Vec<&str> = l.ops.iter().map(|o| o.name()).collect();
+        out.push(format!(
+            "Latency: one client, one connection, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row after {} warm-up.",
+            ops.join(", "),
+            l.sizes,
+            l.iterations,
+            l.warmup
+        ));
+    }
+    if let Some(t) = plan.throughput.as_ref().filter(|t| !t.clients.is_empty()) {
+        out.push(format!(
+            "Throughput: closed loop, {} keys ({}), {}, values {:?} B, {:?} client threads x {} connection(s) x depth {}, {} per round.",
+            t.load.keys.n,
+            match t.load.dist {
+                KeyDist::Uniform => "uniform".to_string(),
+                KeyDist::Zipfian { theta } => format!("zipfian {theta}"),
+            },
+            pattern_label(&t.load),
+            t.value_sizes,
+            t.clients,
+            t.load.conns_per_thread,
+            t.load.depth,
+            bound_label(&t.load),
+        ));
+    }
+    if let Some(y) = &plan.ycsb {
+        let w: String = y.specs.iter().map(|s| s.workload.letter()).collect();
+        if let Some(s) = y.specs.first() {
+            out.push(format!(
+                "YCSB {w}: {} records of {} x {} B, keys user+fnvhash64, {} client threads x {} connection(s), {} per round; zipfian theta {} (latest for D).",
+                s.record_count,
+                s.field_count,
+                s.field_length,
+                y.load.threads,
+                y.load.conns_per_thread,
+                bound_label(&y.load),
+                s.theta
+            ));
+        }
+    }
+    if let Some(c) = &plan.ceiling {
+        out.push(format!(
+            "Generator ceiling: the throughput load against the in-process responder with {c:?} client threads, one round."
+        ));
+    }
+    if a.quick {
+        out.push("Parameters fixed by --quick.".into());
+    }
+    out
 }
 
-fn compare_json(
-    machine: &Machine,
-    a: &CompareArgs,
-    base: &ServerSpec,
-    cand: &ServerSpec,
-    res: &CompareResult,
-) -> serde_json::Value {
-    let rounds: Vec<serde_json::Value> = res
-        .rounds
-        .iter()
-        .map(|(r, s)| {
-            let mut v = serde_json::to_value(s).unwrap_or_default();
-            if let Some(o) = v.as_object_mut() {
-                o.insert("round".into(), (*r).into());
-            }
-            v
-        })
-        .collect();
-    serde_json::json!({
-        "machine": machine,
-        "servers": {
-            "memcached": {
-                "path": a.memcached.display().to_string(),
-                "version": server::version_of(&a.memcached),
-                "command": base.display_args(),
-                "addr": res.base_addr,
-            },
-            "candidate": {
-                "name": a.cand_name,
-                "path": a.memfabricd.display().to_string(),
-                "command": cand.display_args(),
-                "addr": res.cand_addr,
-            },
-        },
-        "workload": &a.workload,
-        "rounds": rounds,
-        "totals": &res.totals,
-        "ratios": &res.ratios,
-    })
+fn bound_label(c: &LoadConfig) -> String {
+    match (c.ops, c.duration) {
+        (Some(o), _) => format!("{o} ops"),
+        (None, Some(d)) => format!("{:.1} s", d.as_secs_f64()),
+        (None, None) => "-".into(),
+    }
+}
+
+/// The commit the binary runs from (for the report); None outside a git checkout.
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()?;
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !s.is_empty()).then_some(s)
+}
+
+fn ycsb_cmd(a: YcsbArgs) -> Fallible<()> {
+    let connector = a.transport.connector(a.server);
+    let connector = connector.as_ref();
+    let machine = Machine::describe();
+    println!("machine: {}", machine.line());
+    let mut specs = Vec::new();
+    for w in &a.workloads {
+        let mut spec = YcsbSpec::standard(YcsbWorkload::parse(w)?, a.record_count);
+        spec.max_scan_length = a.max_scan_length;
+        if let Some(d) = a.distribution {
+            spec.request_dist = d.into();
+        }
+        spec.validate()?;
+        specs.push(spec);
+    }
+    let Some(first) = specs.first() else {
+        return Err("--workloads: give at least one of a-f".into());
+    };
+    let keys = first.key_space();
+    let load_phase = if a.no_load {
+        None
+    } else {
+        let p = load::preload(connector, &keys, first.value_size(), 8, 32)?;
+        let secs = p.elapsed.as_secs_f64();
+        eprintln!("load phase: {} records in {secs:.1}s", p.stored);
+        Some(serde_json::json!({
+            "records": p.stored,
+            "seconds": secs,
+            "ops_per_sec": if secs > 0.0 { p.stored as f64 / secs } else { 0.0 },
+        }))
+    };
+    let duration = a
+        .duration
+        .map(Duration::try_from_secs_f64)
+        .transpose()
+        .map_err(|e| format!("--duration: {e}"))?;
+    let ops = match (a.operation_count, duration) {
+        (None, None) => Some(100_000),
+        (o, _) => o,
+    };
+    let mut rows = Vec::new();
+    let mut panels = Vec::new();
+    for spec in &specs {
+        let name = format!("{} {}", a.name, spec.workload.letter());
+        let cfg = LoadConfig {
+            threads: a.threads,
+            conns_per_thread: a.conns,
+            depth: a.depth,
+            ops,
+            duration,
+            keys: keys.clone(),
+            dist: KeyDist::Uniform,
+            mix: OpMix { gets: 1, sets: 0 },
+            pattern: Pattern::Mix,
+            ycsb: Some(spec.clone()),
+            rate: a.rate,
+            value_size: spec.value_size(),
+            seed: a.seed,
+            progress: !a.quiet,
+            label: name.clone(),
+        };
+        let m = load::measured_run(connector, &cfg, a.server_pid)?;
+        panels.push(Panel {
+            title: format!("YCSB {}", spec.workload.letter()),
+            series: vec![(a.name.clone(), plot::percentile_curve(&m.stats.all_hist()))],
+        });
+        rows.push((spec.clone(), m.summary(&name, spec.value_size())));
+    }
+    println!(
+        "YCSB: {} records, {} thread(s) x {} conn(s), depth {}, {}{}",
+        a.record_count,
+        a.threads,
+        a.conns,
+        a.depth,
+        a.transport.name(),
+        a.rate
+            .map_or_else(String::new, |r| format!(", open loop at {r} ops/s"))
+    );
+    let summaries: Vec<RunSummary> = rows.iter().map(|(_, s)| s.clone()).collect();
+    print!("{}", report::runs_table(&summaries));
+    print!("{}", report::kinds_table(&summaries));
+    if let Some(p) = &a.out.json {
+        let results: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(spec, s)| serde_json::json!({ "spec": spec, "summary": s }))
+            .collect();
+        write_json(
+            p,
+            &serde_json::json!({
+                "machine": machine,
+                "server": a.server.to_string(),
+                "transport": a.transport,
+                "load_phase": load_phase,
+                "results": results,
+            }),
+        )?;
+    }
+    if let Some(p) = &a.out.plot {
+        report_plot(
+            plot::latency_percentiles(p, &format!("YCSB on {}", a.name), &panels),
+            p,
+        );
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -727,9 +1075,10 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Throughput(a) => throughput(a).map(|()| true),
         Cmd::Latency(a) => latency_cmd(a).map(|()| true),
+        Cmd::Ycsb(a) => ycsb_cmd(a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
-            compare_cmd(a).map(|pass| pass || !check)
+            compare_cmd(*a).map(|pass| pass || !check)
         }
     };
     match r {

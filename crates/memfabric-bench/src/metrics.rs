@@ -39,6 +39,8 @@ pub struct LoadStats {
     pub errors: u64,
     /// Wall time of the run (the longest thread's).
     pub elapsed: Duration,
+    /// CPU seconds of the load generator's own threads (summed), when readable.
+    pub generator_cpu_s: Option<f64>,
 }
 
 impl Default for LoadStats {
@@ -62,6 +64,7 @@ impl LoadStats {
             not_stored: 0,
             errors: 0,
             elapsed: Duration::ZERO,
+            generator_cpu_s: None,
         }
     }
 
@@ -129,6 +132,10 @@ impl LoadStats {
         self.not_stored += other.not_stored;
         self.errors += other.errors;
         self.elapsed = self.elapsed.max(other.elapsed);
+        self.generator_cpu_s = match (self.generator_cpu_s, other.generator_cpu_s) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
     }
 
     /// Finished operations (of every kind).
@@ -201,6 +208,17 @@ fn clock_ticks() -> f64 {
             .filter(|t| *t > 0.0)
             .unwrap_or(100.0)
     })
+}
+
+/// CPU seconds of the calling thread (from /proc/thread-self/stat): a load generator thread's
+/// own cost, apart from anything else in the process (such as an in-process responder).
+pub fn thread_cpu_seconds() -> Result<f64, CpuError> {
+    let path = "/proc/thread-self/stat";
+    let text = std::fs::read_to_string(path).map_err(|source| CpuError::Read {
+        path: path.to_string(),
+        source,
+    })?;
+    parse_stat_cpu(&text, clock_ticks()).ok_or(CpuError::Format(path.to_string()))
 }
 
 /// The client's own CPU seconds (to show how much of the machine the load generator took).
@@ -311,6 +329,9 @@ pub struct RunSummary {
     pub server_cpu_s: Option<f64>,
     pub server_cpu_s_per_mop: Option<f64>,
     pub client_cpu_s: Option<f64>,
+    /// CPU seconds of the load generator's threads per million ops (its own cost per op,
+    /// without anything else in the process).
+    pub generator_cpu_s_per_mop: Option<f64>,
     /// Latency by kind of operation (only kinds that ran).
     pub by_kind: Vec<KindSummary>,
 }
@@ -376,6 +397,10 @@ impl RunSummary {
                 .filter(|_| ops > 0)
                 .map(|c| c * 1e6 / ops as f64),
             client_cpu_s,
+            generator_cpu_s_per_mop: s
+                .generator_cpu_s
+                .filter(|_| ops > 0)
+                .map(|c| c * 1e6 / ops as f64),
             by_kind: KindSummary::of(s),
         }
     }

@@ -183,6 +183,24 @@ pub fn latency_vs_size(
     title: &str,
     series: &[(String, Vec<(usize, f64)>)],
 ) -> Result<(), PlotError> {
+    lines_log2_x(
+        path,
+        title,
+        "value size (bytes, log2)",
+        "latency (us, log)",
+        series,
+    )
+}
+
+/// Lines over a log2 x axis (sizes, client counts: powers of two) and a log y axis, one per
+/// named series.
+pub fn lines_log2_x(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+) -> Result<(), PlotError> {
     ensure_font()?;
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
     let (xmin, xmax) = xs.fold((usize::MAX, 0usize), |(a, b), x| (a.min(x), b.max(x)));
@@ -206,8 +224,8 @@ pub fn latency_vs_size(
         .map_err(draw_err(path))?;
     chart
         .configure_mesh()
-        .x_desc("value size (bytes, log2)")
-        .y_desc("latency (us, log)")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .x_labels((xhi - xlo).ceil() as usize + 1)
         .y_labels(12)
         .y_label_formatter(&us_label)

@@ -94,6 +94,26 @@ pub fn runs_table(runs: &[RunSummary]) -> String {
     )
 }
 
+/// Latency by kind of operation, one row per (run, kind).
+pub fn kinds_table(runs: &[RunSummary]) -> String {
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .flat_map(|r| {
+            r.by_kind.iter().map(move |k| {
+                vec![
+                    r.server.clone(),
+                    k.kind.name().to_string(),
+                    human(k.ops as f64),
+                    format!("{:.1}", k.p50_us),
+                    format!("{:.1}", k.p99_us),
+                    format!("{:.1}", k.p999_us),
+                ]
+            })
+        })
+        .collect();
+    table(&["server", "op", "ops", "p50us", "p99us", "p99.9us"], &rows)
+}
+
 /// Where the numbers were taken.
 #[derive(Clone, Debug, Serialize)]
 pub struct Machine {

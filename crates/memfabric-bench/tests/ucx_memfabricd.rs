@@ -6,11 +6,11 @@
 //! memfabric-server`). A missing binary fails the test, it never skips. No test asserts on a
 //! timing.
 
-use memfabric_bench::latency::{self, LatencyConfig};
+use memfabric_bench::latency::{self, LatencyConfig, LatencyOp};
 use memfabric_bench::load::{self, LoadConfig};
 use memfabric_bench::server::{self, ServerProcess, ServerSpec};
 use memfabric_bench::ucx::UcxConnector;
-use memfabric_bench::workload::{KeyDist, KeySpace, OpKind, OpMix, Pattern};
+use memfabric_bench::workload::{KeyDist, KeySpace, OpMix, Pattern};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -65,7 +65,7 @@ fn ucx_latency_sweep_reports_every_row() {
     let (srv, ucx) = start_memfabricd();
     let cfg = LatencyConfig {
         sizes: vec![4, 65536],
-        ops: vec![OpKind::Get, OpKind::Set],
+        ops: vec![LatencyOp::Get, LatencyOp::Set, LatencyOp::MIX_90_10],
         iterations: 50,
         warmup: 5,
         key_prefix: "mfb-ucx-lat:".into(),
@@ -83,6 +83,8 @@ fn ucx_latency_sweep_reports_every_row() {
             ("ucx", "get", 65536),
             ("ucx", "set", 4),
             ("ucx", "set", 65536),
+            ("ucx", "mix", 4),
+            ("ucx", "mix", 65536),
         ]
     );
     for (r, h) in &rows {
