@@ -106,6 +106,22 @@ impl Arena {
         self.len
     }
 
+    /// Make every byte zero, writing only the 4096-byte pieces that are not zero already
+    /// (reading untouched anonymous memory commits nothing). For caller-supplied memory
+    /// whose contents the store relies on (the index: empty slots, free locks), in case
+    /// an allocator did not clear it. Construction time only: no other thread uses it.
+    pub fn zero_fill(&self) {
+        static ZERO: [u8; 4096] = [0; 4096];
+        let mut off = 0;
+        while off < self.len {
+            let n = (self.len - off).min(ZERO.len());
+            if !self.eq(off, &ZERO[..n]) {
+                self.write(off, &ZERO[..n]);
+            }
+            off += n;
+        }
+    }
+
     /// Base address and length of the mapping (for registration with a NIC).
     pub fn region(&self) -> (*mut u8, usize) {
         (self.base, self.len)
@@ -388,6 +404,30 @@ pub(crate) mod tests {
         let block = s.control_block();
         assert_eq!(&block[..4], b"MMFX");
         drop(s);
+    }
+
+    #[test]
+    fn the_index_is_cleared_even_if_caller_memory_is_not() {
+        use crate::{GetOptions, SetMode, Store, StoreConfig};
+        let dirty = |n: usize| -> io::Result<Box<dyn Memory>> {
+            let m = TestMemory::new(n)?;
+            let a = Arena {
+                base: m.base,
+                len: m.len,
+                owner: Some(Box::new(TestMemory::new(4096)?)),
+            };
+            a.write(0, &vec![0xa5; n]);
+            drop(a);
+            Ok(Box::new(m))
+        };
+        let s = Store::with_memory(StoreConfig::default(), &dirty).unwrap();
+        assert!(s
+            .get(b"k", &GetOptions::default(), &mut Vec::new())
+            .is_none());
+        s.store(SetMode::Set, b"k", b"v", 0, 0, 0);
+        let mut out = Vec::new();
+        assert!(s.get(b"k", &GetOptions::default(), &mut out).is_some());
+        assert_eq!(out, b"v");
     }
 
     #[test]

@@ -75,7 +75,13 @@ impl Index {
         let n = 1usize << power;
         let len = remote::index_len(power);
         let mem = match alloc {
-            Some(alloc) => Arena::with_memory(len, alloc)?,
+            Some(alloc) => {
+                let mem = Arena::with_memory(len, alloc)?;
+                // Promised zeroed, but an all-zero index is what makes every slot empty
+                // and every lock free: make sure.
+                mem.zero_fill();
+                mem
+            }
             None => Arena::new(len)?,
         };
         let ix = Index {

@@ -1,12 +1,15 @@
 //! memfabric-store: the cache's storage engine.
 //!
-//! One mmap'd arena (never moved or unmapped while the store lives, so it can be
-//! registered once for RDMA), carved into 1 MiB pages that slab classes take on demand.
+//! One arena (an mmap of its own, or caller-supplied `Memory`; never moved or unmapped
+//! while the store lives, so it can be registered once for RDMA), carved into 1 MiB pages
+//! that slab classes take on demand.
 //! Items are self-describing (lengths, flags, exptime, CAS, a seqlock word and a crc32c
 //! of key and value) so a reader that holds no lock, local or remote, can tell a torn or
 //! stale read from a good one. The hash index is an array of 64-byte buckets with a
 //! seqlock version and seven slots each; see `docs/store.md` for the byte layouts and
-//! the concurrency protocol.
+//! the concurrency protocol. The index mapping ends with a control block (`remote`) that
+//! tells one-sided readers the geometry, the flush state and the store's clock; readers
+//! report what they read with `Store::note_remote_access`, so CLOCK eviction sees it.
 //!
 //! The store knows nothing of sockets or protocols: it offers memcached's storage
 //! semantics (`ops`) and a small transaction API (`Txn`) for protocol features that need
