@@ -35,6 +35,9 @@ pub struct Config {
     /// How GETs reach `ucx://` servers: one-sided RMA reads where the transport reads
     /// natively (default `Auto`), always (`OneSided`) or never (`TwoSided`).
     pub get_mode: GetMode,
+    /// Tell servers which items were read one-sidedly (batched), so that their eviction
+    /// treats them as used (default on; off only to measure what the hints are worth).
+    pub access_hints: bool,
 }
 
 impl Default for Config {
@@ -47,6 +50,7 @@ impl Default for Config {
             distribution: Distribution::default(),
             max_in_flight: 65536,
             get_mode: GetMode::Auto,
+            access_hints: true,
         }
     }
 }
@@ -133,7 +137,7 @@ impl Client {
     pub fn new(servers: impl IntoServers, config: Config) -> Result<Client, Error> {
         let list = servers.into_servers()?;
         let first = list.first().ok_or(Error::NoServers)?;
-        let transport = make_transport(first.scheme, config.get_mode)?;
+        let transport = make_transport(first.scheme, config.get_mode, config.access_hints)?;
         Ok(Self::with_transport(list, config, transport))
     }
 

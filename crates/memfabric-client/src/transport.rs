@@ -71,9 +71,16 @@ impl std::str::FromStr for GetMode {
 }
 
 /// The one place a scheme becomes a transport. A UCX transport plugs in here (`crate::ucx`).
-pub fn make_transport(scheme: Scheme, get_mode: GetMode) -> Result<Box<dyn Transport>, Error> {
+pub fn make_transport(
+    scheme: Scheme,
+    get_mode: GetMode,
+    access_hints: bool,
+) -> Result<Box<dyn Transport>, Error> {
     match scheme {
         Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
-        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(get_mode)?)),
+        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(
+            get_mode,
+            access_hints,
+        )?)),
     }
 }

@@ -119,6 +119,7 @@ struct InFlight {
 pub struct UcxTransport {
     w: mf::Worker,
     get_mode: GetMode,
+    access_hints: bool,
     onesided: HashMap<u64, OneSidedGet>,
     /// RMA reads that completed inside the call that posted them.
     local_events: std::collections::VecDeque<mf::Event>,
@@ -145,7 +146,7 @@ pub struct UcxTransport {
 }
 
 impl UcxTransport {
-    pub fn new(get_mode: GetMode) -> Result<UcxTransport, Error> {
+    pub fn new(get_mode: GetMode, access_hints: bool) -> Result<UcxTransport, Error> {
         let ctx = context()?;
         let ucx = |e: mf::Error| Error::Protocol(format!("UCX: {e}"));
         let mut w = mf::Worker::new(&ctx).map_err(ucx)?;
@@ -164,6 +165,7 @@ impl UcxTransport {
         Ok(UcxTransport {
             w,
             get_mode,
+            access_hints,
             onesided: HashMap::new(),
             local_events: std::collections::VecDeque::new(),
             counters: GetCounters::default(),
@@ -640,7 +642,8 @@ impl UcxTransport {
                 };
                 self.counters.onesided_hits += 1;
                 self.counters.retries += g.read.retries as u64;
-                if let Some(rma) = self.conns.get_mut(&g.conn).and_then(|c| c.rma.as_mut()) {
+                let conn = self.conns.get_mut(&g.conn).filter(|_| self.access_hints);
+                if let Some(rma) = conn.and_then(|c| c.rma.as_mut()) {
                     rma.hints.push(hint);
                     self.pending_hints += 1;
                     if rma.hints.len() >= HINT_BATCH {

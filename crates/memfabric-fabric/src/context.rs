@@ -78,7 +78,7 @@ impl Context {
 impl Context {
     /// Let UCX allocate and register `len` zero-filled bytes (see `MemRegion::allocate`):
     /// memory that same-host peers can map directly.
-    pub fn mem_alloc(self: &Arc<Self>, len: usize) -> Result<crate::MemRegion> {
+    pub fn mem_alloc(self: &Arc<Self>, len: usize) -> Result<crate::AllocatedRegion> {
         crate::MemRegion::allocate(self, len)
     }
 

@@ -39,6 +39,6 @@ pub use buf::{RecvBuf, SendBuf};
 pub use context::Context;
 pub use status::{Error, Result};
 pub use worker::{
-    AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener, MemRegion, Posted,
-    Proto, RemoteKey, RndvData, SendHow, Token, Worker,
+    AllocatedRegion, AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener,
+    MemRegion, Posted, Proto, RemoteKey, RndvData, SendHow, Token, Worker,
 };

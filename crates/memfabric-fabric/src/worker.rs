@@ -1175,7 +1175,7 @@ impl MemRegion {
     /// peers on the same host can read the region without a system call per read
     /// (`ucp_rkey_ptr` works on it), which registered private memory cannot offer.
     /// The memory is zero-filled and freed when the region is dropped.
-    pub(crate) fn allocate(ctx: &Arc<Context>, len: usize) -> Result<MemRegion> {
+    pub(crate) fn allocate(ctx: &Arc<Context>, len: usize) -> Result<AllocatedRegion> {
         if len == 0 {
             return Err(Error::invalid_param());
         }
@@ -1211,7 +1211,7 @@ impl MemRegion {
         if region.addr.is_null() || region.len < len {
             return Err(Error::invalid_param());
         }
-        Ok(region)
+        Ok(AllocatedRegion(region))
     }
 
     pub(crate) fn new(ctx: &Arc<Context>, addr: *mut u8, len: usize) -> Result<MemRegion> {
@@ -1241,8 +1241,8 @@ impl MemRegion {
         self.addr as u64
     }
 
-    /// The region's first byte, for handing the memory to its user (a region made by
-    /// [`Context::mem_alloc`] owns its memory until dropped).
+    /// The region's first byte (a region made by [`Context::mem_alloc`] owns its memory
+    /// until dropped).
     pub fn as_mut_ptr(&self) -> *mut u8 {
         self.addr
     }
@@ -1266,6 +1266,32 @@ impl MemRegion {
         // SAFETY: buf came from ucp_rkey_pack.
         unsafe { sys::ucp_rkey_buffer_release(buf) };
         Ok(v)
+    }
+}
+
+// SAFETY: a region made by `Context::mem_alloc` (the only kind memfabricd hands to the
+// store) owns `len` bytes at `addr` that UCX allocated zero-filled and page-aligned (shared
+// memory segments or mmap), mapped read-write until `ucp_mem_unmap` in Drop; nothing else
+// in the process uses them, and the region never moves. The store checks the alignment
+// and the length of what it is given (`Arena::from_memory`).
+#[cfg(feature = "store-memory")]
+unsafe impl memfabric_store::Memory for AllocatedRegion {
+    fn base(&self) -> *mut u8 {
+        self.0.addr
+    }
+    fn len(&self) -> usize {
+        self.0.len
+    }
+}
+
+/// A registered region whose memory UCX allocated and that owns it (from
+/// [`Context::mem_alloc`]); everything else is as for [`MemRegion`].
+pub struct AllocatedRegion(MemRegion);
+
+impl std::ops::Deref for AllocatedRegion {
+    type Target = MemRegion;
+    fn deref(&self) -> &MemRegion {
+        &self.0
     }
 }
 

@@ -30,13 +30,91 @@ use mio::{Interest, Registry, Token};
 use crate::exec::{ExecCtx, Shared, Transport};
 use crate::stats::ThreadStats;
 
-/// Process-wide UCX state: the context and the registered arena.
+/// A store mapping as remote readers see it: where it is and the key to read it.
+struct Exported {
+    base: u64,
+    len: u64,
+    rkey: Vec<u8>,
+    /// Our registration of the mapping, when UCX did not allocate it (and so registered
+    /// it already).
+    _registration: Option<mf::MemRegion>,
+}
+
+impl Exported {
+    /// Export `region` of the store: with the rkey packed when UCX allocated it (see
+    /// `store_memory`), or by registering it now.
+    fn new(
+        ctx: &Arc<mf::Context>,
+        region: (*mut u8, usize),
+        allocated: &[(u64, Vec<u8>)],
+    ) -> Result<Exported, mf::Error> {
+        let (base, len) = region;
+        if let Some((_, rkey)) = allocated.iter().find(|(b, _)| *b == base as u64) {
+            return Ok(Exported {
+                base: base as u64,
+                len: len as u64,
+                rkey: rkey.clone(),
+                _registration: None,
+            });
+        }
+        let reg = ctx.mem_map(base, len)?;
+        Ok(Exported {
+            base: base as u64,
+            len: len as u64,
+            rkey: reg.pack_rkey()?,
+            _registration: Some(reg),
+        })
+    }
+}
+
+/// Memory for the store that UCX allocates (shared memory on one host, so that one-sided
+/// readers there map it instead of paying a system call per read), with each region's
+/// base and packed rkey recorded for `FabricShared::new`.
+pub struct StoreMemory {
+    ctx: Arc<mf::Context>,
+    allocated: std::sync::Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+impl StoreMemory {
+    pub fn new(ctx: Arc<mf::Context>) -> StoreMemory {
+        StoreMemory {
+            ctx,
+            allocated: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The allocator `Store::with_memory` calls for the arena and the index.
+    pub fn allocate(&self, len: usize) -> io::Result<Box<dyn memfabric_store::Memory>> {
+        let region = self.ctx.mem_alloc(len).map_err(io::Error::other)?;
+        let rkey = region.pack_rkey().map_err(io::Error::other)?;
+        self.allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((region.addr(), rkey));
+        Ok(Box::new(region))
+    }
+
+    pub fn context(&self) -> &Arc<mf::Context> {
+        &self.ctx
+    }
+
+    /// Forget what was allocated (the store was built without it after all): a later
+    /// mapping at a freed region's address must not be mistaken for it.
+    pub fn forget(&self) {
+        self.allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Process-wide UCX state: the context and the exported store mappings.
 pub struct FabricShared {
     ctx: Arc<mf::Context>,
-    arena: mf::MemRegion,
-    arena_rkey: Vec<u8>,
-    index: mf::MemRegion,
-    index_rkey: Vec<u8>,
+    arena: Exported,
+    index: Exported,
+    /// The store's memory came from UCX (same-host readers map it directly).
+    pub ucx_allocated: bool,
     /// Values above this many bytes go by rendezvous.
     pub eager_max: usize,
     next_session: AtomicU32,
@@ -48,34 +126,45 @@ pub struct FabricShared {
     /// without peer-failure handling: UCX 1.13 can neither cancel nor fail them, so their
     /// pending items stay allocated (never linked, never visible) until UCX lets go.
     pub orphaned_receives: AtomicU64,
+    /// One-sided readers' access hints applied / refused (item gone or changed).
+    pub hints_taken: AtomicU64,
+    pub hints_stale: AtomicU64,
 }
 
 impl FabricShared {
-    /// Create the UCX context (transports from `UCX_*` in the environment) and register
-    /// the store's arena and index.
+    /// Export the store's arena and index for remote reads over `ctx` (the UCX context,
+    /// transports from `UCX_*` in the environment): mappings UCX allocated (`memory`)
+    /// already are registered; others are registered here.
     pub fn new(
+        ctx: Arc<mf::Context>,
+        memory: Option<&StoreMemory>,
         store: &memfabric_store::Store,
         eager_max: usize,
     ) -> Result<FabricShared, mf::Error> {
-        let ctx = mf::Context::new("memfabricd")?;
-        let (base, len) = store.arena_region();
-        let arena = ctx.mem_map(base, len)?;
-        let arena_rkey = arena.pack_rkey()?;
-        let (ibase, ilen) = store.index_region();
-        let index = ctx.mem_map(ibase, ilen)?;
-        let index_rkey = index.pack_rkey()?;
+        let allocated = memory
+            .map(|m| {
+                m.allocated
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            })
+            .unwrap_or_default();
+        let arena = Exported::new(&ctx, store.arena_region(), &allocated)?;
+        let index = Exported::new(&ctx, store.index_region(), &allocated)?;
+        let ucx_allocated = arena._registration.is_none() && index._registration.is_none();
         Ok(FabricShared {
             ctx,
             arena,
-            arena_rkey,
             index,
-            index_rkey,
+            ucx_allocated,
             eager_max,
             next_session: AtomicU32::new(1),
             curr_sessions: AtomicU64::new(0),
             total_sessions: AtomicU64::new(0),
             peer_error_sessions: AtomicU64::new(0),
             orphaned_receives: AtomicU64::new(0),
+            hints_taken: AtomicU64::new(0),
+            hints_stale: AtomicU64::new(0),
         })
     }
 }
@@ -166,6 +255,7 @@ impl FabricWorker {
         };
         let mut w = mf::Worker::new(&fs.ctx).map_err(io::Error::other)?;
         w.set_am_handler(fp::AM_REQUEST).map_err(io::Error::other)?;
+        w.set_am_handler(fp::AM_HINTS).map_err(io::Error::other)?;
         let efd = w.event_fd().map_err(io::Error::other)?;
         registry.register(
             &mut mio::unix::SourceFd(&efd),
@@ -293,13 +383,13 @@ impl FabricWorker {
                     reply.item_size_max = store.config().item_size_max as u64;
                     reply.clock = store.clock().now();
                     reply.started_unix = u64::from(store.clock().started());
-                    reply.arena_base = fs.arena.addr();
-                    reply.arena_len = fs.arena.len() as u64;
-                    reply.index_base = fs.index.addr();
-                    reply.index_len = fs.index.len() as u64;
+                    reply.arena_base = fs.arena.base;
+                    reply.arena_len = fs.arena.len;
+                    reply.index_base = fs.index.base;
+                    reply.index_len = fs.index.len;
                     reply.worker_address = addr;
-                    reply.arena_rkey = fs.arena_rkey.clone();
-                    reply.index_rkey = fs.index_rkey.clone();
+                    reply.arena_rkey = fs.arena.rkey.clone();
+                    reply.index_rkey = fs.index.rkey.clone();
                     fs.curr_sessions.fetch_add(1, Ordering::Relaxed);
                     fs.total_sessions.fetch_add(1, Ordering::Relaxed);
                     self.by_session.insert(id, token);
@@ -416,6 +506,7 @@ impl FabricWorker {
 
     fn handle(&mut self, registry: &Registry, stats: &ThreadStats, e: mf::Event) {
         match e {
+            mf::Event::Am(msg) if msg.id == fp::AM_HINTS => self.hints(stats, msg),
             mf::Event::Am(msg) => self.request(stats, msg),
             mf::Event::Done { token, result, buf } => {
                 if token == SEND_TOKEN {
@@ -494,6 +585,38 @@ impl FabricWorker {
             .am_send(ep, fp::AM_RESPONSE, header.to_vec(), data, how, SEND_TOKEN)
         {
             tracing::debug!("ucx send to session {session} failed: {e}");
+        }
+    }
+
+    /// Access hints from a one-sided reader: the items it read, marked as used so that
+    /// eviction does not take what is hot only remotely. Advisory and unanswered; a
+    /// malformed batch or one from an unknown session is dropped and counted.
+    fn hints(&mut self, stats: &ThreadStats, msg: mf::AmMessage) {
+        let data: &[u8] = match &msg.data {
+            mf::AmData::None => &[],
+            mf::AmData::Eager(v) => v,
+            mf::AmData::Held(h) => h.as_ref(),
+            // Hints are small and always eager; a rendezvous one is not worth pulling.
+            mf::AmData::Rndv(_) => {
+                stats.protocol_errors.incr();
+                return;
+            }
+        };
+        let Some((session, hints)) = memfabric_proto::onesided::decode_hints(&msg.header, data)
+        else {
+            stats.protocol_errors.incr();
+            return;
+        };
+        if !self.by_session.contains_key(&session) {
+            stats.protocol_errors.incr();
+            return;
+        }
+        let hints: Vec<(u64, u32)> = hints.collect();
+        let taken = self.fs.0.store.note_remote_accesses(&hints) as u64;
+        if let Some(fs) = self.fs.0.fabric.as_ref() {
+            fs.hints_taken.fetch_add(taken, Ordering::Relaxed);
+            fs.hints_stale
+                .fetch_add(hints.len() as u64 - taken, Ordering::Relaxed);
         }
     }
 
@@ -1087,8 +1210,72 @@ pub fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
             "ucx_orphaned_receives".into(),
             fs.orphaned_receives.load(Ordering::Relaxed).to_string(),
         ));
+        v.push((
+            "ucx_onesided_hints".into(),
+            fs.hints_taken.load(Ordering::Relaxed).to_string(),
+        ));
+        v.push((
+            "ucx_onesided_hints_stale".into(),
+            fs.hints_stale.load(Ordering::Relaxed).to_string(),
+        ));
         v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
-        v.push(("ucx_arena_registered".into(), fs.arena.len().to_string()));
+        v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
+        v.push((
+            "ucx_memory".into(),
+            if fs.ucx_allocated {
+                "ucx"
+            } else {
+                "registered"
+            }
+            .into(),
+        ));
     }
     v
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use memfabric_proto::onesided as client_side;
+    use memfabric_store::remote as store_side;
+
+    /// The store writes the one-sided format and the client decodes it from its own copy
+    /// of the layout (it must not depend on the store): both must agree.
+    #[test]
+    fn store_and_client_agree_on_the_one_sided_layout() {
+        assert_eq!(store_side::CTL_BYTES, client_side::CTL_BYTES);
+        assert_eq!(store_side::CTL_MAGIC, client_side::CTL_MAGIC);
+        assert_eq!(store_side::CTL_LAYOUT, client_side::CTL_LAYOUT);
+        assert_eq!(store_side::CTL_LIVE, client_side::CTL_LIVE);
+        assert_eq!(store_side::BUCKET_BYTES, client_side::BUCKET_BYTES);
+        assert_eq!(store_side::SLOTS, client_side::SLOTS);
+        assert_eq!(store_side::ITEM_HDR, client_side::ITEM_HDR);
+        assert_eq!(store_side::STATE_LINKED, client_side::STATE_LINKED);
+        assert_eq!(store_side::IFLAG_CHUNKED, client_side::IFLAG_CHUNKED);
+        let fields = [
+            (store_side::ITEM_OFF_SEQ, 0),
+            (store_side::ITEM_OFF_STATE, 4),
+            (store_side::ITEM_OFF_KEY_LEN, 6),
+            (store_side::ITEM_OFF_IFLAGS, 7),
+            (store_side::ITEM_OFF_CAS, 8),
+            (store_side::ITEM_OFF_VALUE_LEN, 16),
+            (store_side::ITEM_OFF_FLAGS, 20),
+            (store_side::ITEM_OFF_EXPTIME, 24),
+            (store_side::ITEM_OFF_TIME, 28),
+            (store_side::ITEM_OFF_CRC, 32),
+        ];
+        for (store_off, client_off) in fields {
+            assert_eq!(store_off, client_off);
+        }
+        assert_eq!(
+            store_side::index_len(12) as u64,
+            client_side::Geometry {
+                hash_seed: 0,
+                hashpower: 12,
+                chunk_sizes: vec![0, 88],
+                page_size: 1 << 20,
+                arena_len: 0,
+            }
+            .index_len()
+        );
+    }
 }

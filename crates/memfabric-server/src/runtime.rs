@@ -117,13 +117,44 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         hup,
     )?);
 
-    let store = Store::new(settings.store.clone()).map_err(RunError::Store)?;
+    // With a UCX listener, the store's memory comes from UCX where it can (shared memory
+    // that same-host one-sided readers map directly); otherwise, or if that fails, it is
+    // the store's own mapping, registered with UCX afterwards.
+    let ucx_memory = if listeners.ucx.is_empty() {
+        None
+    } else {
+        match memfabric_fabric::Context::new("memfabricd") {
+            Ok(ctx) => Some(crate::fabric::StoreMemory::new(ctx)),
+            Err(e) => {
+                tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");
+                listeners.ucx.clear();
+                None
+            }
+        }
+    };
+    let store = match &ucx_memory {
+        Some(m) => {
+            Store::with_memory(settings.store.clone(), &|len| m.allocate(len)).or_else(|e| {
+                tracing::warn!("UCX could not allocate the store's memory ({e}): using our own");
+                m.forget();
+                Store::new(settings.store.clone())
+            })
+        }
+        None => Store::new(settings.store.clone()),
+    }
+    .map_err(RunError::Store)?;
     let unix_path = settings.unix_socket.clone();
     let pidfile = settings.pidfile.clone();
     let threads = settings.threads;
     let mut shared = Shared::new(settings, store);
-    if !listeners.ucx.is_empty() {
-        match crate::fabric::FabricShared::new(&shared.store, shared.settings.ucx_eager_max) {
+    if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
+        let ctx = Arc::clone(m.context());
+        match crate::fabric::FabricShared::new(
+            ctx,
+            Some(m),
+            &shared.store,
+            shared.settings.ucx_eager_max,
+        ) {
             Ok(f) => shared.fabric = Some(f),
             Err(e) => {
                 tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");
