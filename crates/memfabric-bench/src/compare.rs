@@ -92,12 +92,18 @@ fn ucx_am(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
         .map(|addr| Box::new(UcxConnector::new(addr)) as Box<dyn Connector>)
 }
 
+fn ucx_onesided(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
+    a.ucx
+        .map(|addr| Box::new(UcxConnector::onesided(addr)) as Box<dyn Connector>)
+}
+
 /// Every target `compare` knows, the reference first. A new transport is one more line.
 #[rustfmt::skip]
 pub const TARGETS: &[Target] = &[
     Target { name: "memcached-tcp", server: ServerKind::Memcached, needs_ucx: false, connector: tcp },
     Target { name: "memfabricd-tcp", server: ServerKind::Memfabricd, needs_ucx: false, connector: tcp },
     Target { name: "memfabricd-ucx", server: ServerKind::Memfabricd, needs_ucx: true, connector: ucx_am },
+    Target { name: "memfabricd-onesided", server: ServerKind::Memfabricd, needs_ucx: true, connector: ucx_onesided },
 ];
 
 /// The targets named in `names` (in the order of [`TARGETS`], whose first is the reference).

@@ -81,6 +81,9 @@ enum TransportKind {
     /// memfabricd's UCX active-message data path; the address is its `--ucx-port`
     /// bootstrap port, the UCX transports come from UCX_TLS.
     Ucx,
+    /// As `ucx`, but GETs read the item from the server's memory with RMA reads
+    /// (docs/one-sided.md); the server's CPU is not involved in them.
+    Onesided,
 }
 
 impl TransportKind {
@@ -88,6 +91,7 @@ impl TransportKind {
         match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Ucx => "ucx",
+            TransportKind::Onesided => "onesided",
         }
     }
 
@@ -95,6 +99,7 @@ impl TransportKind {
         match self {
             TransportKind::Tcp => Box::new(TcpConnector { addr }),
             TransportKind::Ucx => Box::new(UcxConnector::new(addr)),
+            TransportKind::Onesided => Box::new(UcxConnector::onesided(addr)),
         }
     }
 }
@@ -554,7 +559,7 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
     if a.transport.is_empty() {
         return Err("--transport: give at least one of tcp, ucx".into());
     }
-    let measure_ucx = a.transport.contains(&TransportKind::Ucx);
+    let measure_ucx = a.transport.iter().any(|t| *t != TransportKind::Tcp);
     // A server of our own, on free ports; dropping it kills it.
     let started = match &a.start_server {
         Some(path) => {
@@ -599,7 +604,7 @@ fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
     for &t in &a.transport {
         let addr = match t {
             TransportKind::Tcp => tcp_addr,
-            TransportKind::Ucx => ucx_addr,
+            TransportKind::Ucx | TransportKind::Onesided => ucx_addr,
         };
         // One transport: the title names the address alone, as it always did.
         targets.push(if a.transport.len() > 1 {

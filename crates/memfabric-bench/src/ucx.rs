@@ -155,6 +155,8 @@ struct Outstanding {
 /// One client (one UCX worker) and `conns` ordered request queues over it.
 pub struct UcxTransport {
     client: Client,
+    /// GETs are read one-sidedly.
+    onesided: bool,
     queues: Vec<VecDeque<Outstanding>>,
     in_flight: usize,
     next_seq: u64,
@@ -187,6 +189,7 @@ impl UcxTransport {
         }
         Ok(UcxTransport {
             client,
+            onesided: get_mode == GetMode::OneSided,
             queues: (0..conns.max(1)).map(|_| VecDeque::new()).collect(),
             in_flight: 0,
             next_seq: 0,
@@ -228,7 +231,11 @@ impl UcxTransport {
 
 impl Transport for UcxTransport {
     fn name(&self) -> &'static str {
-        "ucx"
+        if self.onesided {
+            "onesided"
+        } else {
+            "ucx"
+        }
     }
 
     fn connections(&self) -> usize {
