@@ -436,6 +436,10 @@ fn size_label(n: usize) -> String {
 /// skipped: it must not throw away a finished run.
 pub fn draw_plots(res: &SuiteResult, dir: &Path, stem: &str) -> Vec<(String, PathBuf)> {
     let mut drawn = Vec::new();
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("plots skipped: {}: {e}", dir.display());
+        return drawn;
+    }
     let mut keep = |caption: &str, path: PathBuf, r: Result<(), PlotError>| match r {
         Ok(()) => drawn.push((caption.to_string(), path)),
         Err(e) => eprintln!("plot {} skipped: {e}", path.display()),
@@ -477,8 +481,8 @@ pub fn draw_plots(res: &SuiteResult, dir: &Path, stem: &str) -> Vec<(String, Pat
         let r = plot::lines_log2_x(
             &path,
             "throughput by client threads (closed loop)",
-            "client threads",
-            "thousand ops/s",
+            ("client threads", "thousand ops/s"),
+            plot::YAxis::LinearFromZero,
             &series,
         );
         keep("throughput by client threads", path, r);

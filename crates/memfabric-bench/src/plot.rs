@@ -186,21 +186,31 @@ pub fn latency_vs_size(
     lines_log2_x(
         path,
         title,
-        "value size (bytes, log2)",
-        "latency (us, log)",
+        ("value size (bytes, log2)", "latency (us, log)"),
+        YAxis::Log,
         series,
     )
 }
 
-/// Lines over a log2 x axis (sizes, client counts: powers of two) and a log y axis, one per
-/// named series.
+/// How [`lines_log2_x`] scales y.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum YAxis {
+    /// Logarithmic, from a little under the smallest value (latencies).
+    Log,
+    /// Linear from zero (throughput).
+    LinearFromZero,
+}
+
+/// Lines over a log2 x axis (sizes, client counts: powers of two), one per named series;
+/// `desc` is the (x, y) axis descriptions.
 pub fn lines_log2_x(
     path: &Path,
     title: &str,
-    x_desc: &str,
-    y_desc: &str,
+    desc: (&str, &str),
+    y_axis: YAxis,
     series: &[(String, Vec<(usize, f64)>)],
 ) -> Result<(), PlotError> {
+    let (x_desc, y_desc) = desc;
     ensure_font()?;
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
     let (xmin, xmax) = xs.fold((usize::MAX, 0usize), |(a, b), x| (a.min(x), b.max(x)));
@@ -214,13 +224,29 @@ pub fn lines_log2_x(
     // x is log2(size) on a linear axis, so ticks fall on powers of two (1, 2, 4, ... 1K).
     let xlo = (xmin.max(1) as f64).log2().floor() - 0.5;
     let xhi = (xmax.max(1) as f64).log2().ceil() + 0.5;
-    let ylo = (ymin.max(0.1) * 0.8).min(ymax / 2.0);
+    // y is drawn on a linear axis; a log axis plots log10(y) and labels ticks with 10^tick,
+    // so both scales share one chart type.
+    let to_axis = |y: f64| match y_axis {
+        YAxis::Log => y.max(1e-3).log10(),
+        YAxis::LinearFromZero => y,
+    };
+    let (ylo, yhi) = match y_axis {
+        YAxis::Log => (
+            to_axis((ymin.max(0.1) * 0.8).min(ymax / 2.0)),
+            to_axis(ymax * 1.3),
+        ),
+        YAxis::LinearFromZero => (0.0, ymax * 1.15),
+    };
+    let y_label = |v: &f64| match y_axis {
+        YAxis::Log => us_label(&10f64.powf(*v)),
+        YAxis::LinearFromZero => us_label(v),
+    };
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 22))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
-        .build_cartesian_2d(xlo..xhi, (ylo..ymax * 1.3).log_scale())
+        .build_cartesian_2d(xlo..xhi, ylo..yhi)
         .map_err(draw_err(path))?;
     chart
         .configure_mesh()
@@ -228,7 +254,7 @@ pub fn lines_log2_x(
         .y_desc(y_desc)
         .x_labels((xhi - xlo).ceil() as usize + 1)
         .y_labels(12)
-        .y_label_formatter(&us_label)
+        .y_label_formatter(&y_label)
         .x_label_formatter(&|x| size_label(2f64.powf(x.round())))
         .label_style((FONT, 14))
         .draw()
@@ -237,7 +263,7 @@ pub fn lines_log2_x(
         let c = colour(i);
         let pts: Vec<(f64, f64)> = pts
             .iter()
-            .map(|&(x, y)| ((x.max(1) as f64).log2(), y))
+            .map(|&(x, y)| ((x.max(1) as f64).log2(), to_axis(y)))
             .collect();
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))

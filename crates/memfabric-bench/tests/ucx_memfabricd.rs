@@ -180,3 +180,156 @@ fn cli_latency_tcp_and_ucx_against_one_started_server() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn run_bench(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memfabric-bench"))
+        .args(args)
+        .output()
+        .expect("run memfabric-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    (stdout, stderr)
+}
+
+/// `compare` with every section, tiny, against memcached and memfabricd (started on free
+/// ports, killed at the end): every target has rows, ratios are to memcached-tcp, and the
+/// report goes between the markers of the page without touching the rest.
+#[test]
+fn cli_compare_all_sections_three_targets_and_the_report() {
+    let dir = std::env::temp_dir().join(format!("mfb-compare-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("c.json");
+    let doc = dir.join("bench.md");
+    std::fs::write(
+        &doc,
+        "# Title\nhand-written\n<!-- compare-report:begin -->\nold\n<!-- compare-report:end -->\ntail\n",
+    )
+    .unwrap();
+    let mfd = memfabricd();
+    let (stdout, _) = run_bench(&[
+        "compare",
+        "--memfabricd",
+        mfd.to_str().unwrap(),
+        "--memory",
+        "64",
+        "--rounds",
+        "2",
+        "--latency-sizes",
+        "32,65536",
+        "--latency-iterations",
+        "20",
+        "--clients",
+        "1,2",
+        "--keys",
+        "200",
+        "--value-size",
+        "100",
+        "--ops",
+        "300",
+        "--ycsb",
+        "a,e,f",
+        "--ycsb-records",
+        "200",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+        "--report",
+        doc.to_str().unwrap(),
+        "--plot-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("memfabricd-ucx"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = &v["results"];
+    let targets = ["memcached-tcp", "memfabricd-tcp", "memfabricd-ucx"];
+    assert_eq!(r["targets"], serde_json::json!(targets));
+    // Latency: 2 sizes x 3 ops (get, set, mix) per target.
+    assert_eq!(r["latency"].as_array().unwrap().len(), 3 * 2 * 3, "{r}");
+    // Throughput: one cell per client count; YCSB: one per workload; each with every target.
+    for (section, cells) in [("throughput", 2), ("ycsb", 3)] {
+        let a = r[section].as_array().unwrap();
+        assert_eq!(a.len(), cells, "{section}");
+        for cell in a {
+            let names: Vec<&str> = cell["totals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["server"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, targets, "{section}");
+            assert_eq!(cell["ratios"].as_array().unwrap().len(), 2, "{section}");
+            for t in cell["totals"].as_array().unwrap() {
+                // Two rounds of --ops 300, pooled.
+                assert_eq!(t["ops"].as_u64(), Some(600), "{section}: {t}");
+                assert_eq!(t["errors"].as_u64(), Some(0), "{section}: {t}");
+                assert_eq!(t["mismatches"].as_u64(), Some(0), "{section}: {t}");
+                assert!(t["server_cpu_s_per_mop"].as_f64().is_some(), "{t}");
+            }
+        }
+    }
+    assert_eq!(r["ycsb_load"].as_array().unwrap().len(), 2);
+    assert_eq!(r["ceiling"].as_array().unwrap().len(), 2);
+    let md = std::fs::read_to_string(&doc).unwrap();
+    assert!(md.starts_with("# Title\nhand-written\n<!-- compare-report:begin -->\n"));
+    assert!(md.ends_with("<!-- compare-report:end -->\ntail\n"), "{md}");
+    assert!(!md.contains("\nold\n"));
+    for needle in [
+        "memfabricd-ucx",
+        "YCSB A",
+        "read-modify-write",
+        "scan",
+        "ceiling",
+    ] {
+        assert!(md.contains(needle), "report lacks {needle}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ycsb` over UCX against memfabricd: load phase, then D (inserts, latest) and E (scans).
+#[test]
+fn cli_ycsb_over_ucx() {
+    let (srv, ucx) = start_memfabricd();
+    let dir = std::env::temp_dir().join(format!("mfb-ycsb-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("y.json");
+    let ucx_addr = ucx.to_string();
+    let pid = srv.pid().to_string();
+    let (stdout, _) = run_bench(&[
+        "ycsb",
+        "--transport",
+        "ucx",
+        "--server",
+        &ucx_addr,
+        "--server-pid",
+        &pid,
+        "--workloads",
+        "d,e",
+        "--record-count",
+        "300",
+        "--operation-count",
+        "400",
+        "--threads",
+        "2",
+        "--conns",
+        "1",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout.contains("insert") && stdout.contains("scan"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["load_phase"]["records"].as_u64(), Some(300));
+    for r in v["results"].as_array().unwrap() {
+        let s = &r["summary"];
+        assert_eq!(s["ops"].as_u64(), Some(400), "{s}");
+        assert_eq!(s["misses"].as_u64(), Some(0), "{s}");
+        assert_eq!(s["mismatches"].as_u64(), Some(0), "{s}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
