@@ -5,7 +5,7 @@
 use crate::compare::{CellResult, LatencyRow, SuiteResult};
 use crate::metrics::{human, RunSummary};
 use crate::plot::{self, Panel, PlotError};
-use crate::report::{table, Machine};
+use crate::report::{latency_and_hit_cells, table, Machine};
 use std::path::{Path, PathBuf};
 
 /// The generated part of a page starts and ends with these lines.
@@ -59,21 +59,16 @@ fn cell_rows(cell: &CellResult) -> Vec<Vec<String>> {
                     format!("{lo:.2} - {hi:.2}")
                 },
             );
-            vec![
-                cell.label.clone(),
-                t.server.clone(),
-                human(t.ops_per_sec),
-                format!("{:.1}", t.p50_us),
-                format!("{:.1}", t.p99_us),
-                format!("{:.1}", t.p999_us),
-                t.hit_ratio
-                    .map_or_else(|| "-".into(), |h| format!("{:.1}%", 100.0 * h)),
+            let mut row = vec![cell.label.clone(), t.server.clone(), human(t.ops_per_sec)];
+            row.extend(latency_and_hit_cells(t));
+            row.extend([
                 opt(t.server_cpu_s_per_mop, 2),
                 r.map_or_else(|| "1".into(), |r| x(r.throughput)),
                 r.map_or_else(|| "1".into(), |r| x(r.p99)),
                 r.map_or_else(|| "1".into(), |r| r.cpu_per_mop.map_or("-".into(), x)),
                 range,
-            ]
+            ]);
+            row
         })
         .collect()
 }
@@ -431,6 +426,22 @@ fn size_label(n: usize) -> String {
     }
 }
 
+/// One latency-by-percentile panel per cell, one curve per target.
+pub fn percentile_panels(cells: &[CellResult]) -> Vec<Panel> {
+    cells
+        .iter()
+        .map(|c| Panel {
+            title: c.label.clone(),
+            series: c
+                .totals
+                .iter()
+                .zip(&c.hists)
+                .map(|(t, h)| (t.server.clone(), plot::percentile_curve(h)))
+                .collect(),
+        })
+        .collect()
+}
+
 /// Draw the plots of a comparison into `dir` as `<stem>-latency.png`, `-throughput.png`,
 /// `-ycsb.png`; returns (caption, file) of each one drawn. A plot that fails is reported and
 /// skipped: it must not throw away a finished run.
@@ -488,20 +499,8 @@ pub fn draw_plots(res: &SuiteResult, dir: &Path, stem: &str) -> Vec<(String, Pat
         keep("throughput by client threads", path, r);
     }
     if !res.ycsb.is_empty() {
-        let panels: Vec<Panel> = res
-            .ycsb
-            .iter()
-            .map(|c| Panel {
-                title: c.label.clone(),
-                series: c
-                    .totals
-                    .iter()
-                    .zip(&c.hists)
-                    .map(|(t, h)| (t.server.clone(), plot::percentile_curve(h)))
-                    .collect(),
-            })
-            .collect();
         let path = dir.join(format!("{stem}-ycsb.png"));
+        let panels = percentile_panels(&res.ycsb);
         let r = plot::latency_percentiles(&path, "YCSB: latency by percentile", &panels);
         keep("YCSB latency by percentile", path, r);
     }

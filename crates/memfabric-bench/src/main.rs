@@ -838,19 +838,7 @@ fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
         write_json(p, &v)?;
     }
     if let Some(p) = &a.out.plot {
-        let panels: Vec<Panel> = res
-            .throughput
-            .iter()
-            .map(|c| Panel {
-                title: c.label.clone(),
-                series: c
-                    .totals
-                    .iter()
-                    .zip(&c.hists)
-                    .map(|(t, h)| (t.server.clone(), plot::percentile_curve(h)))
-                    .collect(),
-            })
-            .collect();
+        let panels = compare_report::percentile_panels(&res.throughput);
         report_plot(
             plot::latency_percentiles(p, "latency by percentile, closed loop", &panels),
             p,

@@ -51,27 +51,37 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"))
 }
 
+/// p50, p99 and p99.9 in microseconds, then the hit ratio, as table cells.
+pub fn latency_and_hit_cells(r: &RunSummary) -> [String; 4] {
+    [
+        format!("{:.1}", r.p50_us),
+        format!("{:.1}", r.p99_us),
+        format!("{:.1}", r.p999_us),
+        r.hit_ratio
+            .map_or_else(|| "-".into(), |h| format!("{:.2}%", 100.0 * h)),
+    ]
+}
+
 /// The standard run table (throughput and compare).
 pub fn runs_table(runs: &[RunSummary]) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|r| {
-            vec![
+            let mut row = vec![
                 r.server.clone(),
                 r.value_size.to_string(),
                 human(r.ops as f64),
                 format!("{:.1}", r.duration_s),
                 human(r.ops_per_sec),
-                format!("{:.1}", r.p50_us),
-                format!("{:.1}", r.p99_us),
-                format!("{:.1}", r.p999_us),
-                r.hit_ratio
-                    .map_or_else(|| "-".into(), |h| format!("{:.2}%", 100.0 * h)),
+            ];
+            row.extend(latency_and_hit_cells(r));
+            row.extend([
                 format!("{}", r.errors + r.mismatches),
                 opt(r.server_cpu_s, 2),
                 opt(r.server_cpu_s_per_mop, 2),
                 opt(r.client_cpu_s, 2),
-            ]
+            ]);
+            row
         })
         .collect();
     table(

@@ -56,58 +56,36 @@ impl YcsbWorkload {
 
     /// "a".."f" (case-insensitive).
     pub fn parse(s: &str) -> Result<Self, WorkloadError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "a" => Ok(YcsbWorkload::A),
-            "b" => Ok(YcsbWorkload::B),
-            "c" => Ok(YcsbWorkload::C),
-            "d" => Ok(YcsbWorkload::D),
-            "e" => Ok(YcsbWorkload::E),
-            "f" => Ok(YcsbWorkload::F),
-            _ => Err(WorkloadError::BadYcsbWorkload(s.to_string())),
-        }
+        let t = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|w| t.len() == 1 && t.eq_ignore_ascii_case(&w.letter().to_string()))
+            .ok_or_else(|| WorkloadError::BadYcsbWorkload(s.to_string()))
     }
 
+    /// 'A'..'F'.
     pub fn letter(self) -> char {
-        match self {
-            YcsbWorkload::A => 'A',
-            YcsbWorkload::B => 'B',
-            YcsbWorkload::C => 'C',
-            YcsbWorkload::D => 'D',
-            YcsbWorkload::E => 'E',
-            YcsbWorkload::F => 'F',
-        }
+        char::from(b'A' + self as u8)
     }
 
     /// The operation proportions of YCSB's `workloads/workload[a-f]` files.
     pub fn proportions(self) -> Proportions {
-        let p = Proportions::default();
-        match self {
-            YcsbWorkload::A => Proportions {
-                read: 0.5,
-                update: 0.5,
-                ..p
-            },
-            YcsbWorkload::B => Proportions {
-                read: 0.95,
-                update: 0.05,
-                ..p
-            },
-            YcsbWorkload::C => Proportions { read: 1.0, ..p },
-            YcsbWorkload::D => Proportions {
-                read: 0.95,
-                insert: 0.05,
-                ..p
-            },
-            YcsbWorkload::E => Proportions {
-                scan: 0.95,
-                insert: 0.05,
-                ..p
-            },
-            YcsbWorkload::F => Proportions {
-                read: 0.5,
-                read_modify_write: 0.5,
-                ..p
-            },
+        // read, update, insert, scan, read-modify-write; one row per workload A..F.
+        const TABLE: [[f64; 5]; 6] = [
+            [0.5, 0.5, 0.0, 0.0, 0.0],
+            [0.95, 0.05, 0.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+            [0.95, 0.0, 0.05, 0.0, 0.0],
+            [0.0, 0.0, 0.05, 0.95, 0.0],
+            [0.5, 0.0, 0.0, 0.0, 0.5],
+        ];
+        let [read, update, insert, scan, read_modify_write] = TABLE[self as usize];
+        Proportions {
+            read,
+            update,
+            insert,
+            scan,
+            read_modify_write,
         }
     }
 
