@@ -272,7 +272,8 @@ struct CompareArgs {
     /// Memory limit of both servers in MB (-m); large enough to hold the key space.
     #[arg(long, default_value_t = 1024)]
     memory: usize,
-    /// memfabricd's --poll-us (busy-poll after activity; UCX clients want it).
+    /// memfabricd's --poll-us (busy-poll after activity; UCX clients want it); 0 passes no
+    /// flag.
     #[arg(long, default_value_t = 50)]
     poll_us: u64,
     /// Extra argument for memcached (repeatable).
@@ -734,7 +735,11 @@ fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
         extra_args: extra,
     };
     let memcached = spec("memcached", &a.memcached, a.memcached_arg.clone());
-    let mut mf_extra = vec!["--poll-us".to_string(), a.poll_us.to_string()];
+    // 0 is memfabricd's default: no flag, so the candidate may also be memcached (A/A).
+    let mut mf_extra = Vec::new();
+    if a.poll_us > 0 {
+        mf_extra.extend(["--poll-us".to_string(), a.poll_us.to_string()]);
+    }
     mf_extra.extend(a.memfabricd_arg.iter().cloned());
     let memfabricd = spec("memfabricd", &a.memfabricd, mf_extra);
     let mut load = a.workload.load_config("")?;
