@@ -494,8 +494,15 @@ pub struct SuiteResult {
     pub ceiling: Vec<CeilingRow>,
 }
 
+/// One line on stderr per step of a comparison (its steps are shorter than the load loop's
+/// progress threshold, the whole is not).
+fn step(started: std::time::Instant, what: &str) {
+    eprintln!("[compare {:>5.1}s] {what}", started.elapsed().as_secs_f64());
+}
+
 /// Run every section of `plan`: servers up once, sections in order, servers down.
 pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
+    let started = std::time::Instant::now();
     if plan.targets.is_empty() {
         return Err(CompareError::NoTargets);
     }
@@ -517,6 +524,7 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
     };
     if let Some(lat) = &plan.latency {
         for ep in &endpoints {
+            step(started, &format!("latency by size: {}", ep.target.name));
             let mut cfg = lat.clone();
             cfg.server_pid = Some(ep.pid);
             let rows = latency::run(ep.connector.as_ref(), &cfg)
@@ -538,6 +546,7 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
                 cfg.value_size = size;
                 cfg.threads = clients;
                 let label = format!("{size} B, {clients} client thread{}", plural(clients));
+                step(started, &format!("throughput: {label}"));
                 out.throughput
                     .push(measure_cell(&endpoints, &cfg, plan.rounds, &label, size)?);
             }
@@ -545,6 +554,7 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
     }
     if let Some(y) = &plan.ycsb {
         if let Some(first) = y.specs.first() {
+            step(started, "YCSB load phase");
             for (server, p) in servers.preload(&first.key_space(), first.value_size())? {
                 let seconds = p.elapsed.as_secs_f64();
                 out.ycsb_load.push(YcsbLoad {
@@ -565,6 +575,7 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
             cfg.value_size = spec.value_size();
             cfg.ycsb = Some(spec.clone());
             let label = format!("YCSB {}", spec.workload.letter());
+            step(started, &label);
             out.ycsb.push(measure_cell(
                 &endpoints,
                 &cfg,
@@ -577,6 +588,7 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
     drop(endpoints);
     drop(servers);
     if let (Some(clients), Some(tp)) = (&plan.ceiling, &plan.throughput) {
+        step(started, "load generator ceiling (in-process responder)");
         out.ceiling = generator_ceiling(
             &tp.load,
             tp.value_sizes.first().copied().unwrap_or(32),

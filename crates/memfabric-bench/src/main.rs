@@ -223,7 +223,7 @@ struct LatencyArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1,8,32,128,512,1024,4096,16384,65536"
+        default_value = "1,8,32,128,512,1024,4096,16384,65536,524288"
     )]
     sizes: Vec<usize>,
     /// Operations to measure: get, set, mix (90% get, 10% set of the same key).
