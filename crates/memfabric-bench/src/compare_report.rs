@@ -334,7 +334,7 @@ pub fn markdown(res: &SuiteResult, ctx: &ReportContext<'_>) -> String {
         ctx.machine.line()
     ));
     if let Some(c) = &ctx.commit {
-        s.push_str(&format!("- Commit: `{c}`.\n"));
+        s.push_str(&format!("- Built from {c}.\n"));
     }
     for srv in ctx.servers {
         s.push_str(&format!("- `{srv}`\n"));

@@ -952,14 +952,26 @@ fn bound_label(c: &LoadConfig) -> String {
     }
 }
 
-/// The commit the binary runs from (for the report); None outside a git checkout.
+/// The commit the binaries were built from (for the report), and whether tracked files had
+/// uncommitted changes (they were built too); None outside a git checkout.
 fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()?;
-    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (out.status.success() && !s.is_empty()).then_some(s)
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git").args(args).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).filter(|s| !s.is_empty())?;
+    let changed =
+        git(&["status", "--porcelain", "--untracked-files=no"]).map_or(0, |s| s.lines().count());
+    Some(if changed > 0 {
+        format!(
+            "commit `{head}` plus the working tree's uncommitted changes to {changed} tracked \
+             file(s) (built in)"
+        )
+    } else {
+        format!("commit `{head}`")
+    })
 }
 
 fn ycsb_cmd(a: YcsbArgs) -> Fallible<()> {
