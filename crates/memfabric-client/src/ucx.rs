@@ -76,6 +76,8 @@ struct Conn {
     eager_max: usize,
     /// Set when GETs to this server are read one-sidedly.
     rma: Option<Rma>,
+    /// Active-message requests in flight on this connection.
+    am_inflight: usize,
 }
 
 /// A server's memory as this endpoint reads it.
@@ -101,6 +103,8 @@ struct GetCounters {
     onesided_hits: u64,
     twosided: u64,
     retries: u64,
+    /// GETs sent two-sided because earlier requests on their connection were in flight.
+    ordered: u64,
     fallbacks: HashMap<Fallback, u64>,
     hints_sent: u64,
     hint_messages: u64,
@@ -407,8 +411,17 @@ impl UcxTransport {
         }
     }
 
+    /// Remove a request from the in-flight table (and its connection's count).
+    fn take_inflight(&mut self, opaque: u64) -> Option<InFlight> {
+        let f = self.inflight.remove(&opaque)?;
+        if let Some(c) = self.conns.get_mut(&f.conn) {
+            c.am_inflight = c.am_inflight.saturating_sub(1);
+        }
+        Some(f)
+    }
+
     fn fail_request(&mut self, opaque: u64, e: mf::Error, done: &mut Vec<Completion>) {
-        if let Some(f) = self.inflight.remove(&opaque) {
+        if let Some(f) = self.take_inflight(opaque) {
             let server = self
                 .conns
                 .get(&f.conn)
@@ -425,7 +438,7 @@ impl UcxTransport {
     }
 
     fn finish(&mut self, r: fp::Response, data: Bytes, done: &mut Vec<Completion>) {
-        let Some(f) = self.inflight.remove(&r.opaque) else {
+        let Some(f) = self.take_inflight(r.opaque) else {
             return;
         };
         let mut r = r;
@@ -499,12 +512,52 @@ impl UcxTransport {
                     want_cas,
                 };
                 self.inflight.insert(opaque, f);
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.am_inflight += 1;
+                }
                 Ok(())
             }
             Err(e) => Err(Error::Io {
                 server: c.server.clone(),
                 msg: format!("UCX send: {e}"),
             }),
+        }
+    }
+
+    /// Drive the one-sided GETs in flight on `conn` to completion (their completions are
+    /// delivered by the next `progress`), so that a request submitted after them cannot
+    /// overtake them. Bounded: a server that stops answering fails them by its timeouts.
+    fn finish_onesided(&mut self, conn: ConnId) {
+        let pending = |t: &Self| t.onesided.values().any(|g| g.conn == conn);
+        if !pending(self) {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut done = Vec::new();
+        let mut events = std::collections::VecDeque::new();
+        while pending(self) && Instant::now() < deadline {
+            self.w.progress();
+            self.w.drain_into(&mut events);
+            events.extend(self.local_events.drain(..));
+            while let Some(e) = events.pop_front() {
+                self.handle(e, &mut done);
+            }
+        }
+        self.deferred.append(&mut done);
+    }
+
+    /// Whether `conn`'s lifeline is still open (one non-blocking read).
+    fn lifeline_alive(&mut self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
+        let mut buf = [0u8; 16];
+        match c.lifeline.read(&mut buf) {
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ),
+            Ok(_) => false, // EOF, or bytes the protocol never sends
         }
     }
 
@@ -903,6 +956,7 @@ impl Transport for UcxTransport {
                 session: welcome.session,
                 eager_max: welcome.eager_max as usize,
                 rma,
+                am_inflight: 0,
             },
         );
         Ok(id)
@@ -916,8 +970,35 @@ impl Transport for UcxTransport {
             // Same rule as the TCP transport, so a key works on every transport or none.
             return Err(Error::InvalidKey);
         }
-        if let (Op::Get { key, cas }, Some(rma)) = (&op, c.rma.as_ref()) {
-            let (read, step) = GetRead::new(&rma.remote, key.clone());
+        // Requests on a connection take effect in order. A one-sided GET reads memory the
+        // moment it runs, so it may start only when no earlier request is still on its way
+        // to the server; and any other request waits until the one-sided GETs before it
+        // are done (over shared memory, microseconds).
+        let quiet = c.am_inflight == 0;
+        if let (Op::Get { key, cas }, Some(rma), true) = (&op, c.rma.as_ref(), quiet) {
+            let key = key.clone();
+            let remote = rma.remote.clone();
+            // The server's memory stays readable after the server dies (we map it): ask
+            // the lifeline first, so that a dead server's stale items are never served.
+            // (The kernel closes a dead process's sockets at once.)
+            if !self.lifeline_alive(conn) {
+                // Fails like a request in flight when the lifeline closes: at the next
+                // progress, with the connection reported failed (the pool marks it down).
+                let server = self.conns.get(&conn).map(|c| c.server.clone());
+                let mut done = Vec::new();
+                self.fail_conn(conn, "server closed the connection", &mut done);
+                done.push(Completion {
+                    id,
+                    result: Err(Error::Io {
+                        server: server.unwrap_or_default(),
+                        msg: "server closed the connection".into(),
+                    }),
+                });
+                self.deferred.append(&mut done);
+                self.failed_conns.push(conn);
+                return Ok(());
+            }
+            let (read, step) = GetRead::new(&remote, key);
             let opaque = self.next_opaque;
             self.next_opaque += 1;
             let g = OneSidedGet {
@@ -936,7 +1017,11 @@ impl Transport for UcxTransport {
         }
         if matches!(op, Op::Get { .. }) {
             self.counters.twosided += 1;
+            if c.rma.is_some() {
+                self.counters.ordered += 1;
+            }
         }
+        self.finish_onesided(conn);
         self.send_am(conn, id, op)
     }
     fn counters(&self) -> Vec<(String, u64)> {
@@ -945,6 +1030,7 @@ impl Transport for UcxTransport {
             ("get_onesided_hits".to_string(), c.onesided_hits),
             ("get_twosided".to_string(), c.twosided),
             ("get_onesided_retries".to_string(), c.retries),
+            ("get_twosided_ordered".to_string(), c.ordered),
         ];
         for f in Fallback::ALL {
             v.push((
