@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-sided GETs against the active-message path, in one run on one machine:
 #   1. one-op latency by size (ohb_memlat style), AM GET and one-sided GET against the
-#      same memfabricd (-t 1), with the server's CPU seconds per million GETs;
+#      same memfabricd (-t 1), twice: with --poll-us 200 (the AM path at its fastest: the
+#      worker spins instead of sleeping, so its CPU is wall time) and without (the worker
+#      sleeps when idle: its CPU seconds per million GETs are what serving costs);
 #   2. closed-loop GET throughput with 1, 2, 4 and 8 client threads against a server with
 #      ONE worker thread, AM against one-sided, with the server's CPU per million GETs
 #      (the claim: one-sided throughput grows with clients while the worker stays idle).
@@ -28,15 +30,20 @@ wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/n
 
 echo "== machine: $(nproc) cores, $(uname -r), UCX $(ucx_info -v | sed -n 's/# Version //p'), UCX_TLS=$UCX_TLS"
 
-MF_PORT=$(free_port); MF_UCX=$(free_port)
+MF_PORT=$(free_port); MF_UCX=$(free_port); MP_PORT=$(free_port); MP_UCX=$(free_port)
 # No --poll-us: the worker sleeps when idle, so its CPU time is what serving costs.
 target/release/memfabricd -p "$MF_PORT" -U 0 -l 127.0.0.1 -t 1 -m 1024 --ucx-port "$MF_UCX" & MF=$!; pids+=($MF)
-wait_port "$MF_PORT"; wait_port "$MF_UCX"
+target/release/memfabricd -p "$MP_PORT" -U 0 -l 127.0.0.1 -t 1 -m 1024 --ucx-port "$MP_UCX" --poll-us 200 & MP=$!; pids+=($MP)
+wait_port "$MF_PORT"; wait_port "$MF_UCX"; wait_port "$MP_PORT"; wait_port "$MP_UCX"
 
 # 1. Latency by size, both GET paths in one invocation (same server, same keys).
+$BENCH latency --transport ucx,onesided --server 127.0.0.1:"$MP_PORT" --ucx-server 127.0.0.1:"$MP_UCX" \
+  --server-pid "$MP" --ops get --sizes "$SIZES" --iterations "$ITER" \
+  --json "$OUT/onesided-latency.json" --plot "$OUT/onesided-latency.png"
 $BENCH latency --transport ucx,onesided --server 127.0.0.1:"$MF_PORT" --ucx-server 127.0.0.1:"$MF_UCX" \
   --server-pid "$MF" --ops get --sizes "$SIZES" --iterations "$ITER" \
-  --json "$OUT/onesided-latency.json" --plot "$OUT/onesided-latency.png"
+  --json "$OUT/onesided-latency-nopoll.json"
+kill "$MP"
 
 # 2. Throughput by client threads, one server worker, 4 KB values, GET only.
 for t in ucx onesided; do
@@ -50,17 +57,19 @@ done
 python3 - "$OUT" <<'EOF'
 import json, sys
 out = sys.argv[1]
-rows = json.load(open(f"{out}/onesided-latency.json"))["results"]
-by = {(r["transport"], r["size"]): r for r in rows}
-print("\n| size | AM GET p50 / p99 us | one-sided GET p50 / p99 us | one-sided / AM p50 | server CPU s/Mop AM | one-sided |")
-print("|---:|---:|---:|---:|---:|---:|")
-for size in sorted({s for (_, s) in by}):
-    a, o = by.get(("ucx", size)), by.get(("onesided", size))
-    if not a or not o:
-        continue
-    cpu = lambda r: "-" if r.get("server_cpu_s_per_mop") is None else f"{r['server_cpu_s_per_mop']:.2f}"
-    print(f"| {size} | {a['p50_us']:.2f} / {a['p99_us']:.2f} | {o['p50_us']:.2f} / {o['p99_us']:.2f} | "
-          f"{o['p50_us']/a['p50_us']:.2f}x | {cpu(a)} | {cpu(o)} |")
+for name, title in (("onesided-latency", "server --poll-us 200"), ("onesided-latency-nopoll", "server without --poll-us")):
+    rows = json.load(open(f"{out}/{name}.json"))["results"]
+    by = {(r["transport"], r["size"]): r for r in rows}
+    print(f"\n{title}\n")
+    print("| size | AM GET p50 / p99 us | one-sided GET p50 / p99 us | one-sided / AM p50 | server CPU s/Mop AM | one-sided |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for size in sorted({s for (_, s) in by}):
+        a, o = by.get(("ucx", size)), by.get(("onesided", size))
+        if not a or not o:
+            continue
+        cpu = lambda r: "-" if r.get("server_cpu_s_per_mop") is None else f"{r['server_cpu_s_per_mop']:.2f}"
+        print(f"| {size} | {a['p50_us']:.2f} / {a['p99_us']:.2f} | {o['p50_us']:.2f} / {o['p99_us']:.2f} | "
+              f"{o['p50_us']/a['p50_us']:.2f}x | {cpu(a)} | {cpu(o)} |")
 print("\n| client threads | AM GETs/s | AM server CPU s/Mop | one-sided GETs/s | one-sided server CPU s/Mop | CPU ratio |")
 print("|---:|---:|---:|---:|---:|---:|")
 for n in (1, 2, 4, 8):

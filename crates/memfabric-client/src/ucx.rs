@@ -39,7 +39,10 @@ const SEND_TOKEN: mf::Token = 0;
 const RMA_TOKEN: mf::Token = 1 << 63;
 /// Access hints are sent once this many one-sided hits are pending (or when idle).
 const HINT_BATCH: usize = 64;
-/// ... and at least this often while GETs keep the transport busy.
+/// A lifeline seen open this recently is not asked again before a one-sided GET.
+const LIFELINE_FRESH: Duration = Duration::from_micros(20);
+/// Pending access hints are also sent at least this often while GETs keep the transport
+/// busy.
 const HINT_MAX_AGE: Duration = Duration::from_millis(10);
 const EFD: Token = Token(usize::MAX - 1);
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
@@ -87,6 +90,10 @@ struct Rma {
     index: mf::RemoteKey,
     /// Access hints not yet sent: (item offset, seq) of one-sided hits.
     hints: Vec<(u64, u32)>,
+    /// The server's memory is mapped into this process: reads are plain copies.
+    mapped: bool,
+    /// Last time the lifeline was seen open (one-sided GETs check it first).
+    alive_at: Instant,
 }
 
 /// A GET being read one-sidedly.
@@ -546,19 +553,32 @@ impl UcxTransport {
         self.deferred.append(&mut done);
     }
 
-    /// Whether `conn`'s lifeline is still open (one non-blocking read).
+    /// Whether `conn`'s lifeline is still open: one non-blocking peek, at most once per
+    /// `LIFELINE_FRESH` (a dead process's sockets close at once, so this bounds how long
+    /// after a server's death its memory can still be read).
     fn lifeline_alive(&mut self, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn) else {
             return false;
         };
-        let mut buf = [0u8; 16];
-        match c.lifeline.read(&mut buf) {
+        let now = Instant::now();
+        if c.rma
+            .as_ref()
+            .is_some_and(|r| now.duration_since(r.alive_at) < LIFELINE_FRESH)
+        {
+            return true;
+        }
+        let mut buf = [0u8; 1];
+        let alive = match c.lifeline.peek(&mut buf) {
             Err(e) => matches!(
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
             ),
             Ok(_) => false, // EOF, or bytes the protocol never sends
+        };
+        if let (true, Some(r)) = (alive, c.rma.as_mut()) {
+            r.alive_at = now;
         }
+        alive
     }
 
     fn has_work(&self) -> bool {
@@ -599,9 +619,12 @@ impl UcxTransport {
                 index_base: welcome.index_base,
                 clock_offset: theirs - ours,
             },
+            mapped: ep.rkey_is_mapped(arena, welcome.arena_base)
+                && ep.rkey_is_mapped(index, welcome.index_base),
             arena,
             index,
             hints: Vec::new(),
+            alive_at: Instant::now(),
         })
     }
 
@@ -659,6 +682,18 @@ impl UcxTransport {
         for r in reads {
             let rkey = if r.arena { rma.arena } else { rma.index };
             let token = RMA_TOKEN | (opaque << 2) | r.part as u64;
+            if rma.mapped {
+                // Same-host shared memory: a plain copy, no UCX request.
+                let mut buf = vec![0u8; r.len];
+                if ep.read_mapped(rkey, r.addr, &mut buf) {
+                    self.local_events.push_back(mf::Event::Done {
+                        token,
+                        result: Ok(()),
+                        buf: Some(Box::new(buf)),
+                    });
+                    continue;
+                }
+            }
             match self
                 .w
                 .get(ep, r.addr, rkey, Box::new(vec![0u8; r.len]), token)

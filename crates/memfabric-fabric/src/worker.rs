@@ -1074,14 +1074,52 @@ impl Endpoint {
     /// process (`ucp_rkey_ptr`): true for a peer on the same host whose region UCX
     /// allocated in shared memory. RMA reads there are plain memory copies.
     pub fn rkey_is_mapped(&self, rkey: RemoteKey, remote_addr: u64) -> bool {
-        let Some(&rk) = self.rkeys.get(rkey.0) else {
-            return false;
-        };
+        self.mapped_ptr(rkey, remote_addr).is_some()
+    }
+
+    fn mapped_ptr(&self, rkey: RemoteKey, remote_addr: u64) -> Option<*const u8> {
+        let &rk = self.rkeys.get(rkey.0)?;
         let mut p: *mut c_void = ptr::null_mut();
         // SAFETY: rk was unpacked on this endpoint and is still live; p is an
         // out-pointer; UCX only reports whether (and where) the memory is mapped here.
         let st = unsafe { sys::ucp_rkey_ptr(rk, remote_addr, &mut p) };
-        st == sys::UCS_OK && !p.is_null()
+        (st == sys::UCS_OK && !p.is_null()).then_some(p as *const u8)
+    }
+
+    /// An RMA read without UCX's request machinery, for memory mapped into this process
+    /// ([`Endpoint::rkey_is_mapped`]): copies `dst.len()` bytes at `remote_addr` and
+    /// returns true, or returns false (nothing copied) when that range is not mapped here.
+    /// Like an RDMA read, the copy may observe the peer's concurrent writes half done:
+    /// callers validate what they read (seqlocks, checksums).
+    pub fn read_mapped(&self, rkey: RemoteKey, remote_addr: u64, dst: &mut [u8]) -> bool {
+        let Some(last) = remote_addr.checked_add(dst.len().saturating_sub(1) as u64) else {
+            return false;
+        };
+        // Both ends of the range must be mapped, and contiguously: UCX maps a peer's
+        // region as one segment, so the last byte's address is the first's plus the length.
+        let (Some(first), Some(end)) = (
+            self.mapped_ptr(rkey, remote_addr),
+            self.mapped_ptr(rkey, last),
+        ) else {
+            return false;
+        };
+        if (end as usize).wrapping_sub(first as usize) != dst.len().saturating_sub(1) {
+            return false;
+        }
+        let words = dst.len() / 8;
+        for i in 0..words {
+            // SAFETY: [first, first+len) is mapped readable for as long as the rkey (kept
+            // by this endpoint) lives, checked just above. The peer may be writing the
+            // same memory: volatile reads make no assumption about its contents, and
+            // read_unaligned allows any alignment.
+            let w = unsafe { ptr::read_volatile(first.add(i * 8) as *const [u8; 8]) };
+            dst[i * 8..i * 8 + 8].copy_from_slice(&w);
+        }
+        for (i, b) in dst.iter_mut().enumerate().skip(words * 8) {
+            // SAFETY: as above, one byte inside the checked range.
+            *b = unsafe { ptr::read_volatile(first.add(i)) };
+        }
+        true
     }
 
     /// UCX's own description of this endpoint's lanes and the transports they use
