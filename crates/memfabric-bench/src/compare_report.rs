@@ -12,14 +12,27 @@ use std::path::{Path, PathBuf};
 pub const BEGIN_MARKER: &str = "<!-- compare-report:begin -->";
 pub const END_MARKER: &str = "<!-- compare-report:end -->";
 
-/// Replace what lies between the markers of `doc` with `section`; without markers, append
+/// Byte offset of the first line of `doc` that is exactly `marker` (a marker quoted in prose,
+/// inside a longer line, does not count), searching from `from`.
+fn marker_line(doc: &str, marker: &str, from: usize) -> Option<usize> {
+    let mut at = from;
+    for line in doc.get(from..)?.split_inclusive('\n') {
+        if line.trim_end_matches(['\r', '\n']) == marker {
+            return Some(at);
+        }
+        at += line.len();
+    }
+    None
+}
+
+/// Replace what lies between the marker lines of `doc` with `section`; without them, append
 /// them (and the section) at the end. Everything outside the markers is kept byte for byte.
 pub fn splice(doc: &str, section: &str) -> String {
     let body = format!("{BEGIN_MARKER}\n{}\n{END_MARKER}", section.trim_end());
-    match (doc.find(BEGIN_MARKER), doc.find(END_MARKER)) {
-        (Some(b), Some(e)) if b < e => {
-            format!("{}{body}{}", &doc[..b], &doc[e + END_MARKER.len()..])
-        }
+    let begin = marker_line(doc, BEGIN_MARKER, 0);
+    let end = begin.and_then(|b| marker_line(doc, END_MARKER, b));
+    match (begin, end) {
+        (Some(b), Some(e)) => format!("{}{body}{}", &doc[..b], &doc[e + END_MARKER.len()..]),
         _ => format!("{}\n\n{body}\n", doc.trim_end()),
     }
 }
@@ -529,6 +542,20 @@ mod tests {
         );
         // Again: idempotent.
         assert_eq!(splice(&out, "new table"), out);
+    }
+
+    #[test]
+    fn markers_quoted_in_prose_are_not_markers() {
+        let doc = format!(
+            "between `{BEGIN_MARKER}` and `{END_MARKER}`, the report\n{BEGIN_MARKER}\nold\n{END_MARKER}\nend\n"
+        );
+        let out = splice(&doc, "new");
+        assert_eq!(
+            out,
+            format!(
+                "between `{BEGIN_MARKER}` and `{END_MARKER}`, the report\n{BEGIN_MARKER}\nnew\n{END_MARKER}\nend\n"
+            )
+        );
     }
 
     #[test]
