@@ -38,12 +38,12 @@ const SEND_TOKEN: mf::Token = 0;
 /// Tokens of one-sided reads: this bit, the GET's opaque shifted by 2, the read's part.
 const RMA_TOKEN: mf::Token = 1 << 63;
 /// Access hints are sent once this many one-sided hits are pending (or when idle).
-const HINT_BATCH: usize = 64;
+const HINT_BATCH: usize = 256;
 /// A lifeline seen open this recently is not asked again before a one-sided GET.
 const LIFELINE_FRESH: Duration = Duration::from_micros(20);
 /// Pending access hints are also sent at least this often while GETs keep the transport
 /// busy.
-const HINT_MAX_AGE: Duration = Duration::from_millis(10);
+const HINT_MAX_AGE: Duration = Duration::from_millis(50);
 const EFD: Token = Token(usize::MAX - 1);
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
 /// memory round trip takes microseconds, a wake-up tens of them.
@@ -619,8 +619,8 @@ impl UcxTransport {
                 index_base: welcome.index_base,
                 clock_offset: theirs - ours,
             },
-            mapped: ep.rkey_is_mapped(arena, welcome.arena_base)
-                && ep.rkey_is_mapped(index, welcome.index_base),
+            mapped: ep.map_region(arena, welcome.arena_base, welcome.arena_len as usize)
+                && ep.map_region(index, welcome.index_base, welcome.index_len as usize),
             arena,
             index,
             hints: Vec::new(),

@@ -581,6 +581,7 @@ impl Worker {
             id,
             arg: Some(arg),
             rkeys: Vec::new(),
+            mapped: Vec::new(),
             peer: peer_errors,
             alive: Rc::downgrade(&self.alive),
         })
@@ -1034,11 +1035,21 @@ pub struct Endpoint {
     id: EpId,
     arg: Option<Box<EpArg>>,
     rkeys: Vec<sys::ucp_rkey_h>,
+    /// Peer regions mapped into this process (`map_region`), valid while `rkeys` are.
+    mapped: Vec<Mapped>,
     /// Created with peer-failure handling (UCX allows a force close only then).
     peer: bool,
     /// Shared with the worker: an endpoint dropped after its worker has nothing to close
     /// (UCX destroyed it with the worker).
     alive: Weak<()>,
+}
+
+/// A peer's region as mapped into this process by UCX (`ucp_rkey_ptr`).
+struct Mapped {
+    rkey: usize,
+    base: u64,
+    len: usize,
+    ptr: *const u8,
 }
 
 /// An unpacked remote key, usable on the endpoint that unpacked it.
@@ -1086,38 +1097,67 @@ impl Endpoint {
         (st == sys::UCS_OK && !p.is_null()).then_some(p as *const u8)
     }
 
-    /// An RMA read without UCX's request machinery, for memory mapped into this process
-    /// ([`Endpoint::rkey_is_mapped`]): copies `dst.len()` bytes at `remote_addr` and
-    /// returns true, or returns false (nothing copied) when that range is not mapped here.
+    /// Map the peer's region `[base, base+len)` behind `rkey` for [`Endpoint::read_mapped`]:
+    /// true when UCX maps the whole range into this process as one piece (same-host
+    /// shared memory), false otherwise (reads then need `Worker::get`).
+    pub fn map_region(&mut self, rkey: RemoteKey, base: u64, len: usize) -> bool {
+        let Some(last) = base.checked_add(len.saturating_sub(1) as u64) else {
+            return false;
+        };
+        let (Some(first), Some(end)) = (self.mapped_ptr(rkey, base), self.mapped_ptr(rkey, last))
+        else {
+            return false;
+        };
+        // One contiguous mapping: the last byte is where the first one plus the length says.
+        if len == 0 || (end as usize).wrapping_sub(first as usize) != len - 1 {
+            return false;
+        }
+        self.mapped.push(Mapped {
+            rkey: rkey.0,
+            base,
+            len,
+            ptr: first,
+        });
+        true
+    }
+
+    /// An RMA read without UCX's request machinery, from a region mapped with
+    /// [`Endpoint::map_region`]: copies `dst.len()` bytes at `remote_addr` and returns
+    /// true, or returns false (nothing copied) when the range is not inside such a region.
     /// Like an RDMA read, the copy may observe the peer's concurrent writes half done:
     /// callers validate what they read (seqlocks, checksums).
     pub fn read_mapped(&self, rkey: RemoteKey, remote_addr: u64, dst: &mut [u8]) -> bool {
-        let Some(last) = remote_addr.checked_add(dst.len().saturating_sub(1) as u64) else {
+        let Some(m) = self.mapped.iter().find(|m| m.rkey == rkey.0) else {
             return false;
         };
-        // Both ends of the range must be mapped, and contiguously: UCX maps a peer's
-        // region as one segment, so the last byte's address is the first's plus the length.
-        let (Some(first), Some(end)) = (
-            self.mapped_ptr(rkey, remote_addr),
-            self.mapped_ptr(rkey, last),
-        ) else {
+        let Some(off) = remote_addr.checked_sub(m.base) else {
             return false;
         };
-        if (end as usize).wrapping_sub(first as usize) != dst.len().saturating_sub(1) {
+        if off
+            .checked_add(dst.len() as u64)
+            .is_none_or(|end| end > m.len as u64)
+        {
             return false;
         }
-        let words = dst.len() / 8;
-        for i in 0..words {
-            // SAFETY: [first, first+len) is mapped readable for as long as the rkey (kept
-            // by this endpoint) lives, checked just above. The peer may be writing the
-            // same memory: volatile reads make no assumption about its contents, and
-            // read_unaligned allows any alignment.
-            let w = unsafe { ptr::read_volatile(first.add(i * 8) as *const [u8; 8]) };
-            dst[i * 8..i * 8 + 8].copy_from_slice(&w);
+        // SAFETY (pointer arithmetic): off + dst.len() <= m.len, checked above.
+        let src = m.ptr.wrapping_add(off as usize);
+        let n = dst.len();
+        let mut i = 0;
+        if (src as usize).is_multiple_of(8) {
+            while i + 8 <= n {
+                // SAFETY: [src, src+n) lies inside the mapped region (checked above), which
+                // stays mapped while this endpoint (and so the rkey) lives; the address is
+                // 8-aligned. The peer may be writing it: a volatile read assumes nothing
+                // about the contents, and the caller validates them.
+                let w = unsafe { ptr::read_volatile(src.add(i) as *const u64) };
+                dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+                i += 8;
+            }
         }
-        for (i, b) in dst.iter_mut().enumerate().skip(words * 8) {
+        while i < n {
             // SAFETY: as above, one byte inside the checked range.
-            *b = unsafe { ptr::read_volatile(first.add(i)) };
+            dst[i] = unsafe { ptr::read_volatile(src.add(i)) };
+            i += 1;
         }
         true
     }
@@ -1150,6 +1190,8 @@ impl Endpoint {
     }
 
     fn destroy_rkeys(&mut self) {
+        // The mappings go with the rkeys.
+        self.mapped.clear();
         for rk in self.rkeys.drain(..) {
             // SAFETY: each rkey was unpacked on this endpoint and is destroyed once,
             // before the endpoint itself.
