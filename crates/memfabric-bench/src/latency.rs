@@ -3,7 +3,7 @@
 //! key); reports p50/p99/p99.9 per (op, size).
 
 use crate::load::LoadError;
-use crate::metrics::pct_us;
+use crate::metrics::{pct_us, Progress};
 use crate::rng::Rng;
 use crate::textproto::{Reply, Request};
 use crate::transport::{Connector, Transport};
@@ -125,8 +125,13 @@ pub fn run(
     let transport = tr.name().to_string();
     let mut out = Vec::new();
     let mut val = Vec::new();
+    let rows = cfg.ops.len() * cfg.sizes.len();
+    let started = Instant::now();
+    let mut progress = Progress::new(&format!("latency {transport}, (op, size) rows"), true);
     for &op in &cfg.ops {
         for &size in &cfg.sizes {
+            // Rows done so far against all rows: the progress line's op count and goal.
+            progress.tick(started.elapsed(), out.len() as u64, None, Some(rows as u64));
             let key = format!("{}{size}", cfg.key_prefix).into_bytes();
             let vm = ValueMaker::new(size);
             vm.fill(0, &mut val);
@@ -195,6 +200,7 @@ pub fn run(
             ));
         }
     }
+    progress.finish();
     Ok(out)
 }
 
