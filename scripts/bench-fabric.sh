@@ -11,20 +11,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ITER=${1:-20000}
-export UCX_TLS=${UCX_TLS:-posix,cma,self}
 SIZES=1,4,64,1024,4096,16384,65536,524288
-OUT=docs/img
-mkdir -p "$OUT"
-cargo build --release -q -p memfabric-server -p memfabric-bench
-BENCH=target/release/memfabric-bench
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
-
-echo "== machine: $(nproc) cores, $(uname -r), UCX $(ucx_info -v | sed -n 's/# Version //p'), UCX_TLS=$UCX_TLS"
+. scripts/bench-lib.sh
 
 # 1. Raw UCX active-message latency (one-way; a round trip is twice that). ucx_perftest
 #    on a shared 2-core VM varies from run to run: the median of 5 runs is reported.

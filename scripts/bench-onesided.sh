@@ -15,20 +15,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ITER=${1:-20000}
 SECS=${2:-3}
-export UCX_TLS=${UCX_TLS:-posix,cma,self}
 SIZES=4,64,1024,4096,16384,65536,262144
-OUT=docs/img
-mkdir -p "$OUT"
-cargo build --release -q -p memfabric-server -p memfabric-bench
-BENCH=target/release/memfabric-bench
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
-
-echo "== machine: $(nproc) cores, $(uname -r), UCX $(ucx_info -v | sed -n 's/# Version //p'), UCX_TLS=$UCX_TLS"
+. scripts/bench-lib.sh
 
 MF_PORT=$(free_port); MF_UCX=$(free_port); MP_PORT=$(free_port); MP_UCX=$(free_port)
 # No --poll-us: the worker sleeps when idle, so its CPU time is what serving costs.

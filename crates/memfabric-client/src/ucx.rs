@@ -281,50 +281,37 @@ impl UcxTransport {
         if let Some(ep) = c.ep.take() {
             self.w.close(ep, true);
         }
-        let ids: Vec<u64> = self
+        let err = || {
+            if msg.is_empty() {
+                Error::Closed
+            } else {
+                Error::Io {
+                    server: c.server.clone(),
+                    msg: msg.to_string(),
+                }
+            }
+        };
+        // Every request in flight on the connection, two-sided or one-sided, fails.
+        let ids: Vec<(u64, u64)> = self
             .inflight
             .iter()
             .filter(|(_, f)| f.conn == conn)
-            .map(|(o, _)| *o)
+            .map(|(&o, f)| (o, f.id))
+            .chain(
+                self.onesided
+                    .iter()
+                    .filter(|(_, g)| g.conn == conn)
+                    .map(|(&o, g)| (o, g.id)),
+            )
             .collect();
-        let reads: Vec<u64> = self
-            .onesided
-            .iter()
-            .filter(|(_, g)| g.conn == conn)
-            .map(|(o, _)| *o)
-            .collect();
-        for opaque in reads {
-            if let Some(g) = self.onesided.remove(&opaque) {
-                let err = if msg.is_empty() {
-                    Error::Closed
-                } else {
-                    Error::Io {
-                        server: c.server.clone(),
-                        msg: msg.to_string(),
-                    }
-                };
-                done.push(Completion {
-                    id: g.id,
-                    result: Err(err),
-                });
-            }
-        }
-        for opaque in ids {
-            if let Some(f) = self.inflight.remove(&opaque) {
-                self.receiving.remove(&opaque);
-                let err = if msg.is_empty() {
-                    Error::Closed
-                } else {
-                    Error::Io {
-                        server: c.server.clone(),
-                        msg: msg.to_string(),
-                    }
-                };
-                done.push(Completion {
-                    id: f.id,
-                    result: Err(err),
-                });
-            }
+        for (opaque, id) in ids {
+            self.inflight.remove(&opaque);
+            self.onesided.remove(&opaque);
+            self.receiving.remove(&opaque);
+            done.push(Completion {
+                id,
+                result: Err(err()),
+            });
         }
     }
 
