@@ -152,6 +152,8 @@ struct Pending {
 #[derive(Clone, Copy)]
 struct Slot {
     kind: TxnKind,
+    /// The operation's first key (reported back to the source when it completes).
+    key: u64,
     start: Instant,
     /// Replies still to come for the current batch of requests.
     awaiting: usize,
@@ -391,6 +393,7 @@ impl Worker<'_> {
             (0..conns).map(|_| VecDeque::with_capacity(depth)).collect();
         let idle = Slot {
             kind: TxnKind::Get,
+            key: 0,
             start: Instant::now(),
             awaiting: 0,
             then_set: None,
@@ -445,6 +448,7 @@ impl Worker<'_> {
                     };
                     slots[slot] = Slot {
                         kind: txn.kind,
+                        key: txn.action.first_key(),
                         start: due,
                         awaiting,
                         then_set,
@@ -454,6 +458,7 @@ impl Worker<'_> {
                     if awaiting == 0 {
                         // Nothing to wait for (an empty multi-get): done at once.
                         stats.record_txn(txn.kind, 0);
+                        source.completed(txn.kind, txn.action.first_key());
                         in_flight -= 1;
                         ready.push_back(slot);
                     }
@@ -521,6 +526,7 @@ impl Worker<'_> {
                     follow_ups.push(p.slot);
                 } else {
                     stats.record_txn(slot.kind, now.duration_since(slot.start).as_nanos() as u64);
+                    source.completed(slot.kind, slot.key);
                     completed += 1;
                     ready.push_back(p.slot);
                 }

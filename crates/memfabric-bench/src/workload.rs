@@ -345,6 +345,19 @@ pub struct Txn {
 /// Where a client thread takes its operations from, in order.
 pub trait TxnSource {
     fn next_txn(&mut self, rng: &mut Rng) -> Txn;
+    /// An operation of kind `kind` whose first key was `first_key` has been answered (YCSB
+    /// reads only inserted records whose insert was answered).
+    fn completed(&mut self, _kind: TxnKind, _first_key: u64) {}
+}
+
+impl Action {
+    /// The first key the action touches.
+    pub fn first_key(&self) -> u64 {
+        match self {
+            Action::Get(k) | Action::Set(k) | Action::GetThenSet(k) => *k,
+            Action::MultiGet(keys) => keys.first().copied().unwrap_or(0),
+        }
+    }
 }
 
 /// The get/set workloads: an [`OpSequence`] for the op and a [`KeyChooser`] for the key.

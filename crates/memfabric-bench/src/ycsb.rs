@@ -20,9 +20,9 @@
 //!   10^10 items.
 //! * Inserts with several client threads: thread `t` of `T` inserts key numbers
 //!   `recordcount + t, recordcount + t + T, ...`, and each thread reads the records of the
-//!   load phase plus its own inserts, so every key it asks for exists (YCSB shares one
-//!   insert counter between threads; that would make the request stream depend on timing,
-//!   and a comparison needs the same stream for every server).
+//!   load phase plus those of its own inserts that have been answered (YCSB's acknowledged
+//!   counter, per thread), so every key it asks for exists. YCSB shares one insert counter
+//!   between threads; that would make the request stream depend on timing across threads.
 
 use crate::rng::Rng;
 use crate::workload::{
@@ -186,8 +186,15 @@ pub struct YcsbSource {
     cumulative: [f64; 5],
     thread: u64,
     threads: u64,
-    /// Records this thread has inserted so far.
-    inserted: u64,
+    /// Inserts this thread has sent so far.
+    inserts_sent: u64,
+    /// Inserts `0..inserts_acked` have all been answered: only those records are read
+    /// (YCSB's `AcknowledgedCounterGenerator`), so a read never races its record's insert
+    /// on another connection.
+    inserts_acked: u64,
+    /// Answered inserts above `inserts_acked` (answers arrive out of order across
+    /// connections).
+    acked_ahead: std::collections::BTreeSet<u64>,
     /// Zipfian over `zipf_n` ranks, rebuilt when the number of known records changes
     /// (cheap: a few logarithms).
     zipf: Option<(u64, Zipfian)>,
@@ -208,14 +215,16 @@ impl YcsbSource {
             cumulative,
             thread: thread as u64,
             threads: threads.max(1) as u64,
-            inserted: 0,
+            inserts_sent: 0,
+            inserts_acked: 0,
+            acked_ahead: std::collections::BTreeSet::new(),
             zipf: None,
         })
     }
 
-    /// Records this thread may ask for: the load phase's and its own inserts.
+    /// Records this thread may ask for: the load phase's and its own answered inserts.
     pub fn known_records(&self) -> u64 {
-        self.spec.record_count + self.inserted
+        self.spec.record_count + self.inserts_acked
     }
 
     /// The key number of this thread's `index`-th known record (load phase first, then its
@@ -262,13 +271,38 @@ impl YcsbSource {
     }
 
     fn next_insert(&mut self) -> u64 {
-        let key = self.key_of_index(self.known_records());
-        self.inserted += 1;
+        let key = self.key_of_index(self.spec.record_count + self.inserts_sent);
+        self.inserts_sent += 1;
         key
+    }
+
+    /// The insert of key number `key` (one of this thread's) was answered.
+    pub fn insert_answered(&mut self, key: u64) {
+        let rc = self.spec.record_count;
+        let Some(n) = key.checked_sub(rc + self.thread) else {
+            return;
+        };
+        if n % self.threads != 0 {
+            return;
+        }
+        let ordinal = n / self.threads;
+        if ordinal < self.inserts_acked || ordinal >= self.inserts_sent {
+            return;
+        }
+        self.acked_ahead.insert(ordinal);
+        while self.acked_ahead.remove(&self.inserts_acked) {
+            self.inserts_acked += 1;
+        }
     }
 }
 
 impl TxnSource for YcsbSource {
+    fn completed(&mut self, kind: TxnKind, first_key: u64) {
+        if kind == TxnKind::Insert {
+            self.insert_answered(first_key);
+        }
+    }
+
     fn next_txn(&mut self, rng: &mut Rng) -> Txn {
         let u = rng.next_f64() * self.cumulative[4];
         let which = self.cumulative.iter().position(|&c| u < c).unwrap_or(0);

@@ -149,9 +149,8 @@ fn every_ycsb_workload_runs_its_op_budget_and_every_read_finds_its_record() {
         let mut cfg = config(300, 2000, spec.value_size(), KeyDist::Uniform);
         cfg.keys = spec.key_space();
         cfg.ycsb = Some(spec.clone());
-        // One connection per thread: a read of a thread's own fresh insert is answered
-        // after the insert (replies are in order on a connection).
-        cfg.conns_per_thread = 1;
+        // 3 connections x depth 4 per thread: a record is read only once its insert was
+        // answered, so no read races its insert on another connection.
         let p = load::preload(&connector, &cfg.keys, spec.value_size(), 4, 8).unwrap();
         assert_eq!(p.stored, 300, "{w:?} load phase");
         let s = load::run(&connector, &cfg).unwrap();

@@ -8,9 +8,17 @@ use memfabric_bench::ycsb::{RequestDist, YcsbSource, YcsbSpec, YcsbWorkload};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+/// The next operation, its insert (if it is one) answered at once, as a client with one
+/// request in flight sees it.
+fn next_answered(source: &mut YcsbSource, rng: &mut Rng) -> Txn {
+    let t = source.next_txn(rng);
+    source.completed(t.kind, t.action.first_key());
+    t
+}
+
 fn draw(source: &mut YcsbSource, n: usize, seed: u64) -> Vec<Txn> {
     let mut rng = Rng::new(seed);
-    (0..n).map(|_| source.next_txn(&mut rng)).collect()
+    (0..n).map(|_| next_answered(source, &mut rng)).collect()
 }
 
 /// Within 5 standard deviations of a binomial proportion.
@@ -101,7 +109,7 @@ fn latest_distribution_reads_recent_inserts_most() {
     let mut last_insert = rc - 1;
     for _ in 0..50_000 {
         let known = src.known_records();
-        let t = src.next_txn(&mut rng);
+        let t = next_answered(&mut src, &mut rng);
         match (t.kind, &t.action) {
             (TxnKind::Insert, Action::Set(k)) => {
                 assert_eq!(*k, last_insert + 1, "single thread inserts in sequence");
@@ -136,7 +144,7 @@ fn latest_distribution_reads_recent_inserts_most() {
     let mut reads = 0usize;
     for _ in 0..50_000 {
         let known = src.known_records();
-        let t = src.next_txn(&mut rng);
+        let t = next_answered(&mut src, &mut rng);
         if let (TxnKind::Read, Action::Get(k)) = (t.kind, &t.action) {
             reads += 1;
             recent += usize::from(*k >= known - known / 10);
@@ -181,7 +189,7 @@ fn scans_are_runs_of_consecutive_existing_records_of_1_to_100() {
     let mut lens = Vec::new();
     for _ in 0..20_000 {
         let known = src.known_records();
-        let t = src.next_txn(&mut rng);
+        let t = next_answered(&mut src, &mut rng);
         if let (TxnKind::Scan, Action::MultiGet(ks)) = (t.kind, &t.action) {
             assert!((1..=100).contains(&ks.len()), "{}", ks.len());
             assert!(ks.windows(2).all(|w| w[1] == w[0] + 1), "{ks:?}");
@@ -221,7 +229,7 @@ fn threads_insert_disjoint_keys_and_read_only_what_exists_for_them() {
         let mut rng = Rng::new(t as u64);
         let mut mine = HashSet::new();
         for _ in 0..5000 {
-            let txn = src.next_txn(&mut rng);
+            let txn = next_answered(&mut src, &mut rng);
             match (txn.kind, &txn.action) {
                 (TxnKind::Insert, Action::Set(k)) => {
                     assert!(*k >= rc);
@@ -285,4 +293,37 @@ fn open_loop_refuses_a_rate_that_is_not_positive() {
     let s = OpenLoopSchedule::new(50_000.0, 0, 1).unwrap();
     assert_eq!(s.due(0), Duration::ZERO);
     assert!((s.due(50_000).as_secs_f64() - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn inserts_are_read_only_once_answered_and_in_order() {
+    let rc = 50;
+    let spec = YcsbSpec::standard(YcsbWorkload::D, rc);
+    let mut src = YcsbSource::new(&spec, 1, 2).unwrap();
+    let mut rng = Rng::new(9);
+    let mut unanswered = Vec::new();
+    // Send inserts without answering them: reads stay on the loaded records.
+    while unanswered.len() < 3 {
+        let t = src.next_txn(&mut rng);
+        match (t.kind, &t.action) {
+            (TxnKind::Insert, Action::Set(k)) => unanswered.push(*k),
+            (TxnKind::Read, Action::Get(k)) => assert!(*k < rc, "read of unanswered {k}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Thread 1 of 2 inserts rc+1, rc+3, rc+5.
+    assert_eq!(unanswered, vec![rc + 1, rc + 3, rc + 5]);
+    assert_eq!(src.known_records(), rc);
+    // Answers out of order: the second alone does not make anything readable.
+    src.completed(TxnKind::Insert, rc + 3);
+    assert_eq!(src.known_records(), rc);
+    src.completed(TxnKind::Insert, rc + 1);
+    assert_eq!(src.known_records(), rc + 2);
+    // Another thread's key or a read does not count.
+    src.completed(TxnKind::Insert, rc + 2);
+    src.completed(TxnKind::Read, rc + 5);
+    assert_eq!(src.known_records(), rc + 2);
+    src.completed(TxnKind::Insert, rc + 5);
+    assert_eq!(src.known_records(), rc + 3);
+    assert_eq!(src.key_of_index(rc + 2), rc + 5);
 }
