@@ -255,7 +255,7 @@ struct CompareArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memcached-tcp,memfabricd-tcp,memfabricd-ucx"
+        default_value = "memcached-tcp,memfabricd-tcp,memfabricd-ucx,memfabricd-onesided"
     )]
     targets: Vec<String>,
     /// Sections to run, comma separated.
