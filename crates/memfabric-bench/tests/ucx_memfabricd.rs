@@ -196,7 +196,7 @@ fn run_bench(args: &[&str]) -> (String, String) {
 /// ports, killed at the end): every target has rows, ratios are to memcached-tcp, and the
 /// report goes between the markers of the page without touching the rest.
 #[test]
-fn cli_compare_all_sections_three_targets_and_the_report() {
+fn cli_compare_all_sections_every_default_target_and_the_report() {
     let dir = std::env::temp_dir().join(format!("mfb-compare-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("c.json");
@@ -243,10 +243,19 @@ fn cli_compare_all_sections_three_targets_and_the_report() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let r = &v["results"];
-    let targets = ["memcached-tcp", "memfabricd-tcp", "memfabricd-ucx"];
+    let targets = [
+        "memcached-tcp",
+        "memfabricd-tcp",
+        "memfabricd-ucx",
+        "memfabricd-onesided",
+    ];
     assert_eq!(r["targets"], serde_json::json!(targets));
     // Latency: 2 sizes x 3 ops (get, set, mix) per target.
-    assert_eq!(r["latency"].as_array().unwrap().len(), 3 * 2 * 3, "{r}");
+    assert_eq!(
+        r["latency"].as_array().unwrap().len(),
+        targets.len() * 2 * 3,
+        "{r}"
+    );
     // Throughput: one cell per client count; YCSB: one per workload; each with every target.
     for (section, cells) in [("throughput", 2), ("ycsb", 3)] {
         let a = r[section].as_array().unwrap();
@@ -259,7 +268,12 @@ fn cli_compare_all_sections_three_targets_and_the_report() {
                 .map(|t| t["server"].as_str().unwrap())
                 .collect();
             assert_eq!(names, targets, "{section}");
-            assert_eq!(cell["ratios"].as_array().unwrap().len(), 2, "{section}");
+            // One ratio per target other than the reference.
+            assert_eq!(
+                cell["ratios"].as_array().unwrap().len(),
+                targets.len() - 1,
+                "{section}"
+            );
             for t in cell["totals"].as_array().unwrap() {
                 // Two rounds of --ops 300, pooled.
                 assert_eq!(t["ops"].as_u64(), Some(600), "{section}: {t}");
@@ -277,6 +291,7 @@ fn cli_compare_all_sections_three_targets_and_the_report() {
     assert!(!md.contains("\nold\n"));
     for needle in [
         "memfabricd-ucx",
+        "memfabricd-onesided",
         "YCSB A",
         "read-modify-write",
         "scan",
