@@ -155,8 +155,8 @@ struct Outstanding {
 /// One client (one UCX worker) and `conns` ordered request queues over it.
 pub struct UcxTransport {
     client: Client,
-    /// GETs are read one-sidedly.
-    onesided: bool,
+    /// How GETs are served (the transport's name says which).
+    get_mode: GetMode,
     queues: Vec<VecDeque<Outstanding>>,
     in_flight: usize,
     next_seq: u64,
@@ -189,7 +189,7 @@ impl UcxTransport {
         }
         Ok(UcxTransport {
             client,
-            onesided: get_mode == GetMode::OneSided,
+            get_mode,
             queues: (0..conns.max(1)).map(|_| VecDeque::new()).collect(),
             in_flight: 0,
             next_seq: 0,
@@ -231,7 +231,7 @@ impl UcxTransport {
 
 impl Transport for UcxTransport {
     fn name(&self) -> &'static str {
-        if self.onesided {
+        if self.get_mode == GetMode::OneSided {
             "onesided"
         } else {
             "ucx"

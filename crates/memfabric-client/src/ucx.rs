@@ -318,16 +318,12 @@ impl UcxTransport {
     /// Lifelines that closed or failed: their servers are gone.
     fn check_lifelines(&mut self, done: &mut Vec<Completion>, failed: &mut Vec<ConnId>) {
         self.last_lifeline_check = Instant::now();
-        let mut dead = Vec::new();
-        let mut buf = [0u8; 64];
-        for (&id, c) in self.conns.iter_mut() {
-            match c.lifeline.read(&mut buf) {
-                Ok(_) => dead.push(id), // EOF, or bytes the protocol never sends
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => dead.push(id),
-            }
-        }
+        let dead: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !lifeline_open(&c.lifeline))
+            .map(|(&id, _)| id)
+            .collect();
         for id in dead {
             self.fail_conn(id, "server closed the connection", done);
             failed.push(id);
@@ -554,14 +550,7 @@ impl UcxTransport {
         {
             return true;
         }
-        let mut buf = [0u8; 1];
-        let alive = match c.lifeline.peek(&mut buf) {
-            Err(e) => matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-            ),
-            Ok(_) => false, // EOF, or bytes the protocol never sends
-        };
+        let alive = lifeline_open(&c.lifeline);
         if let (true, Some(r)) = (alive, c.rma.as_mut()) {
             r.alive_at = now;
         }
@@ -585,7 +574,10 @@ impl UcxTransport {
         }
         let arena = ep.unpack_rkey(&welcome.arena_rkey).ok()?;
         let index = ep.unpack_rkey(&welcome.index_rkey).ok()?;
-        if self.get_mode == GetMode::Auto && !rma_is_native(ep, arena, welcome.arena_base) {
+        // Same-host shared memory: mapped here, read with plain copies.
+        let mapped = ep.map_region(arena, welcome.arena_base, welcome.arena_len as usize)
+            && ep.map_region(index, welcome.index_base, welcome.index_len as usize);
+        if self.get_mode == GetMode::Auto && !mapped && !has_native_get_lane(ep) {
             return None;
         }
         let ctl_addr = welcome.index_base + welcome.index_len - os::CTL_BYTES as u64;
@@ -606,8 +598,7 @@ impl UcxTransport {
                 index_base: welcome.index_base,
                 clock_offset: theirs - ours,
             },
-            mapped: ep.map_region(arena, welcome.arena_base, welcome.arena_len as usize)
-                && ep.map_region(index, welcome.index_base, welcome.index_len as usize),
+            mapped,
             arena,
             index,
             hints: Vec::new(),
@@ -749,15 +740,10 @@ impl UcxTransport {
         let Some(g) = self.onesided.get_mut(&opaque) else {
             return; // its connection failed meanwhile
         };
-        let Some(remote) = self
-            .conns
-            .get(&g.conn)
-            .and_then(|c| c.rma.as_ref())
-            .map(|r| r.remote.clone())
-        else {
+        let Some(rma) = self.conns.get(&g.conn).and_then(|c| c.rma.as_ref()) else {
             return;
         };
-        let step = g.read.on_read(&remote, part, data);
+        let step = g.read.on_read(&rma.remote, part, data);
         self.onesided_step(opaque, step, done);
     }
 
@@ -996,10 +982,8 @@ impl Transport for UcxTransport {
         // moment it runs, so it may start only when no earlier request is still on its way
         // to the server; and any other request waits until the one-sided GETs before it
         // are done (over shared memory, microseconds).
-        let quiet = c.am_inflight == 0;
-        if let (Op::Get { key, cas }, Some(rma), true) = (&op, c.rma.as_ref(), quiet) {
-            let key = key.clone();
-            let remote = rma.remote.clone();
+        let one_sided = matches!(op, Op::Get { .. }) && c.rma.is_some() && c.am_inflight == 0;
+        if let (Op::Get { key, cas }, true) = (&op, one_sided) {
             // The server's memory stays readable after the server dies (we map it): ask
             // the lifeline first, so that a dead server's stale items are never served.
             // (The kernel closes a dead process's sockets at once.)
@@ -1020,7 +1004,10 @@ impl Transport for UcxTransport {
                 self.failed_conns.push(conn);
                 return Ok(());
             }
-            let (read, step) = GetRead::new(&remote, key);
+            let Some(rma) = self.conns.get(&conn).and_then(|c| c.rma.as_ref()) else {
+                return Err(Error::Closed);
+            };
+            let (read, step) = GetRead::new(&rma.remote, key.clone());
             let opaque = self.next_opaque;
             self.next_opaque += 1;
             let g = OneSidedGet {
@@ -1146,14 +1133,24 @@ impl Transport for UcxTransport {
     }
 }
 
-/// Whether RMA reads on `ep` are served without the server's CPU: the server's memory is
-/// mapped here (same-host shared memory), or UCX gave the endpoint a lane that reads
-/// natively (RDMA verbs, cma, knem, xpmem). Over TCP UCX only emulates RMA with active
-/// messages that the server's worker must progress, which is slower than asking it.
-fn rma_is_native(ep: &mf::Endpoint, arena: mf::RemoteKey, arena_base: u64) -> bool {
-    ep.rkey_is_mapped(arena, arena_base)
-        || ep
-            .describe()
-            .lines()
-            .any(|l| l.trim_start_matches(['#', ' ']).starts_with("get["))
+/// Whether a session's lifeline (non-blocking) is still open: nothing to read yet. EOF, an
+/// error, or bytes (which the protocol never sends after WELCOME) mean the server is gone.
+fn lifeline_open(lifeline: &TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    match lifeline.peek(&mut buf) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        ),
+    }
+}
+
+/// Whether UCX gave `ep` a lane that reads natively, without the server's CPU (RDMA
+/// verbs, cma, knem, xpmem). Over TCP UCX only emulates RMA with active messages that the
+/// server's worker must progress, which is slower than asking it.
+fn has_native_get_lane(ep: &mf::Endpoint) -> bool {
+    ep.describe()
+        .lines()
+        .any(|l| l.trim_start_matches(['#', ' ']).starts_with("get["))
 }

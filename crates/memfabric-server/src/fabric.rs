@@ -37,7 +37,7 @@ struct Exported {
     rkey: Vec<u8>,
     /// Our registration of the mapping, when UCX did not allocate it (and so registered
     /// it already).
-    _registration: Option<mf::MemRegion>,
+    registration: Option<mf::MemRegion>,
 }
 
 impl Exported {
@@ -54,7 +54,7 @@ impl Exported {
                 base: base as u64,
                 len: len as u64,
                 rkey: rkey.clone(),
-                _registration: None,
+                registration: None,
             });
         }
         let reg = ctx.mem_map(base, len)?;
@@ -62,7 +62,7 @@ impl Exported {
             base: base as u64,
             len: len as u64,
             rkey: reg.pack_rkey()?,
-            _registration: Some(reg),
+            registration: Some(reg),
         })
     }
 }
@@ -113,8 +113,6 @@ pub struct FabricShared {
     ctx: Arc<mf::Context>,
     arena: Exported,
     index: Exported,
-    /// The store's memory came from UCX (same-host readers map it directly).
-    pub ucx_allocated: bool,
     /// Values above this many bytes go by rendezvous.
     pub eager_max: usize,
     next_session: AtomicU32,
@@ -132,6 +130,11 @@ pub struct FabricShared {
 }
 
 impl FabricShared {
+    /// The store's memory came from UCX (same-host readers map it directly).
+    pub fn ucx_allocated(&self) -> bool {
+        self.arena.registration.is_none() && self.index.registration.is_none()
+    }
+
     /// Export the store's arena and index for remote reads over `ctx` (the UCX context,
     /// transports from `UCX_*` in the environment): mappings UCX allocated (`memory`)
     /// already are registered; others are registered here.
@@ -151,12 +154,10 @@ impl FabricShared {
             .unwrap_or_default();
         let arena = Exported::new(&ctx, store.arena_region(), &allocated)?;
         let index = Exported::new(&ctx, store.index_region(), &allocated)?;
-        let ucx_allocated = arena._registration.is_none() && index._registration.is_none();
         Ok(FabricShared {
             ctx,
             arena,
             index,
-            ucx_allocated,
             eager_max,
             next_session: AtomicU32::new(1),
             curr_sessions: AtomicU64::new(0),
@@ -1222,7 +1223,7 @@ pub fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
         v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
         v.push((
             "ucx_memory".into(),
-            if fs.ucx_allocated {
+            if fs.ucx_allocated() {
                 "ucx"
             } else {
                 "registered"

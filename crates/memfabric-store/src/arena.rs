@@ -49,23 +49,8 @@ impl Arena {
     /// kernel as pages are first touched.
     pub fn new(len: usize) -> io::Result<Arena> {
         let len = len.max(4096).next_multiple_of(4096);
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions;
-        // the result is checked against MAP_FAILED before use.
-        let base = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Arena {
-            base: base as *mut u8,
+            base: map_anonymous(len)?,
             len,
             owner: None,
         })
@@ -267,12 +252,40 @@ impl Drop for Arena {
             // Caller-supplied memory: its own Drop (after this one) frees it.
             return;
         }
-        // SAFETY: `base`/`len` are exactly what mmap returned; no reference into the
-        // arena outlives it (all are borrowed from `&self`).
-        unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.len);
-        }
+        // SAFETY: `base`/`len` are exactly what map_anonymous returned; no reference into
+        // the arena outlives it (all are borrowed from `&self`).
+        unsafe { unmap_anonymous(self.base, self.len) };
     }
+}
+
+/// A fresh anonymous private mapping of `len` bytes (zero-filled, committed lazily).
+fn map_anonymous(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions;
+    // the result is checked against MAP_FAILED before use.
+    let base = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(base as *mut u8)
+}
+
+/// Undo `map_anonymous`.
+///
+/// # Safety
+/// `base`/`len` are exactly what `map_anonymous` returned, unmapped once, and nothing
+/// reads or writes the range afterwards.
+unsafe fn unmap_anonymous(base: *mut u8, len: usize) {
+    // SAFETY: the caller's contract above.
+    unsafe { libc::munmap(base as *mut libc::c_void, len) };
 }
 
 #[cfg(test)]
@@ -300,23 +313,8 @@ pub(crate) mod tests {
 
     impl TestMemory {
         pub(crate) fn new(len: usize) -> io::Result<TestMemory> {
-            // SAFETY: an anonymous private mapping with no address hint has no
-            // preconditions; the result is checked against MAP_FAILED before use.
-            let base = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if base == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
             Ok(TestMemory {
-                base: base as *mut u8,
+                base: map_anonymous(len)?,
                 len,
             })
         }
@@ -324,11 +322,9 @@ pub(crate) mod tests {
 
     impl Drop for TestMemory {
         fn drop(&mut self) {
-            // SAFETY: exactly the mapping mmap returned in `new`; the arena that used it
-            // has been dropped before this box (Arena::drop leaves it mapped).
-            unsafe {
-                libc::munmap(self.base as *mut libc::c_void, self.len);
-            }
+            // SAFETY: exactly the mapping map_anonymous returned in `new`; the arena that
+            // used it has been dropped before this box (Arena::drop leaves it mapped).
+            unsafe { unmap_anonymous(self.base, self.len) };
         }
     }
 
