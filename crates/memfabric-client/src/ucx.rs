@@ -815,12 +815,18 @@ impl UcxTransport {
 
 impl Drop for UcxTransport {
     fn drop(&mut self) {
-        // Endpoints close (flushing what was sent) before the worker goes.
-        for (_, mut c) in self.conns.drain() {
+        // Endpoints close (flushing what was sent, and finishing their wire-up) before
+        // the lifelines go: the server force-closes its endpoint when the lifeline
+        // closes, and UCX 1.13 aborts the process (an assertion in its TCP transport) when
+        // an endpoint still wiring up fails under it. Then the worker goes.
+        let mut conns: Vec<Conn> = self.conns.drain().map(|(_, c)| c).collect();
+        for c in &mut conns {
             if let Some(ep) = c.ep.take() {
                 self.w.close(ep, false);
             }
         }
+        self.w.finish_closes(Duration::from_secs(2));
+        drop(conns);
     }
 }
 
@@ -1127,6 +1133,11 @@ impl Transport for UcxTransport {
     }
 
     fn close(&mut self, conn: ConnId) {
+        // A deliberate close is graceful and finishes before the lifeline goes (see Drop).
+        if let Some(ep) = self.conns.get_mut(&conn).and_then(|c| c.ep.take()) {
+            self.w.close(ep, false);
+            self.w.finish_closes(Duration::from_secs(2));
+        }
         let mut done = Vec::new();
         self.fail_conn(conn, "", &mut done);
         self.deferred.append(&mut done);

@@ -949,19 +949,24 @@ impl Worker {
     pub fn closing(&self) -> usize {
         self.closing.borrow().len()
     }
+
+    /// Progress until every endpoint close has finished or `limit` has passed; whether
+    /// they all finished. A peer that never answers a flush is force-closed by UCX's own
+    /// timeouts; this only bounds how long we wait for that.
+    pub fn finish_closes(&mut self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.closing.borrow().is_empty() && start.elapsed() < limit {
+            // SAFETY: h is live for as long as self.
+            unsafe { sys::ucp_worker_progress(self.h) };
+        }
+        self.closing.borrow().is_empty()
+    }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // Let endpoint closes finish (bounded: a peer that never answers a flush is
-        // force-closed by UCX's own timeouts; we stop waiting after ~2 s regardless).
-        let start = std::time::Instant::now();
-        while !self.closing.borrow().is_empty()
-            && start.elapsed() < std::time::Duration::from_secs(2)
-        {
-            // SAFETY: h is live until ucp_worker_destroy below.
-            unsafe { sys::ucp_worker_progress(self.h) };
-        }
+        // Let endpoint closes finish (bounded: we stop waiting after ~2 s regardless).
+        self.finish_closes(std::time::Duration::from_secs(2));
         // Closes that did not finish (a peer that never answers the flush): release the
         // requests so UCX may destroy them with the worker; their callbacks will not run
         // and their small state is leaked.
