@@ -165,7 +165,7 @@ impl UcxTransport {
         // the buffer and gives it back when dropped.
         w.set_am_handler_holding(fp::AM_RESPONSE, HOLD_MIN)
             .map_err(ucx)?;
-        // The server's reachability probe: received and ignored.
+        // Earlier servers' reachability probe: received and ignored.
         w.set_am_handler(fp::AM_PROBE).map_err(ucx)?;
         let address = w.address().map_err(ucx)?;
         let poll = Poll::new().map_err(|e| Error::Protocol(format!("poll: {e}")))?;

@@ -169,3 +169,125 @@ fn server_killed_mid_flight_fails_requests_within_the_timeout() {
         other => panic!("expected a down server, got {other:?}"),
     }
 }
+
+/// Send one HELLO frame with `address` on a fresh bootstrap connection; the WELCOME status
+/// (None when the server just closed the connection).
+fn hello(url: &str, frame: &[u8]) -> Option<u8> {
+    use std::io::{Read, Write};
+    let port = url.rsplit(':').next().unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(frame).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match memfabric_proto::fabric::decode_welcome(&got) {
+            Ok(Some((w, _))) => return Some(w.status),
+            Err(_) => return None,
+            Ok(None) => {}
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn hello_frame(address: &[u8]) -> Vec<u8> {
+    memfabric_proto::fabric::Hello {
+        version: memfabric_proto::fabric::VERSION,
+        worker_address: address.to_vec(),
+    }
+    .encode()
+}
+
+/// Child mode: say HELLO with a live worker's address, connect to the worker WELCOME
+/// names, answer UCX for `progress_us` (both endpoints are wiring up), then die.
+fn client_dying_after_hello(url: &str, progress_us: u64) -> ! {
+    use std::io::{Read, Write};
+    let ctx = memfabric_fabric::Context::new("hello-test").unwrap();
+    let mut w = memfabric_fabric::Worker::new(&ctx).unwrap();
+    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(&hello_frame(&w.address().unwrap())).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let welcome = loop {
+        if let Ok(Some((welcome, _))) = memfabric_proto::fabric::decode_welcome(&got) {
+            break welcome;
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "no WELCOME");
+        got.extend_from_slice(&buf[..n]);
+    };
+    w.set_peer_errors(welcome.peer_errors);
+    let _ep = w.connect_address(&welcome.worker_address);
+    let until = Instant::now() + Duration::from_micros(progress_us);
+    while Instant::now() < until {
+        w.progress();
+    }
+    std::process::abort();
+}
+
+/// Hostile or broken bootstrap input is refused and the server keeps serving: worker
+/// addresses UCX would abort on; an address whose owner is gone; and clients that die
+/// right after HELLO, before or after WELCOME (UCX 1.13 aborted the server when it sent
+/// first on an endpoint to such a client over TCP, so it no longer does).
+#[test]
+fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
+    if let Ok(spec) = std::env::var("MF_HELLO_AND_DIE") {
+        let (url, ms) = spec.split_once(' ').unwrap();
+        client_dying_after_hello(url, ms.parse().unwrap());
+    }
+    let (server, url) = start_ucx_server();
+    let ctx = memfabric_fabric::Context::new("hello-test").unwrap();
+    let genuine = memfabric_fabric::Worker::new(&ctx)
+        .unwrap()
+        .address()
+        .unwrap();
+    let mut unknown_format = genuine.clone();
+    unknown_format[0] = (unknown_format[0] & 0xf0) | 0x07;
+    let refused = Some(memfabric_proto::fabric::WELCOME_REFUSED);
+    assert_eq!(hello(&url, &hello_frame(&[])), refused, "empty address");
+    assert_eq!(hello(&url, &hello_frame(&[1; 5])), refused, "short address");
+    assert_eq!(hello(&url, &hello_frame(&[0xff; 300])), refused, "garbage");
+    assert_eq!(
+        hello(&url, &hello_frame(&unknown_format)),
+        refused,
+        "format 7"
+    );
+    assert_eq!(
+        hello(&url, b"MFAX\x01\x00\x00\x00\x00\x00\x00\x00"),
+        None,
+        "bad magic"
+    );
+    let mut too_long = b"MFAB\x01\x00\x00\x00".to_vec();
+    too_long.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(hello(&url, &too_long), None, "oversized length");
+    // The worker behind `genuine` was dropped above: its address leads nowhere. UCX may
+    // notice at once (refused) or not (accepted; the lifeline ends the session).
+    let status = hello(&url, &hello_frame(&genuine));
+    assert!(matches!(status, Some(0) | Some(2)), "{status:?}");
+    for us in (0..16).map(|i| i * i * 40) {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving",
+                "--nocapture",
+            ])
+            .env("MF_HELLO_AND_DIE", format!("{url} {us}"))
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success(), "child should have died");
+    }
+    let mut c = Client::new(&url, Config::default()).unwrap();
+    c.set(b"after", b"still serving", 0, 0).unwrap();
+    assert_eq!(
+        &c.get(b"after").unwrap().unwrap().data[..],
+        b"still serving"
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).unwrap();
+    let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
+    assert!(!matches!(state, Some('Z' | 'X')), "server exited: {stat}");
+}

@@ -533,16 +533,27 @@ impl Worker {
     }
 
     /// Connect to a worker by its address (from [`Worker::address`]).
+    ///
+    /// UCX parses an address without being told its length and aborts the process (an
+    /// always-on assertion) on a header it does not know, so an address that comes off the
+    /// network is checked first: long enough for a header and a worker id, and of an
+    /// address format UCX parses. What lies beyond the header is UCX's to trust (as it
+    /// trusts the addresses inside its own wire-up messages); the copy it reads is padded,
+    /// so a truncated address is read as zeros rather than past the end.
     pub fn connect_address(&mut self, address: &[u8]) -> Result<Endpoint> {
-        if address.is_empty() {
+        if !plausible_worker_address(address) {
             return Err(Error::invalid_param());
         }
+        let mut padded = Vec::with_capacity(address.len() + ADDRESS_PAD);
+        padded.extend_from_slice(address);
+        padded.resize(address.len() + ADDRESS_PAD, 0);
         let mut params = sys::ucp_ep_params_t {
             field_mask: sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64,
-            address: address.as_ptr() as *const sys::ucp_address_t,
+            address: padded.as_ptr() as *const sys::ucp_address_t,
             ..Default::default()
         };
         let peer = self.peer_errors;
+        // UCX copies what it needs from the address during the call.
         self.create_ep(&mut params, peer)
     }
 
@@ -961,6 +972,17 @@ impl Worker {
         }
         self.closing.borrow().is_empty()
     }
+}
+
+/// Zero bytes after a worker address handed to UCX (see [`Worker::connect_address`]).
+const ADDRESS_PAD: usize = 256;
+
+/// Whether `a` could be a UCX worker address: a header byte whose low four bits name an
+/// address format UCX 1.13 parses (0 = v1, 1 = v2; anything else trips an assertion that
+/// aborts the process), then at least the 64-bit worker id.
+fn plausible_worker_address(a: &[u8]) -> bool {
+    const MIN_LEN: usize = 2 + 8;
+    a.len() >= MIN_LEN && (a[0] & 0x0f) <= 1
 }
 
 impl Drop for Worker {

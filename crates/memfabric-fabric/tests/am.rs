@@ -268,3 +268,31 @@ fn ucx_allocated_region_is_zeroed_writable_and_remotely_readable() {
     close_both(&mut client, cep, &mut server, sep);
     drop(region);
 }
+
+/// Addresses off the network that UCX would abort on are refused before UCX sees them;
+/// a genuine address cut short is read as if zero-padded, and fails or connects, without
+/// taking the process down.
+#[test]
+fn implausible_worker_addresses_are_refused_not_fatal() {
+    let ctx = Context::new("address-test").unwrap();
+    let mut w = Worker::new(&ctx).unwrap();
+    let mut peer = Worker::new(&ctx).unwrap();
+    let genuine = peer.address().unwrap();
+    let mut unknown_format = genuine.clone();
+    unknown_format[0] = (unknown_format[0] & 0xf0) | 0x05;
+    for bad in [Vec::new(), vec![1u8; 9], vec![0xffu8; 200], unknown_format] {
+        assert!(w.connect_address(&bad).is_err(), "accepted {bad:?}");
+    }
+    // Cut short: whatever UCX makes of it, the process survives and a real peer still
+    // connects afterwards.
+    if let Ok(ep) = w.connect_address(&genuine[..10]) {
+        w.close(ep, true);
+    }
+    let ep = w.connect_address(&genuine).unwrap();
+    w.close(ep, true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while w.closing() > 0 && Instant::now() < deadline {
+        w.progress();
+        peer.progress();
+    }
+}

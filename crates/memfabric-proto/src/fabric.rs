@@ -14,9 +14,8 @@ pub const VERSION: u16 = 1;
 pub const AM_REQUEST: u16 = 1;
 /// AM id of responses (server → client).
 pub const AM_RESPONSE: u16 = 2;
-/// AM id of the server's reachability probe (server → client, no header, ignored): sent
-/// once on a new endpoint created with UCX peer-failure handling, to learn whether the
-/// transports in use support it (see `Welcome::peer_errors`).
+/// AM id of the reachability probe earlier servers sent (server → client, no header):
+/// clients accept and ignore it; servers no longer send it (docs/fabric-protocol.md 1.3).
 pub const AM_PROBE: u16 = 3;
 /// AM id of access hints (client → server, no reply): items the client read with
 /// one-sided RMA reads, so that eviction counts them as used (`onesided::decode_hints`).

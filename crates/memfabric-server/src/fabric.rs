@@ -419,25 +419,21 @@ impl FabricWorker {
     /// An endpoint to a client: with UCX peer-failure handling when the transports in use
     /// support it (then a client that dies mid-transfer has its transfers cancelled and
     /// their items freed at once), otherwise without (UCX 1.13's shared-memory transports;
-    /// the lifeline still ends the session). A probe message tells which: UCX fails it at
-    /// once when no transport can carry it in that mode.
+    /// the lifeline still ends the session). UCX refuses to create the endpoint in peer
+    /// mode when no transport can carry it so.
+    ///
+    /// Nothing is sent on the endpoint here: the client's endpoint to us wires the pair up
+    /// when the client first sends. (A probe sent from here made us open the transport
+    /// connection to the client ourselves, and UCX 1.13 aborts the process when that
+    /// fails mid wire-up, as it does for a client that died after HELLO.)
     fn connect_client(&mut self, address: &[u8]) -> mf::Result<mf::Endpoint> {
         self.w.set_peer_errors(true);
-        if let Ok(ep) = self.w.connect_address(address) {
-            let how = mf::SendHow {
-                proto: mf::Proto::Eager,
-                reply: false,
-            };
-            match self
-                .w
-                .am_send(&ep, fp::AM_PROBE, Vec::new(), None, how, SEND_TOKEN)
-            {
-                Ok(_) => return Ok(ep),
-                Err(_) => self.w.close(ep, true),
-            }
-        }
+        let ep = self.w.connect_address(address).or_else(|_| {
+            self.w.set_peer_errors(false);
+            self.w.connect_address(address)
+        });
         self.w.set_peer_errors(false);
-        self.w.connect_address(address)
+        ep
     }
 
     /// Write queued WELCOME bytes. `false` if the socket failed.
