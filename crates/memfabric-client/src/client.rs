@@ -212,14 +212,14 @@ impl Client {
         self.pending.len()
     }
 
-    fn is_up(&self, s: usize, now: Instant) -> bool {
-        !matches!(self.servers[s].down_until, Some(t) if now < t)
+    /// Whether server `s` is not marked down (the clock is read only for one that was).
+    fn is_up(&self, s: usize) -> bool {
+        !matches!(self.servers[s].down_until, Some(t) if Instant::now() < t)
     }
 
     fn route(&self, key: &[u8]) -> Result<usize, Error> {
         let home = self.ring.locate(key).ok_or(Error::NoServers)?;
-        let now = Instant::now();
-        if self.is_up(home, now) {
+        if self.is_up(home) {
             return Ok(home);
         }
         let down = || Error::ServerDown {
@@ -227,7 +227,7 @@ impl Client {
         };
         if self.config.failover {
             self.ring
-                .locate_live(key, |s| self.is_up(s, now))
+                .locate_live(key, |s| self.is_up(s))
                 .ok_or_else(down)
         } else {
             Err(down())
@@ -235,8 +235,7 @@ impl Client {
     }
 
     fn ensure_conn(&mut self, s: usize) -> Result<ConnId, Error> {
-        let now = Instant::now();
-        if !self.is_up(s, now) {
+        if !self.is_up(s) {
             return Err(Error::ServerDown {
                 server: self.servers[s].name.clone(),
             });
@@ -333,7 +332,8 @@ impl Client {
     /// One round of progress: wait for the transport at most until `until`, take completions,
     /// handle failed connections, expire requests past their deadline.
     fn round(&mut self, until: Instant) -> Result<(), Error> {
-        let wait = until.saturating_duration_since(Instant::now());
+        let start = Instant::now();
+        let wait = until.saturating_duration_since(start);
         let res = self
             .transport
             .progress(wait, &mut self.done, &mut self.failed);
@@ -343,7 +343,13 @@ impl Client {
                 self.finished.insert(c.id, c.result);
             }
         }
-        let now = Instant::now();
+        // A round that was not to wait took microseconds at most: its start time serves
+        // for the deadlines (a clock read is a noticeable part of a one-sided GET).
+        let now = if wait.is_zero() {
+            start
+        } else {
+            Instant::now()
+        };
         for conn in std::mem::take(&mut self.failed) {
             if let Some(s) = self.conn_server.remove(&conn) {
                 if self.servers[s].conn == Some(conn) {

@@ -44,6 +44,13 @@ const LIFELINE_FRESH: Duration = Duration::from_micros(20);
 /// Pending access hints are also sent at least this often while GETs keep the transport
 /// busy.
 const HINT_MAX_AGE: Duration = Duration::from_millis(50);
+/// Slots of the table of items already hinted in the current batch (direct-mapped): an
+/// item read again before the batch goes out is not hinted twice. The server needs one
+/// hint per item per batch to keep it from the eviction tail (memcached itself bumps an
+/// item at most once a minute); more only cost it CPU.
+const HINTED_SLOTS: usize = 1024;
+/// An empty slot of that table (an odd seq is never an item's).
+const NOT_HINTED: (u64, u32) = (u64::MAX, 1);
 const EFD: Token = Token(usize::MAX - 1);
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
 /// memory round trip takes microseconds, a wake-up tens of them.
@@ -90,6 +97,8 @@ struct Rma {
     index: mf::RemoteKey,
     /// Access hints not yet sent: (item offset, seq) of one-sided hits.
     hints: Vec<(u64, u32)>,
+    /// Items in `hints` (most of them: a direct-mapped table, see `HINTED_SLOTS`).
+    hinted: Box<[(u64, u32)]>,
     /// The server's memory is mapped into this process: reads are plain copies.
     mapped: bool,
     /// Last time the lifeline was seen open (one-sided GETs check it first).
@@ -602,6 +611,7 @@ impl UcxTransport {
             arena,
             index,
             hints: Vec::new(),
+            hinted: vec![NOT_HINTED; HINTED_SLOTS].into_boxed_slice(),
             alive_at: Instant::now(),
         })
     }
@@ -706,28 +716,93 @@ impl UcxTransport {
                 let Some(g) = self.onesided.remove(&opaque) else {
                     return;
                 };
-                self.counters.onesided_hits += 1;
                 self.counters.retries += g.read.retries as u64;
-                let conn = self.conns.get_mut(&g.conn).filter(|_| self.access_hints);
-                if let Some(rma) = conn.and_then(|c| c.rma.as_mut()) {
-                    rma.hints.push(hint);
-                    self.pending_hints += 1;
-                    if rma.hints.len() >= HINT_BATCH {
-                        self.send_hints(g.conn);
-                    }
-                }
-                let data = Bytes::from(chunk).slice(ok.value);
-                done.push(Completion {
-                    id: g.id,
-                    result: Ok(Reply::Value(Some(Value {
-                        data,
-                        flags: ok.flags,
-                        cas: if g.want_cas { ok.cas } else { 0 },
-                    }))),
-                });
+                self.onesided_hit(g.conn, g.id, g.want_cas, ok, chunk, hint, done);
             }
             Step::Fallback(why) => self.onesided_fallback(opaque, why, done),
         }
+    }
+
+    /// A one-sided GET from memory mapped into this process (same-host shared memory):
+    /// every round of reads is a plain copy, so the whole read runs here, at once, with
+    /// none of the request machinery.
+    fn onesided_get_mapped(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        key: &[u8],
+        want_cas: bool,
+        done: &mut Vec<Completion>,
+    ) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let (Some(ep), Some(rma)) = (c.ep.as_ref(), c.rma.as_ref()) else {
+            return;
+        };
+        let (mut read, mut step) = GetRead::new(&rma.remote, key.to_vec());
+        let outcome = loop {
+            match step {
+                Step::Post(reads) => {
+                    step = Step::Wait;
+                    for r in &reads {
+                        let rkey = if r.arena { rma.arena } else { rma.index };
+                        let mut buf = vec![0u8; r.len];
+                        let ok = ep.read_mapped(rkey, r.addr, &mut buf);
+                        step = read.on_read(&rma.remote, r.part, ok.then_some(buf));
+                    }
+                }
+                // Every read of the round is in: a state machine that still waits is
+                // confused; the server answers instead.
+                Step::Wait => break Err(Fallback::ReadError),
+                Step::Hit { ok, chunk, hint } => break Ok((ok, chunk, hint)),
+                Step::Fallback(why) => break Err(why),
+            }
+        };
+        self.counters.retries += read.retries as u64;
+        match outcome {
+            Ok((ok, chunk, hint)) => self.onesided_hit(conn, id, want_cas, ok, chunk, hint, done),
+            Err(why) => {
+                let key = read.key().to_vec();
+                self.serve_twosided(conn, id, key, want_cas, why, done);
+            }
+        }
+    }
+
+    /// Complete a one-sided hit and note its access hint.
+    #[allow(clippy::too_many_arguments)]
+    fn onesided_hit(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        want_cas: bool,
+        ok: os::ItemOk,
+        chunk: Vec<u8>,
+        hint: (u64, u32),
+        done: &mut Vec<Completion>,
+    ) {
+        self.counters.onesided_hits += 1;
+        let c = self.conns.get_mut(&conn).filter(|_| self.access_hints);
+        if let Some(rma) = c.and_then(|c| c.rma.as_mut()) {
+            let slot = ((hint.0 >> 3) ^ u64::from(hint.1)) as usize % HINTED_SLOTS;
+            if rma.hinted[slot] != hint {
+                rma.hinted[slot] = hint;
+                rma.hints.push(hint);
+                self.pending_hints += 1;
+                if rma.hints.len() >= HINT_BATCH {
+                    self.send_hints(conn);
+                }
+            }
+        }
+        let data = Bytes::from(chunk).slice(ok.value);
+        done.push(Completion {
+            id,
+            result: Ok(Reply::Value(Some(Value {
+                data,
+                flags: ok.flags,
+                cas: if want_cas { ok.cas } else { 0 },
+            }))),
+        });
     }
 
     fn onesided_read_done(
@@ -752,17 +827,24 @@ impl UcxTransport {
         let Some(g) = self.onesided.remove(&opaque) else {
             return;
         };
-        *self.counters.fallbacks.entry(why).or_default() += 1;
         self.counters.retries += g.read.retries as u64;
-        let op = Op::Get {
-            key: g.read.key().to_vec(),
-            cas: g.want_cas,
-        };
-        if let Err(e) = self.send_am(g.conn, g.id, op) {
-            done.push(Completion {
-                id: g.id,
-                result: Err(e),
-            });
+        let key = g.read.key().to_vec();
+        self.serve_twosided(g.conn, g.id, key, g.want_cas, why, done);
+    }
+
+    /// Send a GET that one-sided reads could not serve as an active message.
+    fn serve_twosided(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        key: Vec<u8>,
+        cas: bool,
+        why: Fallback,
+        done: &mut Vec<Completion>,
+    ) {
+        *self.counters.fallbacks.entry(why).or_default() += 1;
+        if let Err(e) = self.send_am(conn, id, Op::Get { key, cas }) {
+            done.push(Completion { id, result: Err(e) });
         }
     }
 
@@ -774,6 +856,8 @@ impl UcxTransport {
         let (Some(ep), Some(rma)) = (c.ep.as_ref(), c.rma.as_mut()) else {
             return;
         };
+        // A new batch: every item may be hinted again.
+        rma.hinted.fill(NOT_HINTED);
         while !rma.hints.is_empty() {
             let n = rma.hints.len().min(os::HINTS_MAX);
             self.pending_hints = self.pending_hints.saturating_sub(n);
@@ -1013,6 +1097,12 @@ impl Transport for UcxTransport {
             let Some(rma) = self.conns.get(&conn).and_then(|c| c.rma.as_ref()) else {
                 return Err(Error::Closed);
             };
+            if rma.mapped {
+                let mut done = Vec::new();
+                self.onesided_get_mapped(conn, id, key, *cas, &mut done);
+                self.deferred.append(&mut done);
+                return Ok(());
+            }
             let (read, step) = GetRead::new(&rma.remote, key.clone());
             let opaque = self.next_opaque;
             self.next_opaque += 1;

@@ -1168,22 +1168,22 @@ impl Endpoint {
         }
         // SAFETY (pointer arithmetic): off + dst.len() <= m.len, checked above.
         let src = m.ptr.wrapping_add(off as usize);
-        let n = dst.len();
         let mut i = 0;
         if (src as usize).is_multiple_of(8) {
-            while i + 8 <= n {
-                // SAFETY: [src, src+n) lies inside the mapped region (checked above), which
-                // stays mapped while this endpoint (and so the rkey) lives; the address is
-                // 8-aligned. The peer may be writing it: a volatile read assumes nothing
-                // about the contents, and the caller validates them.
-                let w = unsafe { ptr::read_volatile(src.add(i) as *const u64) };
-                dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            let mut words = dst.chunks_exact_mut(8);
+            for w in &mut words {
+                // SAFETY: [src, src+dst.len()) lies inside the mapped region (checked
+                // above), which stays mapped while this endpoint (and so the rkey) lives;
+                // src+i is 8-aligned. The peer may be writing it: a volatile read assumes
+                // nothing about the contents, and the caller validates them.
+                let v = unsafe { ptr::read_volatile(src.add(i) as *const u64) };
+                w.copy_from_slice(&v.to_ne_bytes());
                 i += 8;
             }
         }
-        while i < n {
+        for b in &mut dst[i..] {
             // SAFETY: as above, one byte inside the checked range.
-            dst[i] = unsafe { ptr::read_volatile(src.add(i)) };
+            *b = unsafe { ptr::read_volatile(src.add(i)) };
             i += 1;
         }
         true
