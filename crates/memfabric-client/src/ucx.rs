@@ -782,7 +782,11 @@ impl UcxTransport {
         done: &mut Vec<Completion>,
     ) {
         self.counters.onesided_hits += 1;
-        let c = self.conns.get_mut(&conn).filter(|_| self.access_hints);
+        // A header that already shows this second's access needs no hint.
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .filter(|_| self.access_hints && !ok.access_noted);
         if let Some(rma) = c.and_then(|c| c.rma.as_mut()) {
             let slot = ((hint.0 >> 3) ^ u64::from(hint.1)) as usize % HINTED_SLOTS;
             if rma.hinted[slot] != hint {

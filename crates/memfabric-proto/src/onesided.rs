@@ -34,6 +34,10 @@ pub const ITEM_HDR: usize = 40;
 pub const STATE_LINKED: u8 = 2;
 /// Item flag (header byte 7): the value is chained over several chunks.
 pub const IFLAG_CHUNKED: u8 = 1;
+/// Item flags (header byte 7) an access sets: fetched, and referenced (the eviction
+/// clock's second chance; the eviction scan clears it).
+pub const IFLAG_FETCHED: u8 = 8;
+pub const IFLAG_REFERENCED: u8 = 16;
 
 /// Where in the item header each field lives.
 mod hdr {
@@ -47,6 +51,7 @@ mod hdr {
     pub const EXPTIME: usize = 24;
     pub const TIME: usize = 28;
     pub const CRC: usize = 32;
+    pub const ATIME: usize = 36;
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -244,6 +249,10 @@ pub struct ItemOk {
     pub cas: u64,
     /// The value's bytes within the chunk that was read.
     pub value: Range<usize>,
+    /// The header already shows an access at the server's current second (both access
+    /// flags set, access time = the control block's clock): an access hint for it would
+    /// change nothing.
+    pub access_noted: bool,
 }
 
 /// Why an item read was not accepted.
@@ -339,11 +348,13 @@ pub fn check_item(chunk: &[u8], key: &[u8], live: &Live, now: u32) -> Result<Ite
     if live.flush_time != 0 && live.flush_time <= now && time <= live.flush_time {
         return Err(Reject::Flushed);
     }
+    let noted = IFLAG_FETCHED | IFLAG_REFERENCED;
     Ok(ItemOk {
         seq,
         flags: u32_at(chunk, hdr::FLAGS),
         cas,
         value: key_end..value_end,
+        access_noted: chunk[hdr::IFLAGS] & noted == noted && u32_at(chunk, hdr::ATIME) == live.now,
     })
 }
 
@@ -422,6 +433,20 @@ mod tests {
         let ok = check_item(&b, b"k1", &LIVE, 2000).unwrap();
         assert_eq!(&b[ok.value.clone()], b"hello");
         assert_eq!((ok.flags, ok.cas, ok.seq), (9, 77, 2));
+    }
+
+    #[test]
+    fn an_access_already_noted_this_second_is_reported() {
+        let mut b = item(b"k1", b"hello", 88);
+        let noted = |b: &[u8]| check_item(b, b"k1", &LIVE, 2000).unwrap().access_noted;
+        assert!(!noted(&b), "never accessed");
+        b[hdr::IFLAGS] |= IFLAG_FETCHED | IFLAG_REFERENCED;
+        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&1999u32.to_le_bytes());
+        assert!(!noted(&b), "accessed a second ago");
+        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&2000u32.to_le_bytes());
+        assert!(noted(&b));
+        b[hdr::IFLAGS] &= !IFLAG_REFERENCED;
+        assert!(!noted(&b), "the eviction scan cleared its second chance");
     }
 
     #[test]

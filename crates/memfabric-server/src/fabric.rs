@@ -1248,6 +1248,8 @@ mod layout_tests {
         assert_eq!(store_side::ITEM_HDR, client_side::ITEM_HDR);
         assert_eq!(store_side::STATE_LINKED, client_side::STATE_LINKED);
         assert_eq!(store_side::IFLAG_CHUNKED, client_side::IFLAG_CHUNKED);
+        assert_eq!(store_side::IFLAG_FETCHED, client_side::IFLAG_FETCHED);
+        assert_eq!(store_side::IFLAG_REFERENCED, client_side::IFLAG_REFERENCED);
         let fields = [
             (store_side::ITEM_OFF_SEQ, 0),
             (store_side::ITEM_OFF_STATE, 4),
@@ -1259,6 +1261,7 @@ mod layout_tests {
             (store_side::ITEM_OFF_EXPTIME, 24),
             (store_side::ITEM_OFF_TIME, 28),
             (store_side::ITEM_OFF_CRC, 32),
+            (store_side::ITEM_OFF_ATIME, 36),
         ];
         for (store_off, client_off) in fields {
             assert_eq!(store_off, client_off);

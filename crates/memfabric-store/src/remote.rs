@@ -67,6 +67,9 @@ pub const ITEM_OFF_VALUE_LEN: usize = crate::item::OFF_VLEN;
 pub const ITEM_OFF_FLAGS: usize = crate::item::OFF_FLAGS;
 pub const ITEM_OFF_EXPTIME: usize = crate::item::OFF_EXPTIME;
 pub const ITEM_OFF_TIME: usize = crate::item::OFF_TIME;
+/// Item flags an access sets (`note_remote_access`, a local GET).
+pub const IFLAG_FETCHED: u8 = crate::item::F_FETCHED;
+pub const IFLAG_REFERENCED: u8 = crate::item::F_REFERENCED;
 pub const ITEM_OFF_CRC: usize = crate::item::OFF_CRC;
 pub const ITEM_OFF_ATIME: usize = crate::item::OFF_ATIME;
 /// Item state byte: in the index, readable.

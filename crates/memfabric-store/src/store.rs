@@ -828,6 +828,22 @@ impl Inner {
 
     /// Record an access: fetched + referenced bits and last-access time. Writes only
     /// atomic words that no validation depends on.
+    /// Whether `touch_access(off)` would write nothing: both access flags set and the
+    /// access time already this second. Only reads.
+    fn access_already_noted(&self, off: usize) -> bool {
+        let want = item::F_FETCHED | item::F_REFERENCED;
+        let f = self
+            .arena
+            .u8_at(off + item::OFF_IFLAGS)
+            .load(Ordering::Relaxed);
+        f & want == want
+            && self
+                .arena
+                .u32_at(off + item::OFF_ATIME)
+                .load(Ordering::Relaxed)
+                == self.clock.now()
+    }
+
     fn touch_access(&self, off: usize) {
         let f = self.arena.u8_at(off + item::OFF_IFLAGS);
         let want = item::F_FETCHED | item::F_REFERENCED;
@@ -890,6 +906,12 @@ impl Inner {
         let h = item::read_header(a, off);
         if h.seq != seq || h.state != item::LINKED || h.class != class {
             return false;
+        }
+        if self.access_already_noted(off) {
+            // The hint would change nothing: no write, so none of the checks below that
+            // guard it (the key's buckets, validation). A hot item read one-sidedly
+            // again and again costs its server one header read per hint.
+            return true;
         }
         let klen = h.key_len as usize;
         if klen == 0 || klen > KEY_MAX_LEN || HDR + klen > ci.size {

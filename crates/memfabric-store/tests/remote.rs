@@ -465,3 +465,24 @@ fn hints_racing_writes_deletes_and_page_moves_never_corrupt_a_value() {
     assert!(accepted > 0);
     assert_eq!(s.stats().remote_hints, accepted);
 }
+
+#[test]
+fn repeated_remote_hints_are_accepted_and_change_nothing_more() {
+    let s = small_store(4 << 20);
+    set(&s, b"k", b"value");
+    let (off, seq) = s.item_location(b"k").unwrap();
+    assert!(s.note_remote_access(off, seq));
+    let first = s.peek(b"k").unwrap();
+    // Already marked this second: accepted without another write.
+    assert!(s.note_remote_access(off, seq));
+    assert_eq!(s.note_remote_accesses(&[(off, seq), (off, seq)]), 2);
+    let again = s.peek(b"k").unwrap();
+    assert!(again.fetched);
+    assert!(again.last_access >= first.last_access);
+    // Still only for the item it names.
+    assert!(!s.note_remote_access(off, seq + 2));
+    s.delete(b"k", 0);
+    assert!(!s.note_remote_access(off, seq), "deleted item");
+    let st = s.stats();
+    assert_eq!((st.remote_hints, st.remote_hints_rejected), (4, 2));
+}
