@@ -1227,11 +1227,8 @@ impl Transport for UcxTransport {
     }
 
     fn close(&mut self, conn: ConnId) {
-        // A deliberate close is graceful and finishes before the lifeline goes (see Drop).
-        if let Some(ep) = self.conns.get_mut(&conn).and_then(|c| c.ep.take()) {
-            self.w.close(ep, false);
-            self.w.finish_closes(Duration::from_secs(2));
-        }
+        // Called when a server timed out: it may be hung, so this must not wait for it
+        // (unlike Drop, which lets closes finish first).
         let mut done = Vec::new();
         self.fail_conn(conn, "", &mut done);
         self.deferred.append(&mut done);
