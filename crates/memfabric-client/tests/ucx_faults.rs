@@ -268,7 +268,9 @@ fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
     // notice at once (refused) or not (accepted; the lifeline ends the session).
     let status = hello(&url, &hello_frame(&genuine));
     assert!(matches!(status, Some(0) | Some(2)), "{status:?}");
-    for us in (0..16).map(|i| i * i * 40) {
+    // Few: UCX 1.13 over TCP has its own ~1-in-1500 abort when a peer dies mid-connect
+    // (scripts/stress-ucx-client-deaths.sh hunts it; it is not ours to test here).
+    for us in [0, 200, 2000, 8000] {
         let status = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
