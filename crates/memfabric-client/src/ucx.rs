@@ -659,7 +659,8 @@ impl UcxTransport {
         }
     }
 
-    /// Post the reads of a one-sided GET's next round.
+    /// Post the reads of a one-sided GET's next round as UCX `get`s (reads from mapped
+    /// memory never come here: `onesided_get_mapped` does them inline).
     fn post_reads(&mut self, conn: ConnId, opaque: u64, reads: &[crate::onesided::Read]) -> bool {
         let Some(c) = self.conns.get(&conn) else {
             return false;
@@ -670,18 +671,6 @@ impl UcxTransport {
         for r in reads {
             let rkey = if r.arena { rma.arena } else { rma.index };
             let token = RMA_TOKEN | (opaque << 2) | r.part as u64;
-            if rma.mapped {
-                // Same-host shared memory: a plain copy, no UCX request.
-                let mut buf = vec![0u8; r.len];
-                if ep.read_mapped(rkey, r.addr, &mut buf) {
-                    self.local_events.push_back(mf::Event::Done {
-                        token,
-                        result: Ok(()),
-                        buf: Some(Box::new(buf)),
-                    });
-                    continue;
-                }
-            }
             match self
                 .w
                 .get(ep, r.addr, rkey, Box::new(vec![0u8; r.len]), token)

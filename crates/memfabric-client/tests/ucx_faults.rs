@@ -170,19 +170,25 @@ fn server_killed_mid_flight_fails_requests_within_the_timeout() {
     }
 }
 
-/// Send one HELLO frame with `address` on a fresh bootstrap connection; the WELCOME status
-/// (None when the server just closed the connection).
-fn hello(url: &str, frame: &[u8]) -> Option<u8> {
-    use std::io::{Read, Write};
-    let port = url.rsplit(':').next().unwrap();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
+/// A fresh connection to the bootstrap port of `url` (`ucx://127.0.0.1:PORT`) carrying
+/// `frame`.
+fn send_to_bootstrap(url: &str, frame: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(frame).unwrap();
+    s
+}
+
+/// The server's WELCOME on `s`; None when it closed the connection or sent no WELCOME.
+fn read_welcome(s: &mut std::net::TcpStream) -> Option<memfabric_proto::fabric::Welcome> {
+    use std::io::Read;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
         match memfabric_proto::fabric::decode_welcome(&got) {
-            Ok(Some((w, _))) => return Some(w.status),
+            Ok(Some((w, _))) => return Some(w),
             Err(_) => return None,
             Ok(None) => {}
         }
@@ -191,6 +197,12 @@ fn hello(url: &str, frame: &[u8]) -> Option<u8> {
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
+}
+
+/// Send one HELLO frame on a fresh bootstrap connection; the WELCOME status (None when
+/// the server just closed the connection).
+fn hello(url: &str, frame: &[u8]) -> Option<u8> {
+    read_welcome(&mut send_to_bootstrap(url, frame)).map(|w| w.status)
 }
 
 fn hello_frame(address: &[u8]) -> Vec<u8> {
@@ -204,22 +216,10 @@ fn hello_frame(address: &[u8]) -> Vec<u8> {
 /// Child mode: say HELLO with a live worker's address, connect to the worker WELCOME
 /// names, answer UCX for `progress_us` (both endpoints are wiring up), then die.
 fn client_dying_after_hello(url: &str, progress_us: u64) -> ! {
-    use std::io::{Read, Write};
     let ctx = memfabric_fabric::Context::new("hello-test").unwrap();
     let mut w = memfabric_fabric::Worker::new(&ctx).unwrap();
-    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(&hello_frame(&w.address().unwrap())).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let welcome = loop {
-        if let Ok(Some((welcome, _))) = memfabric_proto::fabric::decode_welcome(&got) {
-            break welcome;
-        }
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0, "no WELCOME");
-        got.extend_from_slice(&buf[..n]);
-    };
+    let mut s = send_to_bootstrap(url, &hello_frame(&w.address().unwrap()));
+    let welcome = read_welcome(&mut s).expect("no WELCOME");
     w.set_peer_errors(welcome.peer_errors);
     let _ep = w.connect_address(&welcome.worker_address);
     let until = Instant::now() + Duration::from_micros(progress_us);

@@ -961,16 +961,15 @@ impl Worker {
         self.closing.borrow().len()
     }
 
-    /// Progress until every endpoint close has finished or `limit` has passed; whether
-    /// they all finished. A peer that never answers a flush is force-closed by UCX's own
-    /// timeouts; this only bounds how long we wait for that.
-    pub fn finish_closes(&mut self, limit: std::time::Duration) -> bool {
+    /// Progress until every endpoint close has finished or `limit` has passed (see
+    /// [`Worker::closing`] for what is left). A peer that never answers a flush is
+    /// force-closed by UCX's own timeouts; this only bounds how long we wait for that.
+    pub fn finish_closes(&mut self, limit: std::time::Duration) {
         let start = std::time::Instant::now();
         while !self.closing.borrow().is_empty() && start.elapsed() < limit {
             // SAFETY: h is live for as long as self.
             unsafe { sys::ucp_worker_progress(self.h) };
         }
-        self.closing.borrow().is_empty()
     }
 }
 

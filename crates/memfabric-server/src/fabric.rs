@@ -1191,30 +1191,17 @@ fn forget_on_failed_set(ctx: &ExecCtx<'_>, op: Opcode, key: &[u8]) {
 pub fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
     let mut v = Vec::new();
     if let Some(fs) = shared.fabric.as_ref() {
-        v.push((
-            "ucx_curr_sessions".into(),
-            fs.curr_sessions.load(Ordering::Relaxed).to_string(),
-        ));
-        v.push((
-            "ucx_total_sessions".into(),
-            fs.total_sessions.load(Ordering::Relaxed).to_string(),
-        ));
-        v.push((
-            "ucx_peer_error_sessions".into(),
-            fs.peer_error_sessions.load(Ordering::Relaxed).to_string(),
-        ));
-        v.push((
-            "ucx_orphaned_receives".into(),
-            fs.orphaned_receives.load(Ordering::Relaxed).to_string(),
-        ));
-        v.push((
-            "ucx_onesided_hints".into(),
-            fs.hints_taken.load(Ordering::Relaxed).to_string(),
-        ));
-        v.push((
-            "ucx_onesided_hints_stale".into(),
-            fs.hints_stale.load(Ordering::Relaxed).to_string(),
-        ));
+        let counters = [
+            ("ucx_curr_sessions", &fs.curr_sessions),
+            ("ucx_total_sessions", &fs.total_sessions),
+            ("ucx_peer_error_sessions", &fs.peer_error_sessions),
+            ("ucx_orphaned_receives", &fs.orphaned_receives),
+            ("ucx_onesided_hints", &fs.hints_taken),
+            ("ucx_onesided_hints_stale", &fs.hints_stale),
+        ];
+        for (name, c) in counters {
+            v.push((name.into(), c.load(Ordering::Relaxed).to_string()));
+        }
         v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
         v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
         v.push((

@@ -58,6 +58,8 @@ pub const F_STALE: u8 = 2;
 pub const F_TOKEN_SENT: u8 = 4;
 pub const F_FETCHED: u8 = 8;
 pub const F_REFERENCED: u8 = 16;
+/// What an access sets (a GET, or a one-sided reader's hint).
+pub const F_ACCESSED: u8 = F_FETCHED | F_REFERENCED;
 /// Meta protocol: the key was given base64-encoded (`b`), so replies echo it that way.
 pub const F_KEY_BINARY: u8 = 32;
 

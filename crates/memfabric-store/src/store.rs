@@ -826,29 +826,21 @@ impl Inner {
         true
     }
 
-    /// Record an access: fetched + referenced bits and last-access time. Writes only
-    /// atomic words that no validation depends on.
     /// Whether `touch_access(off)` would write nothing: both access flags set and the
     /// access time already this second. Only reads.
     fn access_already_noted(&self, off: usize) -> bool {
-        let want = item::F_FETCHED | item::F_REFERENCED;
-        let f = self
-            .arena
-            .u8_at(off + item::OFF_IFLAGS)
-            .load(Ordering::Relaxed);
-        f & want == want
-            && self
-                .arena
-                .u32_at(off + item::OFF_ATIME)
-                .load(Ordering::Relaxed)
-                == self.clock.now()
+        let f = self.arena.u8_at(off + item::OFF_IFLAGS);
+        let at = self.arena.u32_at(off + item::OFF_ATIME);
+        f.load(Ordering::Relaxed) & item::F_ACCESSED == item::F_ACCESSED
+            && at.load(Ordering::Relaxed) == self.clock.now()
     }
 
+    /// Record an access: fetched + referenced bits and last-access time. Writes only
+    /// atomic words that no validation depends on.
     fn touch_access(&self, off: usize) {
         let f = self.arena.u8_at(off + item::OFF_IFLAGS);
-        let want = item::F_FETCHED | item::F_REFERENCED;
-        if f.load(Ordering::Relaxed) & want != want {
-            f.fetch_or(want, Ordering::Relaxed);
+        if f.load(Ordering::Relaxed) & item::F_ACCESSED != item::F_ACCESSED {
+            f.fetch_or(item::F_ACCESSED, Ordering::Relaxed);
         }
         let now = self.clock.now();
         let at = self.arena.u32_at(off + item::OFF_ATIME);
