@@ -12,6 +12,7 @@ pub mod conn;
 pub mod exec;
 pub mod fabric;
 pub mod net;
+pub mod outqueue;
 pub mod runtime;
 pub mod settings;
 pub mod stats;
