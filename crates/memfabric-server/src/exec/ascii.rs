@@ -365,7 +365,7 @@ fn start_get(
 
 /// Serve the keys of retrieval `g` from `input[pos..]` until the line ends (then `END`),
 /// the input runs out (a line still arriving), or the output is full. Keeps `g` in the
-/// session while the command is unfinished.
+/// session while the command is unfinished. Each call scans its input once.
 fn serve_keys(
     ctx: &ExecCtx<'_>,
     sess: &mut Session,
@@ -374,95 +374,95 @@ fn serve_keys(
     mut pos: usize,
     out: &mut OutQueue,
 ) -> Step {
-    loop {
-        if g.end.is_none() {
-            if let Some(nl) = input[pos..].iter().position(|&b| b == b'\n') {
-                let line = &input[pos..pos + nl];
-                // memcached's command text: one trailing `\r` dropped, cut at a NUL.
-                let mut text = line.strip_suffix(b"\r").unwrap_or(line).len();
-                if g.discard {
-                    text = 0;
-                } else if let Some(z) = line[..text].iter().position(|&b| b == 0) {
-                    text = z;
-                }
-                g.end = Some((text, nl + 1 - text));
+    if g.end.is_none() {
+        if let Some(nl) = input[pos..].iter().position(|&b| b == b'\n') {
+            let line = &input[pos..pos + nl];
+            // memcached's command text: one trailing `\r` dropped, cut at a NUL.
+            let mut text = line.strip_suffix(b"\r").unwrap_or(line).len();
+            if g.discard {
+                text = 0;
+            } else if let Some(z) = line[..text].iter().position(|&b| b == 0) {
+                text = z;
+            }
+            g.end = Some((text, nl + 1 - text));
+        }
+    }
+    // Where the key text that can be served now ends; whether the line ends there; and
+    // whether a NUL (after which nothing is part of the command) ends it.
+    let (text_end, nul_cut) = match g.end {
+        Some((text, _)) => (pos + text, false),
+        None if g.discard => (pos, false),
+        None => {
+            let rest = &input[pos..];
+            match rest.iter().position(|&b| b == 0) {
+                Some(z) => (pos + z, true),
+                // Only keys followed by a space are known to be whole.
+                None => (
+                    pos + rest.iter().rposition(|&b| b == b' ').unwrap_or(0),
+                    false,
+                ),
             }
         }
-        // The key text that can be served now, and whether the line ends after it.
-        // Text after a NUL is not part of the command.
-        let mut nul_cut = false;
-        let (avail, line_done) = match g.end {
-            Some((text, _)) => (text, true),
-            None if g.discard => (0, false),
-            None => {
-                let rest = &input[pos..];
-                match rest.iter().position(|&b| b == 0) {
-                    Some(z) => {
-                        nul_cut = true;
-                        (z, false)
-                    }
-                    // Only keys followed by a space are known to be whole.
-                    None => (rest.iter().rposition(|&b| b == b' ').unwrap_or(0), false),
-                }
-            }
-        };
-        let text = &input[pos..pos + avail];
-        let Some(key) = text.split(|&b| b == b' ').find(|k| !k.is_empty()) else {
-            // Nothing (more) to serve here.
-            if line_done {
-                let (_, tail) = g.end.unwrap_or((0, 0));
-                sess.ascii.get = None;
-                out.bytes().extend_from_slice(reply::END);
-                return Step::Done(pos + avail + tail);
-            }
-            g.discard |= nul_cut;
-            pos = if g.discard { input.len() } else { pos + avail };
-            // A key longer than any key can be, still without its end: the line is bad.
-            if !g.discard && input.len() - pos > KEY_MAX_LEN + 1 {
-                return bad_streamed_key(ctx, sess, g, input.len(), out);
-            }
-            sess.ascii.get = Some(g);
-            return Step::Waiting(pos);
-        };
-        let key_end = (key.as_ptr() as usize - input.as_ptr() as usize) + key.len();
-        if let Some((text, _)) = g.end.as_mut() {
-            *text -= key_end - pos;
-        }
-        pos = key_end;
+    };
+    let tail = g.end.map(|(_, tail)| tail);
+    while let Some(start) = input[pos..text_end].iter().position(|&b| b != b' ') {
+        let key_start = pos + start;
+        pos = input[key_start..text_end]
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(text_end, |i| key_start + i);
+        let key = &input[key_start..pos];
         if key.len() > KEY_MAX_LEN {
             // Only a line served as it arrived gets here (`start_get` checks whole
             // lines first): what was served is gone, so the error follows it.
-            return bad_streamed_key(ctx, sess, g, pos, out);
+            return bad_streamed_key(ctx, sess, g, text_end, tail, out);
         }
         get_one(ctx, key, g.cas, g.touch, out);
         if super::output_full(ctx.shared, out) {
+            if let Some(t) = tail {
+                g.end = Some((text_end - pos, t));
+            }
             sess.ascii.get = Some(g);
             return Step::Yield(pos);
         }
     }
+    if let Some(t) = tail {
+        sess.ascii.get = None;
+        out.bytes().extend_from_slice(reply::END);
+        return Step::Done(text_end + t);
+    }
+    g.discard |= nul_cut;
+    pos = if g.discard { input.len() } else { text_end };
+    // A key longer than any key can be, still without its end: the line is bad.
+    if !g.discard && input.len() - pos > KEY_MAX_LEN + 1 {
+        return bad_streamed_key(ctx, sess, g, input.len(), None, out);
+    }
+    sess.ascii.get = Some(g);
+    Step::Waiting(pos)
 }
 
 /// A too-long key in a multiget served as it arrived: the error, and the rest of the
-/// line is dropped.
+/// line (up to `text_end`, then its `tail` if the line's end is known) is dropped.
 fn bad_streamed_key(
     ctx: &ExecCtx<'_>,
     sess: &mut Session,
     mut g: GetStream,
-    pos: usize,
+    text_end: usize,
+    tail: Option<usize>,
     out: &mut OutQueue,
 ) -> Step {
     ctx.stats.protocol_errors.incr();
     out.bytes()
         .extend_from_slice(ErrorReply::BadFormat.as_bytes());
-    g.discard = true;
-    match g.end {
-        Some((text, tail)) => {
+    match tail {
+        Some(t) => {
             sess.ascii.get = None;
-            Step::Done(pos + text + tail)
+            Step::Done(text_end + t)
         }
         None => {
+            g.discard = true;
             sess.ascii.get = Some(g);
-            Step::Waiting(pos)
+            Step::Waiting(text_end)
         }
     }
 }
