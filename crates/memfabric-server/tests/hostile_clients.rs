@@ -258,6 +258,7 @@ fn a_pipelined_noreply_bulk_load_is_stored_whole_not_dropped() {
         );
     }
     burst.extend_from_slice(format!("get quiet:{}\r\n", N - 1).as_bytes());
+    assert!(burst.len() > 6 * MIB as usize);
     let replies = pipelined(&d, burst, b"END\r\n");
     assert_eq!(
         replies,

@@ -10,9 +10,11 @@
 use memfabric_proto::binary::{
     self as bp, Command, Frame, FrameError, Request, RequestHeader, Status, StoreHead, StoreOp,
 };
-use memfabric_store::{ArithOptions, ArithStatus, DeleteStatus, GetOptions, SetMode, StoreStatus};
+use memfabric_store::{
+    ArithOptions, ArithStatus, DeleteStatus, GetOptions, PendingItem, SetMode, StoreStatus,
+};
 
-use super::{ExecCtx, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step};
 
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
@@ -50,8 +52,12 @@ pub fn process_one(
             total,
         } => {
             if head.value_len <= ctx.shared.store.config().item_size_max {
-                // It may fit: buffer it (bounded by the item size limit) and let the
-                // store decide once it is all here.
+                if head.value_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+                    // Large: receive it straight into the item it will become.
+                    return receive_value(ctx, sess, header, &head, total, out);
+                }
+                // It may fit: buffer it (bounded by the receive-in-place threshold) and
+                // let the store decide once it is all here.
                 return Step::NeedMore(total);
             }
             // It can never fit: answer now and drop the value as it arrives.
@@ -241,6 +247,16 @@ fn forget_on_failed_set(ctx: &ExecCtx<'_>, head: &StoreHead<'_>) {
     }
 }
 
+fn set_mode(op: StoreOp) -> SetMode {
+    match op {
+        StoreOp::Set => SetMode::Set,
+        StoreOp::Add => SetMode::Add,
+        StoreOp::Replace => SetMode::Replace,
+        StoreOp::Append => SetMode::Append,
+        StoreOp::Prepend => SetMode::Prepend,
+    }
+}
+
 fn store(
     ctx: &mut ExecCtx<'_>,
     h: &RequestHeader,
@@ -250,18 +266,85 @@ fn store(
     out: &mut Vec<u8>,
 ) {
     let store = &ctx.shared.store;
-    let mode = match head.op {
-        StoreOp::Set => SetMode::Set,
-        StoreOp::Add => SetMode::Add,
-        StoreOp::Replace => SetMode::Replace,
-        StoreOp::Append => SetMode::Append,
-        StoreOp::Prepend => SetMode::Prepend,
-    };
-    // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
-    let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
     // The wire exptime is unsigned: memcached never sees a negative one here.
     let exptime = store.clock().exptime(i64::from(head.exptime));
-    let status = store.store(mode, head.key, value, head.flags, exptime, h.cas);
+    let status = store.store(
+        set_mode(head.op),
+        head.key,
+        value,
+        head.flags,
+        exptime,
+        h.cas,
+    );
+    answer_store(ctx, h, head, status, quiet, out);
+}
+
+/// The parts of a storage request kept while its value arrives.
+pub struct StoreHeader {
+    header: RequestHeader,
+    op: StoreOp,
+    key: Vec<u8>,
+}
+
+/// A storage request whose large value has not arrived yet: allocate its item now (so
+/// the memory counts in `-m`, as memcached's does) and receive the value into it.
+fn receive_value(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    header: RequestHeader,
+    head: &StoreHead<'_>,
+    total: usize,
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let exptime = store.clock().exptime(i64::from(head.exptime));
+    let before_value = total - head.value_len;
+    match store.alloc_pending(head.key, head.value_len, head.flags, exptime) {
+        Ok(item) => {
+            let pending = StoreHeader {
+                header,
+                op: head.op,
+                key: head.key.to_vec(),
+            };
+            sess.receiving = Some(Receiving::new(item, b"", Finish::Binary(pending)));
+            Step::Done(before_value)
+        }
+        Err(e) => {
+            // Answered now; the value is discarded as it arrives.
+            answer_store(ctx, &header, head, e.into(), header.quiet(), out);
+            sess.swallow = head.value_len;
+            Step::Done(before_value)
+        }
+    }
+}
+
+/// The value of a `receive_value` request is here: store it and answer.
+pub fn finish_store(ctx: &mut ExecCtx<'_>, p: StoreHeader, item: PendingItem, out: &mut Vec<u8>) {
+    let status = ctx
+        .shared
+        .store
+        .store_pending(set_mode(p.op), item, p.header.cas);
+    let head = StoreHead {
+        op: p.op,
+        key: &p.key,
+        flags: 0,
+        exptime: 0,
+        value_len: 0,
+    };
+    answer_store(ctx, &p.header, &head, status, p.header.quiet(), out);
+}
+
+/// Count a storage request's outcome and answer it.
+fn answer_store(
+    ctx: &mut ExecCtx<'_>,
+    h: &RequestHeader,
+    head: &StoreHead<'_>,
+    status: StoreStatus,
+    quiet: bool,
+    out: &mut Vec<u8>,
+) {
+    // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
+    let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
     let s = ctx.stats;
     // memcached counts a set once the item is allocated, whatever happens next. Its
     // binary path does not count store_too_large / store_no_memory (ascii does).

@@ -14,10 +14,10 @@ use memfabric_proto::meta::{
 };
 use memfabric_store::{
     AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, GetOptions, ItemInfo, LinkOptions,
-    NewItem, SetMode, StoreStatus, Txn,
+    NewItem, PendingItem, SetMode, StoreStatus, Txn,
 };
 
-use super::{ExecCtx, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step};
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
@@ -383,6 +383,9 @@ fn set(
     }
     let total = line_len + data_len + 2;
     if input.len() < total {
+        if data_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+            return receive_value(ctx, sess, req, &input[..line_len], out);
+        }
         return Step::NeedMore(total);
     }
     let data = &input[line_len..line_len + data_len];
@@ -452,6 +455,65 @@ fn set(
     }
     out.extend_from_slice(wire::CRLF);
     Step::Done(total)
+}
+
+/// An `ms` whose large value has not arrived: it is received into item memory (so it
+/// counts in `-m`, as memcached's half-read items do) instead of the read buffer, and
+/// run through `set` once it is complete (`finish_store`).
+fn receive_value(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    req: &MetaRequest<'_>,
+    line: &[u8],
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let f = &req.flags;
+    let exptime = f.ttl.map_or(0, |t| abs_exptime(store.clock(), t));
+    match store.alloc_pending(&req.key, req.data_len, f.client_flags, exptime) {
+        Ok(item) => {
+            let pending = StoreHeader {
+                line: line.to_vec(),
+            };
+            sess.receiving = Some(Receiving::new(item, b"\r\n", Finish::Meta(pending)));
+        }
+        Err(_) => {
+            // As `set` answers an item it cannot allocate; the data is discarded as it
+            // arrives.
+            ctx.stats.cmd_set.incr();
+            ctx.stats.store_no_memory.incr();
+            drop_after_failed_store(ctx, req);
+            out.extend_from_slice(NO_MEMORY);
+            sess.swallow = req.data_len + 2;
+        }
+    }
+    Step::Done(line.len())
+}
+
+/// An `ms` line kept while its value arrives.
+pub struct StoreHeader {
+    line: Vec<u8>,
+}
+
+/// The value of a `receive_value` request is here: run the `ms` on it. The value is
+/// copied out of the pending item (and the item freed) first, so the store's own rules
+/// for every mode and flag apply unchanged; the copy lives only for this call.
+pub fn finish_store(
+    ctx: &mut ExecCtx<'_>,
+    h: StoreHeader,
+    mut item: PendingItem,
+    trailer: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let mut input = h.line;
+    input.reserve(item.value_len() + trailer.len());
+    for piece in item.value_slices_mut() {
+        input.extend_from_slice(piece);
+    }
+    drop(item);
+    input.extend_from_slice(trailer);
+    let mut sess = Session::default();
+    let _ = process_one(ctx, &mut sess, &input, out);
 }
 
 /// memcached unlinks the old value when a store fails for size or memory, so that a

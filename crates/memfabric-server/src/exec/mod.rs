@@ -158,6 +158,8 @@ pub struct Receiving {
     trailer: &'static [u8],
     trailer_seen: usize,
     trailer_ok: bool,
+    /// The trailer bytes as they arrived.
+    trailer_got: [u8; 2],
     /// What to do with the item once it is complete.
     finish: Finish,
 }
@@ -165,6 +167,8 @@ pub struct Receiving {
 /// How a protocol completes a received value.
 pub enum Finish {
     Ascii(ascii::StoreHeader),
+    Binary(binary::StoreHeader),
+    Meta(meta::StoreHeader),
 }
 
 impl Receiving {
@@ -175,6 +179,7 @@ impl Receiving {
             trailer,
             trailer_seen: 0,
             trailer_ok: true,
+            trailer_got: [0; 2],
             finish,
         }
     }
@@ -189,6 +194,9 @@ impl Receiving {
         while used < input.len() && self.trailer_seen < self.trailer.len() {
             if input[used] != self.trailer[self.trailer_seen] {
                 self.trailer_ok = false;
+            }
+            if let Some(b) = self.trailer_got.get_mut(self.trailer_seen) {
+                *b = input[used];
             }
             self.trailer_seen += 1;
             used += 1;
@@ -333,5 +341,10 @@ pub fn process(
 fn finish_receiving(ctx: &mut ExecCtx<'_>, r: Receiving, out: &mut OutQueue) {
     match r.finish {
         Finish::Ascii(h) => ascii::finish_store(ctx, h, r.item, r.trailer_ok, out.bytes()),
+        Finish::Binary(h) => binary::finish_store(ctx, h, r.item, out.bytes()),
+        Finish::Meta(h) => {
+            let trailer = &r.trailer_got[..r.trailer_seen];
+            meta::finish_store(ctx, h, r.item, trailer, out.bytes())
+        }
     }
 }
