@@ -250,7 +250,7 @@ fn a_pipelined_bulk_load_is_stored_whole_not_dropped() {
 #[test]
 fn a_pipelined_noreply_bulk_load_is_stored_whole_not_dropped() {
     let d = Daemon::start(&["-m", "64"]);
-    const N: usize = 60_000;
+    const N: usize = 150_000;
     let mut burst = Vec::new();
     for i in 0..N {
         burst.extend_from_slice(
