@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
+use crate::bounds::{Gauges, Holdings, Share};
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
 use crate::stats::ThreadStats;
@@ -253,10 +254,18 @@ pub struct Conn {
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
     pub last_active: u32,
+    /// This connection's part of `stats bounds`.
+    share: Share,
 }
 
 impl Conn {
-    pub fn new(stream: Stream, id: u64, entry: Arc<ConnEntry>, now: u32) -> Conn {
+    pub fn new(
+        stream: Stream,
+        id: u64,
+        entry: Arc<ConnEntry>,
+        now: u32,
+        gauges: Arc<Gauges>,
+    ) -> Conn {
         Conn {
             stream,
             id,
@@ -272,16 +281,12 @@ impl Conn {
             closing: false,
             need: 0,
             last_active: now,
+            share: Share::new(gauges),
         }
     }
 
     fn pending_out(&self) -> usize {
         self.out.len()
-    }
-
-    /// Bytes of memory the connection holds for its input (for `stats`).
-    pub fn input_bytes(&self) -> usize {
-        self.rbuf.len() + self.session.receiving_bytes()
     }
 
     fn pending_in(&self) -> usize {
@@ -352,6 +357,27 @@ impl Conn {
     /// A readiness event arrived (or the worker re-runs us). Do one bounded round of
     /// work.
     pub fn drive(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        readable: bool,
+        now: u32,
+    ) -> Next {
+        let next = self.drive_round(shared, stats, readable, now);
+        let holdings = Holdings {
+            read_buf_bytes: self.rbuf.len() as i64,
+            copied_out_bytes: (self.out.len() - self.out.pinned_bytes()) as i64,
+            pinned_values: self.out.pinned_values() as i64,
+            pinned_bytes: self.out.pinned_bytes() as i64,
+            receiving_values: self.session.receiving_values() as i64,
+            receiving_bytes: self.session.receiving_bytes() as i64,
+            paused_on_output: i64::from(self.entry.state() == ConnState::Mwrite),
+        };
+        self.share.update(holdings);
+        next
+    }
+
+    fn drive_round(
         &mut self,
         shared: &Shared,
         stats: &ThreadStats,

@@ -37,8 +37,9 @@ pub struct OutQueue {
     /// Bytes of the first segment (or of `tail`, when there is no segment) already sent.
     sent: usize,
     tail: Vec<u8>,
-    /// Unsent bytes in pinned segments.
+    /// Unsent bytes in pinned segments, and how many such segments there are.
     pinned: usize,
+    pinned_values: usize,
     /// Unsent bytes in all segments and the tail.
     queued: usize,
 }
@@ -70,11 +71,8 @@ impl OutQueue {
     }
 
     /// Pinned values queued (for `stats`).
-    pub fn pinned_items(&self) -> usize {
-        self.segments
-            .iter()
-            .filter(|s| matches!(s, Segment::Pinned(_)))
-            .count()
+    pub fn pinned_values(&self) -> usize {
+        self.pinned_values
     }
 
     fn tail_sent(&self) -> usize {
@@ -95,6 +93,7 @@ impl OutQueue {
         self.seal_tail();
         self.queued += pin.value_len();
         self.pinned += pin.value_len();
+        self.pinned_values += 1;
         self.segments.push_back(Segment::Pinned(pin));
     }
 
@@ -131,6 +130,7 @@ impl OutQueue {
                 Some(Segment::Pinned(p)) => {
                     self.queued -= p.value_len();
                     self.pinned -= p.value_len();
+                    self.pinned_values -= 1;
                 }
                 Some(Segment::Bytes(b)) => {
                     self.queued -= b.len();
@@ -225,7 +225,9 @@ impl OutQueue {
                 self.pinned -= take;
             }
             if take == left {
-                self.segments.pop_front();
+                if let Some(Segment::Pinned(_)) = self.segments.pop_front() {
+                    self.pinned_values -= 1;
+                }
                 self.sent = 0;
             } else {
                 self.sent += take;
@@ -241,6 +243,7 @@ impl OutQueue {
         self.sent = 0;
         self.queued = 0;
         self.pinned = 0;
+        self.pinned_values = 0;
         if self.tail.capacity() > 256 << 10 {
             self.tail = Vec::new();
         }

@@ -190,6 +190,8 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "sizes" => v.put("sizes_status", "disabled"),
         // memfabric's own group: the UCX data path.
         "fabric" => v.0.extend(crate::fabric::fabric_stats(shared)),
+        // memfabric's own group: what connections hold (docs/connections.md).
+        "bounds" => v.0.extend(shared.gauges.stats()),
         _ => return None,
     }
     Some(v.0)

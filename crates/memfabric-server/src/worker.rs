@@ -260,7 +260,10 @@ impl Worker {
             entry.touch(now);
             self.shared.conns.insert(id, Arc::clone(&entry));
             tracing::debug!("<{id} new auto-negotiating client connection");
-            self.conns.insert(token, Conn::new(stream, id, entry, now));
+            self.conns.insert(
+                token,
+                Conn::new(stream, id, entry, now, Arc::clone(&self.shared.gauges)),
+            );
             // Data sent together with the connect is reported by the registration's
             // first event; nothing to do here.
         }

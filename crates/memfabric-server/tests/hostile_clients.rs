@@ -79,8 +79,14 @@ impl Daemon {
     }
 
     fn stat(&self, name: &str) -> u64 {
+        self.stat_of("", name)
+    }
+
+    /// A value of `stats <group>`.
+    fn stat_of(&self, group: &str, name: &str) -> u64 {
         let mut c = self.tcp();
-        let text = String::from_utf8(request(&mut c, b"stats\r\n", b"END\r\n")).expect("utf-8");
+        let cmd = format!("stats {group}\r\n");
+        let text = String::from_utf8(request(&mut c, cmd.as_bytes(), b"END\r\n")).expect("utf-8");
         text.lines()
             .find_map(|l| {
                 let mut it = l.split(' ');
@@ -180,8 +186,15 @@ fn one_multiget_line_naming_a_large_key_many_times_is_streamed_not_built_whole()
         "server grew by {} MiB for one unread multiget",
         grown / MIB
     );
-    // And every value arrives once the client reads.
+    // What it holds is counted: a few values pinned, the connection paused.
+    assert!(d.stat_of("bounds", "pinned_values") > 0);
+    assert_eq!(d.stat_of("bounds", "paused_on_output"), 1);
+    // And every value arrives once the client reads; then nothing is held.
     assert_eq!(count_values(&mut c, value.len()), REPEAT);
+    drop(c);
+    d.settle("curr_connections");
+    assert_eq!(d.stat_of("bounds", "pinned_values"), 0);
+    assert_eq!(d.stat_of("bounds", "pinned_bytes"), 0);
 }
 
 #[test]
@@ -289,6 +302,13 @@ fn set_headers_that_never_send_their_data_cost_item_memory_inside_the_limit() {
         "300 stalled 1 MB sets grew the server by {} MiB (-m 64)",
         grown / MIB
     );
+    // Counted: the values arriving hold item memory, at most one per connection.
+    let receiving = d.stat_of("bounds", "receiving_values");
+    assert!(
+        receiving > 0 && receiving <= 300,
+        "{receiving} values arriving"
+    );
+    assert!(d.stat_of("bounds", "receiving_bytes") <= 64 * MIB);
     // A stalled client that finishes gets its item stored; others are unaffected.
     // The first one got its item (the last ones may have been refused it: out of memory,
     // as memcached answers when every item is taken by values still arriving).
@@ -303,6 +323,11 @@ fn set_headers_that_never_send_their_data_cost_item_memory_inside_the_limit() {
         got.len(),
         "VALUE stall:0 0 1000000\r\n".len() + 1_000_002 + 5
     );
+    // Clients that die mid-value give their item memory back.
+    drop(idle);
+    d.settle("curr_connections");
+    assert_eq!(d.stat_of("bounds", "receiving_values"), 0);
+    assert_eq!(d.stat_of("bounds", "receiving_bytes"), 0);
 }
 
 #[test]

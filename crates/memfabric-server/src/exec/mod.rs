@@ -47,6 +47,8 @@ pub struct Shared {
     pub shutdown_waker: OnceLock<mio::Waker>,
     /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
     pub fabric: Option<crate::fabric::FabricShared>,
+    /// What connections hold now (`stats bounds`).
+    pub gauges: Arc<crate::bounds::Gauges>,
 }
 
 impl Shared {
@@ -68,6 +70,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             shutdown_waker: OnceLock::new(),
             fabric: None,
+            gauges: Default::default(),
         }
     }
 
@@ -138,6 +141,11 @@ impl Session {
     /// A request is part way through (a multiget being served, a value arriving).
     pub fn in_request(&self) -> bool {
         self.receiving.is_some() || self.ascii.in_request()
+    }
+
+    /// Values being received into item memory (0 or 1).
+    pub fn receiving_values(&self) -> usize {
+        usize::from(self.receiving.is_some())
     }
 
     /// Bytes of item memory held for values still arriving (counted in `-m`).
