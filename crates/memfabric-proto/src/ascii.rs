@@ -10,8 +10,10 @@
 //!   split off; whatever follows stays unsplit (`Tokens::rest`), which only multigets read.
 //! - With no `\n` in the first `max_line` (2048) bytes the connection is closed, unless the
 //!   buffer starts (after at most 100 spaces) with `get ` or `gets `: long multigets keep
-//!   reading. memcached lets those grow without bound; we close once the partial line
-//!   passes `Limits::max_multiget_line` (8 MiB by default), so memory stays bounded.
+//!   reading. memcached lets those grow without bound. `parse` closes once the partial
+//!   line passes `Limits::max_multiget_line` (8 MiB by default); memfabricd's executor
+//!   never lets it get there: it serves a long multiget key by key as it arrives
+//!   (`multiget_prefix` finds where its keys start).
 //! - Numbers are parsed the way `safe_strtoul`/`safe_strtol`/`safe_strtoull` do with
 //!   glibc's `strto*`: leading whitespace and a sign are accepted, the number may be
 //!   followed by whitespace and anything after it, 32-bit values are truncated from 64
