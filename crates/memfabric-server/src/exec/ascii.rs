@@ -137,6 +137,9 @@ pub fn process_one(
                     let touch = Some(ctx.shared.store.clock().exptime(exptime.into()));
                     start_get(ctx, sess, keys, cas, touch, len, input, out)
                 }
+                // The meta executor frames its own request (and data block) from the
+                // same input.
+                Request::Meta => super::meta::process_one(ctx, sess, input, out),
                 req => execute(ctx, sess, req, len, input, out.bytes()),
             }
         }
@@ -161,10 +164,8 @@ fn execute(
     let shared = ctx.shared;
     let store = &shared.store;
     match req {
-        // The meta executor frames its own request (and data block) from the same input.
-        Request::Meta => return super::meta::process_one(ctx, sess, input, out),
-        // Served by `start_get`.
-        Request::Get { .. } | Request::Gat { .. } => {}
+        // Served by `process_one`.
+        Request::Meta | Request::Get { .. } | Request::Gat { .. } => {}
         Request::Store(s) => store_value(ctx, &s, out),
         Request::StoreTooLarge {
             cmd,

@@ -15,6 +15,7 @@ use memfabric_store::{
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::outqueue::OutQueue;
 
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
@@ -29,7 +30,7 @@ pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Step {
     let frame = match bp::parse_request(input) {
         Ok(frame) => frame,
@@ -40,7 +41,7 @@ pub fn process_one(
         }
         Err(FrameError::Rejected { header, status }) => {
             ctx.stats.protocol_errors.incr();
-            bp::write_error(out, header.opcode, header.opaque, status);
+            bp::write_error(queue.bytes(), header.opcode, header.opaque, status);
             return Step::Close;
         }
     };
@@ -54,20 +55,38 @@ pub fn process_one(
             if head.value_len <= ctx.shared.store.config().item_size_max {
                 if head.value_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
                     // Large: receive it straight into the item it will become.
-                    return receive_value(ctx, sess, header, &head, total, out);
+                    return receive_value(ctx, sess, header, &head, total, queue.bytes());
                 }
                 // It may fit: buffer it (bounded by the receive-in-place threshold) and
                 // let the store decide once it is all here.
                 return Step::NeedMore(total);
             }
             // It can never fit: answer now and drop the value as it arrives.
-            reply_too_large(ctx, &header, &head, out);
+            reply_too_large(ctx, &header, &head, queue.bytes());
             consume(sess, input, total as u64)
         }
-        Frame::Request { request, len } => match execute(ctx, &request, out) {
-            Flow::Continue => consume(sess, input, len),
-            Flow::Close => Step::Close,
-        },
+        Frame::Request { request, len } => {
+            let flow = match request.command {
+                // Retrievals may queue a large value pinned; the rest write bytes.
+                Command::Get { key, return_key } => {
+                    get(ctx, &request, key, None, return_key, queue);
+                    Flow::Continue
+                }
+                Command::GetAndTouch {
+                    key,
+                    exptime,
+                    return_key,
+                } => {
+                    get(ctx, &request, key, Some(exptime), return_key, queue);
+                    Flow::Continue
+                }
+                _ => execute(ctx, &request, queue.bytes()),
+            };
+            match flow {
+                Flow::Continue => consume(sess, input, len),
+                Flow::Close => Step::Close,
+            }
+        }
     }
 }
 
@@ -88,12 +107,8 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
     let h = &req.header;
     let quiet = req.quiet();
     match req.command {
-        Command::Get { key, return_key } => get(ctx, h, key, None, return_key, quiet, out),
-        Command::GetAndTouch {
-            key,
-            exptime,
-            return_key,
-        } => get(ctx, h, key, Some(exptime), return_key, quiet, out),
+        // Run by `process_one` with the reply queue.
+        Command::Get { .. } | Command::GetAndTouch { .. } => {}
         Command::Touch { key, exptime } => touch(ctx, h, key, exptime, out),
         Command::Store { head, value } => store(ctx, h, &head, value, quiet, out),
         Command::Delete { key } => delete(ctx, h, key, quiet, out),
@@ -145,37 +160,69 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
     Flow::Continue
 }
 
-/// GET GETQ GETK GETKQ, and with `touch` GAT GATQ GATK GATKQ.
+/// GET GETQ GETK GETKQ, and with `touch` GAT GATQ GATK GATKQ. A large value is queued
+/// pinned and written from item memory.
 fn get(
     ctx: &mut ExecCtx<'_>,
-    h: &RequestHeader,
+    request: &Request<'_>,
     key: &[u8],
     touch: Option<u32>,
     return_key: bool,
-    quiet: bool,
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) {
+    let h = &request.header;
+    let quiet = request.quiet();
     let store = &ctx.shared.store;
     let opts = GetOptions {
         touch: touch.map(|e| store.clock().exptime(i64::from(e))),
         bump: true,
-        ..GetOptions::default()
+        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
     };
     let reply_key: &[u8] = if return_key { key } else { &[] };
     let (op, opaque) = (h.opcode, h.opaque);
+    let mut large = false;
     // The store may call this more than once (a torn read is retried after truncating
     // `out`), so it only writes.
-    let hit = store.get_into(key, &opts, out, |info, out| {
-        bp::write_hit_header(
-            out,
-            op,
-            opaque,
-            info.cas,
-            info.flags,
-            reply_key,
-            info.value_len,
-        )
+    let hit = store.get_into(key, &opts, queue.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            bp::write_hit_header(
+                out,
+                op,
+                opaque,
+                info.cas,
+                info.flags,
+                reply_key,
+                info.value_len,
+            )
+        }
     });
+    let hit = match hit {
+        Some(_) if large => {
+            // Pinned by a second look; the first recorded the access. Deleted in
+            // between: a miss is a correct answer.
+            let quiet_look = GetOptions {
+                bump: false,
+                ..GetOptions::default()
+            };
+            store.get_pinned(key, &quiet_look).map(|(info, pin)| {
+                let out = queue.bytes();
+                bp::write_hit_header(
+                    out,
+                    op,
+                    opaque,
+                    info.cas,
+                    info.flags,
+                    reply_key,
+                    info.value_len,
+                );
+                queue.push_pinned(pin);
+                info
+            })
+        }
+        hit => hit,
+    };
+    let out = queue.bytes();
     let s = ctx.stats;
     // memcached counts GAT as a touch, not a get.
     if touch.is_some() {

@@ -18,6 +18,7 @@ use memfabric_store::{
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::outqueue::OutQueue;
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
@@ -32,7 +33,7 @@ pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Step {
     let Some((line, line_len)) = wire::split_line(input) else {
         return Step::NeedMore(0);
@@ -41,17 +42,19 @@ pub fn process_one(
         Ok(r) => r,
         Err(e) => {
             ctx.stats.protocol_errors.incr();
-            wire::push_error(out, e.error);
+            wire::push_error(queue.bytes(), e.error);
             // A rejected `ms` whose length was understood: its data block follows and
             // must not be read as commands.
             sess.swallow = e.swallow;
             return Step::Done(line_len);
         }
     };
+    let out = queue.bytes();
     match req.command {
         MetaCommand::Noop => out.extend_from_slice(wire::NOOP_REPLY),
         MetaCommand::Debug => debug(ctx, &req, out),
-        MetaCommand::Get => get(ctx, &req, out),
+        // A retrieval may queue a large value pinned.
+        MetaCommand::Get => get(ctx, &req, queue),
         MetaCommand::Set => return set(ctx, sess, &req, input, line_len, out),
         MetaCommand::Delete => delete(ctx, &req, out),
         MetaCommand::Arith => arith(ctx, &req, out),
@@ -239,12 +242,12 @@ enum MgOutcome {
     Error,
 }
 
-fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, queue: &mut OutQueue) {
     let f = &req.flags;
     let outcome = if f.value && f.vivify.is_none() && f.recache.is_none() && f.ttl.is_none() {
-        mg_lockless(ctx, req, out).unwrap_or_else(|| mg_locked(ctx, req, out))
+        mg_lockless(ctx, req, queue).unwrap_or_else(|| mg_locked(ctx, req, queue.bytes()))
     } else {
-        mg_locked(ctx, req, out)
+        mg_locked(ctx, req, queue.bytes())
     };
     let s = ctx.stats;
     match outcome {
@@ -267,10 +270,11 @@ fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 /// The common `mg <key> v ...`: one optimistic read, no lock. `None` when the item turns
 /// out to be stale with no win token handed out yet (handing one out changes the item,
 /// so the locked path redoes the request), or for an over-long opaque.
+/// A large value is queued pinned and written from item memory.
 fn mg_lockless(
     ctx: &mut ExecCtx<'_>,
     req: &MetaRequest<'_>,
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Option<MgOutcome> {
     if req.flags.opaque_too_long() {
         // Rare: whether it counts as a miss depends on the lookup; let the locked path
@@ -279,27 +283,53 @@ fn mg_lockless(
     }
     let store = &ctx.shared.store;
     let clock = store.clock();
-    let start = out.len();
+    let start = queue.mark();
     let opts = GetOptions {
         touch: None,
         bump: !req.flags.no_update,
-        ..GetOptions::default()
+        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
     };
-    let hit = store.get_into(&req.key, &opts, out, |info, out| {
-        // Without T/N/R and with the opaque checked, this cannot fail.
-        let _ = mg_hit_line(clock, req, info, false, out);
+    let mut large = false;
+    let hit = store.get_into(&req.key, &opts, queue.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            // Without T/N/R and with the opaque checked, this cannot fail.
+            let _ = mg_hit_line(clock, req, info, false, out);
+        }
     });
+    let stale_unclaimed = |info: &ItemInfo| info.stale && !info.token_sent;
     match hit {
-        Some(info) if info.stale && !info.token_sent => {
-            out.truncate(start);
+        Some(info) if stale_unclaimed(&info) => {
+            queue.truncate(start);
             None
         }
+        Some(_) if large => {
+            // Pinned by a second look; the first recorded the access. Deleted in
+            // between: a miss is a correct answer.
+            let quiet = GetOptions {
+                bump: false,
+                ..GetOptions::default()
+            };
+            match store.get_pinned(&req.key, &quiet) {
+                Some((info, _)) if stale_unclaimed(&info) => None,
+                Some((info, pin)) => {
+                    let _ = mg_hit_line(clock, req, &info, false, queue.bytes());
+                    queue.push_pinned(pin);
+                    queue.bytes().extend_from_slice(wire::CRLF);
+                    Some(MgOutcome::Hit { touched: false })
+                }
+                None => {
+                    mg_miss(req, queue.bytes());
+                    Some(MgOutcome::Miss)
+                }
+            }
+        }
         Some(_) => {
-            out.extend_from_slice(wire::CRLF);
+            queue.bytes().extend_from_slice(wire::CRLF);
             Some(MgOutcome::Hit { touched: false })
         }
         None => {
-            mg_miss(req, out);
+            mg_miss(req, queue.bytes());
             Some(MgOutcome::Miss)
         }
     }
@@ -513,7 +543,9 @@ pub fn finish_store(
     drop(item);
     input.extend_from_slice(trailer);
     let mut sess = Session::default();
-    let _ = process_one(ctx, &mut sess, &input, out);
+    let mut queue = OutQueue::new();
+    let _ = process_one(ctx, &mut sess, &input, &mut queue);
+    out.extend_from_slice(&queue.take_vec());
 }
 
 /// memcached unlinks the old value when a store fails for size or memory, so that a

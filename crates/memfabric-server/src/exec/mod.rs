@@ -313,7 +313,7 @@ pub fn process(
         };
         let step = match proto {
             Proto::Ascii => ascii::process_one(ctx, sess, rest, out),
-            Proto::Binary => binary::process_one(ctx, sess, rest, out.bytes()),
+            Proto::Binary => binary::process_one(ctx, sess, rest, out),
         };
         match step {
             Step::Done(n) => {
