@@ -153,7 +153,10 @@ impl OutQueue {
         let mut total = 0;
         while !self.is_empty() {
             let n = {
-                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOVECS);
+                let mut slices = Slices {
+                    at: [IoSlice::new(&[]); MAX_IOVECS],
+                    len: 0,
+                };
                 let mut skip = self.sent;
                 'fill: for seg in &self.segments {
                     match seg {
@@ -182,7 +185,7 @@ impl OutQueue {
                 if slices.len() < MAX_IOVECS && !self.tail.is_empty() {
                     slices.push(IoSlice::new(&self.tail[self.tail_sent()..]));
                 }
-                match w.write_vectored(&slices) {
+                match w.write_vectored(slices.as_slice()) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -278,6 +281,29 @@ impl OutQueue {
         let v = self.to_vec();
         self.reset();
         v
+    }
+}
+
+/// The pieces of one `writev`, without a heap allocation per write.
+struct Slices<'a> {
+    at: [IoSlice<'a>; MAX_IOVECS],
+    len: usize,
+}
+
+impl<'a> Slices<'a> {
+    fn push(&mut self, s: IoSlice<'a>) {
+        if let Some(slot) = self.at.get_mut(self.len) {
+            *slot = s;
+            self.len += 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_slice(&self) -> &[IoSlice<'a>] {
+        &self.at[..self.len]
     }
 }
 
@@ -381,6 +407,61 @@ mod tests {
         q.truncate(m);
         assert_eq!(q.to_vec(), b"keep");
         assert_eq!(q.len(), 4);
+    }
+
+    fn pinned(store: &memfabric_store::Store, key: &[u8]) -> PinnedItem {
+        let opts = memfabric_store::GetOptions::default();
+        store.get_pinned(key, &opts).expect("stored").1
+    }
+
+    #[test]
+    fn pinned_values_are_written_between_their_bytes_and_released() {
+        let store =
+            memfabric_store::Store::new(memfabric_store::StoreConfig::default()).expect("store");
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        store.store(memfabric_store::SetMode::Set, b"k", &big, 0, 0, 0);
+        let mut q = OutQueue::new();
+        q.bytes().extend_from_slice(b"head ");
+        q.push_pinned(pinned(&store, b"k"));
+        q.bytes().extend_from_slice(b" mid ");
+        q.push_pinned(pinned(&store, b"k"));
+        q.bytes().extend_from_slice(b" tail");
+        assert_eq!(q.pinned_values(), 2);
+        assert_eq!(q.pinned_bytes(), 2 * big.len());
+        let mut want = b"head ".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b" mid ");
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b" tail");
+        assert_eq!(q.len(), want.len());
+        let mut w = Trickle {
+            got: Vec::new(),
+            chunk: 70_001,
+            block_next: false,
+        };
+        while !q.is_empty() {
+            q.write_to(&mut w).unwrap();
+        }
+        assert!(w.got == want, "bytes differ");
+        assert_eq!(q.pinned_values(), 0);
+        assert_eq!(q.pinned_bytes(), 0);
+    }
+
+    #[test]
+    fn truncating_past_a_pinned_value_drops_its_pin() {
+        let store =
+            memfabric_store::Store::new(memfabric_store::StoreConfig::default()).expect("store");
+        store.store(memfabric_store::SetMode::Set, b"k", &[7u8; 50_000], 0, 0, 0);
+        let mut q = OutQueue::new();
+        q.bytes().extend_from_slice(b"keep");
+        let m = q.mark();
+        q.bytes().extend_from_slice(b"VALUE");
+        q.push_pinned(pinned(&store, b"k"));
+        q.bytes().extend_from_slice(b"\r\n");
+        q.truncate(m);
+        assert_eq!(q.to_vec(), b"keep");
+        assert_eq!(q.pinned_values(), 0);
+        assert_eq!(q.pinned_bytes(), 0);
     }
 
     #[test]
