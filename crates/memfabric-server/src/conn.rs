@@ -246,8 +246,11 @@ pub struct Conn {
     /// The socket may have unread data (mio readiness is edge-triggered: once we stop
     /// reading before `WouldBlock`, no new event will tell us again).
     may_read: bool,
-    /// The peer closed its side.
+    /// The peer closed its side (a read returned 0).
     eof: bool,
+    /// The poller reported the peer's FIN (or an error): read until EOF even after a
+    /// short read, since no further readiness edge will come.
+    peer_closed: bool,
     /// Flush `out`, then close.
     closing: bool,
     /// Input bytes the pending request needs in total (from `Progress::need`).
@@ -278,6 +281,7 @@ impl Conn {
             backlog: false,
             may_read: true,
             eof: false,
+            peer_closed: false,
             closing: false,
             need: 0,
             last_active: now,
@@ -335,7 +339,7 @@ impl Conn {
                     self.rend += n;
                     total += n;
                     stats.bytes_read.add(n as u64);
-                    if n < room {
+                    if n < room && !self.peer_closed {
                         // A short read drained the socket: asking again would only
                         // return WouldBlock (one wasted syscall per request). Data that
                         // arrives later raises a new edge-triggered event.
@@ -500,6 +504,11 @@ impl Conn {
         } else {
             Next::Wait
         }
+    }
+
+    /// The poller saw the peer close its side (see `peer_closed`).
+    pub fn note_peer_closed(&mut self) {
+        self.peer_closed = true;
     }
 
     /// Ask to be closed: flush what is queued first.

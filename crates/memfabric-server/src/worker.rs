@@ -199,6 +199,13 @@ impl Worker {
                 } else {
                     active = true;
                     let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                    if ev.is_read_closed() || ev.is_error() {
+                        // The FIN may have come with the last data: no further edge
+                        // will say so, so the connection must read until it sees it.
+                        if let Some(conn) = self.conns.get_mut(&t) {
+                            conn.note_peer_closed();
+                        }
+                    }
                     self.drive(t, readable, now);
                 }
             }

@@ -388,3 +388,21 @@ fn a_streamed_get_line_with_a_too_long_key_answers_the_error_and_goes_on() {
         b"CLIENT_ERROR bad command line format\r\nVALUE after 0 2\r\nok\r\nEND\r\n"
     );
 }
+
+#[test]
+fn clients_that_half_close_after_their_request_get_the_reply_and_are_closed() {
+    // `printf 'version\r\n' | nc -q1 ...`: the request and the FIN often arrive in one
+    // readiness event; the server must still see the FIN and close.
+    let d = Daemon::start(&["-m", "64"]);
+    let base = d.stat("curr_connections");
+    for _ in 0..50 {
+        let mut c = d.tcp();
+        c.write_all(b"version\r\n").expect("write");
+        c.shutdown(std::net::Shutdown::Write).expect("half-close");
+        let mut all = Vec::new();
+        c.read_to_end(&mut all)
+            .expect("the server closes after replying");
+        assert_eq!(all, b"VERSION 1.6.18\r\n");
+    }
+    assert_eq!(d.settle("curr_connections"), base);
+}
