@@ -1,4 +1,6 @@
 //! `memfabricd`: parse memcached's flags, set up logging, run the server.
+use std::io::IsTerminal;
+
 use memfabric_server::cli::{self, Either};
 use memfabric_server::runtime;
 
@@ -26,9 +28,11 @@ fn main() {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MEMFABRIC_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // Colour only for a person at a terminal: a pipe, a file or journald gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
     for w in &parsed.warnings {
