@@ -445,6 +445,50 @@ mod tests {
     }
 
     #[test]
+    fn sock_cookie_id_marks_tcp_and_udp_listeners() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let t = bind_tcp(addr, 16, Some(7)).unwrap();
+        let u = bind_udp(addr, Some(7)).unwrap();
+        let unmarked = bind_tcp(addr, 16, None).unwrap();
+        // Setting SO_MARK needs CAP_NET_ADMIN; without it the listener still exists
+        // (memcached's behaviour) and is simply unmarked.
+        let want = if nix::unistd::geteuid().is_root() {
+            7
+        } else {
+            0
+        };
+        assert_eq!(socket2::SockRef::from(&t).mark().unwrap(), want);
+        assert_eq!(socket2::SockRef::from(&u).mark().unwrap(), want);
+        assert_eq!(socket2::SockRef::from(&unmarked).mark().unwrap(), 0);
+    }
+
+    #[test]
+    fn port_file_lists_tcp_then_udp_with_their_family() {
+        let v4: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let v6: SocketAddr = "[::1]:0".parse().unwrap();
+        let t = bind_tcp(v4, 16, None).unwrap();
+        let u = bind_udp(v4, None).unwrap();
+        let (tp, up) = (
+            t.local_addr().unwrap().port(),
+            u.local_addr().unwrap().port(),
+        );
+        let mut l = Listeners {
+            tcp: vec![(t, "t".into())],
+            unix: None,
+            udp: vec![(u, "u".into())],
+            ucx: vec![(bind_tcp(v4, 16, None).unwrap(), "x".into())],
+        };
+        let mut want = format!("TCP INET: {tp}\n");
+        // IPv6 loopback, where the host has it.
+        if let Ok(t6) = bind_tcp(v6, 16, None) {
+            want.push_str(&format!("TCP INET6: {}\n", t6.local_addr().unwrap().port()));
+            l.tcp.push((t6, "t6".into()));
+        }
+        want.push_str(&format!("UDP INET: {up}\n"));
+        assert_eq!(port_file_text(&l), want);
+    }
+
+    #[test]
     fn localhost_resolves() {
         let a = resolve("localhost", 9).unwrap();
         assert!(a.iter().all(|s| s.port() == 9 && s.ip().is_loopback()));
