@@ -9,6 +9,12 @@ const LICENSE: &str = "memfabricd is distributed under the BSD-3-Clause license.
 fn main() {
     let parsed = match cli::parse(std::env::args_os()) {
         Ok(p) => p,
+        // --help and --version print to stdout and exit 0; a flag getopt would reject
+        // (unknown, or missing its value) exits 1, memcached's status, not clap's 2.
+        Err(Either::Clap(e)) if e.use_stderr() => {
+            let _ = e.print();
+            std::process::exit(1);
+        }
         Err(Either::Clap(e)) => e.exit(),
         Err(Either::Cli(e)) => {
             eprintln!("{}", e.message);

@@ -210,6 +210,20 @@ fn unknown_extended_option_exits_1_with_memcacheds_message() {
 }
 
 #[test]
+fn unknown_flags_and_missing_values_exit_1_as_memcached_does() {
+    for args in [&["-j"][..], &["--bogus"][..], &["-p"][..]] {
+        let mut g = Guard::spawn(
+            Command::new(BIN)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        assert_eq!(g.exit_status().code(), Some(1), "{args:?}");
+    }
+}
+
+#[test]
 fn ephemeral_ports_are_reported_in_memcached_port_filename_and_answer_version() {
     let file = temp_path("ports");
     let mut g = Guard::spawn(
