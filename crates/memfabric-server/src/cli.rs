@@ -174,7 +174,7 @@ pub struct Args {
     /// disable stats cachedump and lru_crawler metadump
     #[arg(short = 'X', long = "disable-dumping")]
     pub disable_dumping: bool,
-    /// disable watch commands (live logging; there are none, so always true)
+    /// disable watch commands (accepted: memfabricd has no watch commands)
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
     /// ASCII protocol authentication file (not supported: refuses to start)
