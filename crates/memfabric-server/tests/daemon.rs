@@ -162,8 +162,8 @@ fn item_size_over_half_of_memory_is_a_usage_error() {
 }
 
 #[test]
-fn unknown_extended_option_is_accepted() {
-    let d = Daemon::start(&["-o", "foo_bar=3,modern,idle_timeout=100"]);
+fn memcached_extended_options_are_accepted() {
+    let d = Daemon::start(&["-o", "hot_lru_pct=20,modern,idle_timeout=100"]);
     let mut c = d.tcp();
     assert_eq!(
         request(&mut c, b"version\r\n", b"\r\n"),
