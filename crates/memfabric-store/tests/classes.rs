@@ -19,7 +19,20 @@ fn class_of(s: &Store, key: &[u8]) -> u8 {
 #[test]
 fn item_class_is_the_class_a_stored_item_of_that_shape_lands_in() {
     let s = store();
-    let sizes = [0usize, 1, 10, 40, 41, 100, 1000, 5000, 20_000, 200_000, 600_000, 1 << 20];
+    let sizes = [
+        0usize,
+        1,
+        10,
+        40,
+        41,
+        100,
+        1000,
+        5000,
+        20_000,
+        200_000,
+        600_000,
+        1 << 20,
+    ];
     for key_len in [1usize, 30, 250] {
         for &len in &sizes {
             let key = vec![b'k'; key_len];
