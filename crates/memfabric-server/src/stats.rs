@@ -335,7 +335,7 @@ pub fn reset(ctx: &ExecCtx<'_>) {
     b.classes = classes;
     b.items = items;
     b.store = store;
-    b.total_connections = shared.total_connections.load(Ordering::Relaxed);
+    b.total_connections = raw_total_connections(shared);
     b.rejected_connections = shared.rejected_connections.load(Ordering::Relaxed);
     b.listen_disabled_num = shared.listen_disabled_num.load(Ordering::Relaxed);
 }
@@ -363,6 +363,20 @@ fn rusage() -> (String, String) {
         }
         Err(_) => ("0.000000".into(), "0.000000".into()),
     }
+}
+
+/// memcached counts each listening (and UDP) socket as a connection once, at start, in
+/// `total_connections`.
+fn listening_conns(shared: &Shared) -> u64 {
+    let snapshot = shared.conns.snapshot();
+    snapshot
+        .iter()
+        .filter(|(_, e)| e.listen_addr.is_none())
+        .count() as u64
+}
+
+fn raw_total_connections(shared: &Shared) -> u64 {
+    shared.total_connections.load(Ordering::Relaxed) + listening_conns(shared)
 }
 
 /// memcached's `reserved_fds` counts the descriptors it keeps for itself (listeners,
@@ -401,6 +415,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     }
     let t = thread_totals(shared);
     let (ru, rs) = rusage();
+    // (memcached counts its listeners here too, then prints one less.)
     let curr = shared.curr_connections.load(Ordering::Relaxed);
     v.put("pid", shared.pid);
     v.put("uptime", now.saturating_sub(shared.started));
@@ -415,10 +430,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("curr_connections", curr);
     v.put(
         "total_connections",
-        shared
-            .total_connections
-            .load(Ordering::Relaxed)
-            .wrapping_sub(base_total),
+        raw_total_connections(shared).wrapping_sub(base_total),
     );
     v.put(
         "rejected_connections",
