@@ -13,12 +13,13 @@ use memfabric_proto::ascii::{
     StoreRequest, Verb, KEY_MAX_LEN, MAX_VERBOSITY_LEVEL,
 };
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, GetOptions, PendingItem, ReassignStatus, SetMode,
-    StoreStatus,
+    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, ReassignStatus,
+    SetMode, StoreStatus,
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
 use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 /// Per-connection ascii state.
 #[derive(Default)]
@@ -183,9 +184,10 @@ fn execute(
             return Step::Done(len + here);
         }
         Request::Delete { key, noreply } => {
-            let line = match store.delete(key, 0) {
+            let found = store.delete_found(key, 0);
+            let line = match found.status {
                 DeleteStatus::Deleted => {
-                    ctx.stats.delete_hits.incr();
+                    ctx.stats.count(ClassStat::DeleteHits, found.class_id);
                     reply::DELETED
                 }
                 // Exists needs a CAS, which the classic delete never gives.
@@ -208,8 +210,10 @@ fn execute(
             noreply,
         } => {
             ctx.stats.cmd_touch.incr();
-            let line = if store.touch(key, store.clock().exptime(exptime.into())) {
-                ctx.stats.touch_hits.incr();
+            let line = if let Some(class) =
+                store.touch_found(key, store.clock().exptime(exptime.into()))
+            {
+                ctx.stats.count(ClassStat::TouchHits, Some(class));
                 reply::TOUCHED
             } else {
                 ctx.stats.touch_misses.incr();
@@ -295,7 +299,10 @@ fn execute(
             ctx.stats.protocol_errors.incr();
             match verb {
                 // memcached counts a set whose data block was bad (it read it).
-                Verb::Store(_) if error == ErrorReply::BadDataChunk => ctx.stats.cmd_set.incr(),
+                // (The request's size is gone by now: counted in the total only.)
+                Verb::Store(_) if error == ErrorReply::BadDataChunk => {
+                    ctx.stats.count(ClassStat::SetCmds, None)
+                }
                 // flush_all is counted, and refused when disabled, before its argument
                 // is parsed.
                 Verb::FlushAll => {
@@ -348,7 +355,7 @@ fn start_get(
                 .shared
                 .store
                 .get_into(key, &opts, &mut scratch, |_, _| {});
-            count_get(ctx, touch.is_some(), hit.is_some());
+            count_get(ctx, touch.is_some(), hit.map(|i| i.class_id));
         }
         ctx.stats.protocol_errors.incr();
         out.bytes()
@@ -485,6 +492,7 @@ fn get_one(ctx: &ExecCtx<'_>, key: &[u8], cas: bool, touch: Option<u32>, out: &m
             write_value_header(out, key, info.flags, len, cas.then_some(info.cas));
         }
     });
+    let class = hit.map(|i| i.class_id);
     let hit = match hit {
         Some(_) if large => {
             // Pinned by a second look (under the key's lock); the first one recorded the
@@ -509,25 +517,26 @@ fn get_one(ctx: &ExecCtx<'_>, key: &[u8], cas: bool, touch: Option<u32>, out: &m
     if hit {
         out.bytes().extend_from_slice(b"\r\n");
     }
-    count_get(ctx, touch.is_some(), hit);
+    count_get(ctx, touch.is_some(), class.filter(|_| hit));
 }
 
-/// gat counts as a touch, not as a get (memcached's touch_cmds).
-fn count_get(ctx: &ExecCtx<'_>, touch: bool, hit: bool) {
+/// gat counts as a touch, not as a get (memcached's touch_cmds). `hit`: the slab class
+/// of the item found.
+fn count_get(ctx: &ExecCtx<'_>, touch: bool, hit: Option<u8>) {
     match (touch, hit) {
-        (false, true) => {
+        (false, Some(class)) => {
             ctx.stats.cmd_get.incr();
-            ctx.stats.get_hits.incr();
+            ctx.stats.count(ClassStat::GetHits, Some(class));
         }
-        (false, false) => {
+        (false, None) => {
             ctx.stats.cmd_get.incr();
             ctx.stats.get_misses.incr();
         }
-        (true, true) => {
+        (true, Some(class)) => {
             ctx.stats.cmd_touch.incr();
-            ctx.stats.touch_hits.incr();
+            ctx.stats.count(ClassStat::TouchHits, Some(class));
         }
-        (true, false) => {
+        (true, None) => {
             ctx.stats.cmd_touch.incr();
             ctx.stats.touch_misses.incr();
         }
@@ -556,8 +565,9 @@ fn unlink_after_failed_set(ctx: &ExecCtx<'_>, cmd: StoreCmd, key: &[u8]) {
 fn store_value(ctx: &ExecCtx<'_>, s: &StoreRequest<'_>, out: &mut Vec<u8>) {
     let store = &ctx.shared.store;
     let exptime = store.clock().exptime(s.exptime.into());
-    let status = store.store(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
-    answer_store(ctx, s.cmd, s.key, s.noreply, status, out);
+    let found = store.store_found(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
+    let class = store.item_class(s.key.len(), s.value.len());
+    answer_store(ctx, s.cmd, s.key, s.noreply, found, class, out);
 }
 
 /// A storage command whose large value has not arrived yet: allocate its item now
@@ -583,7 +593,11 @@ fn receive_value(
         }
         Err(e) => {
             // Answered now; the data block is discarded as it arrives.
-            answer_store(ctx, r.cmd, r.key, r.noreply, e.into(), out);
+            let refused = Found {
+                status: e.into(),
+                class_id: None,
+            };
+            answer_store(ctx, r.cmd, r.key, r.noreply, refused, None, out);
             sess.swallow = p.value_len + 2;
         }
     }
@@ -599,26 +613,32 @@ pub fn finish_store(
     trailer_ok: bool,
     out: &mut Vec<u8>,
 ) {
+    let store = &ctx.shared.store;
+    let class = store.item_class(h.key.len(), item.value_len());
     if !trailer_ok {
         // As for a buffered data block: counted as a set, the item is not stored.
         ctx.stats.protocol_errors.incr();
-        ctx.stats.cmd_set.incr();
+        ctx.stats.count(ClassStat::SetCmds, class);
         answer(h.noreply, ErrorReply::BadDataChunk.as_bytes(), out);
         return;
     }
-    let status = ctx.shared.store.store_pending(set_mode(h.cmd), item, h.cas);
-    answer_store(ctx, h.cmd, &h.key, h.noreply, status, out);
+    let found = store.store_pending_found(set_mode(h.cmd), item, h.cas);
+    answer_store(ctx, h.cmd, &h.key, h.noreply, found, class, out);
 }
 
-/// Count a storage command's outcome and answer it.
+/// Count a storage command's outcome and answer it. memcached counts `cmd_set` in the
+/// class of the request's item (`new_class`) and CAS results in the class of the item
+/// that was under the key.
 fn answer_store(
     ctx: &ExecCtx<'_>,
     cmd: StoreCmd,
     key: &[u8],
     noreply: bool,
-    status: StoreStatus,
+    found: Found<StoreStatus>,
+    new_class: Option<u8>,
     out: &mut Vec<u8>,
 ) {
+    let status = found.status;
     let line = match status {
         StoreStatus::Stored { .. } => reply::STORED,
         StoreStatus::NotStored => reply::NOT_STORED,
@@ -638,11 +658,11 @@ fn answer_store(
             return;
         }
     };
-    ctx.stats.cmd_set.incr();
+    ctx.stats.count(ClassStat::SetCmds, new_class);
     if cmd == StoreCmd::Cas {
         match status {
-            StoreStatus::Stored { .. } => ctx.stats.cas_hits.incr(),
-            StoreStatus::Exists => ctx.stats.cas_badval.incr(),
+            StoreStatus::Stored { .. } => ctx.stats.count(ClassStat::CasHits, found.class_id),
+            StoreStatus::Exists => ctx.stats.count(ClassStat::CasBadval, found.class_id),
             StoreStatus::NotFound => ctx.stats.cas_misses.incr(),
             _ => {}
         }
@@ -652,17 +672,17 @@ fn answer_store(
 
 fn arith(ctx: &ExecCtx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
     let (hits, misses) = if incr {
-        (&ctx.stats.incr_hits, &ctx.stats.incr_misses)
+        (ClassStat::IncrHits, &ctx.stats.incr_misses)
     } else {
-        (&ctx.stats.decr_hits, &ctx.stats.decr_misses)
+        (ClassStat::DecrHits, &ctx.stats.decr_misses)
     };
-    match ctx
+    let found = ctx
         .shared
         .store
-        .arith(key, incr, delta, &ArithOptions::default())
-    {
+        .arith_found(key, incr, delta, &ArithOptions::default());
+    match found.status {
         ArithStatus::Value { value, .. } => {
-            hits.incr();
+            ctx.stats.count(hits, found.class_id);
             if !noreply {
                 write_number_line(out, value);
             }

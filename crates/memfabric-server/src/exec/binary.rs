@@ -11,11 +11,12 @@ use memfabric_proto::binary::{
     self as bp, Command, Frame, FrameError, Request, RequestHeader, Status, StoreHead, StoreOp,
 };
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, GetOptions, PendingItem, SetMode, StoreStatus,
+    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, SetMode, StoreStatus,
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
 use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
@@ -224,18 +225,19 @@ fn get(
     };
     let out = queue.bytes();
     let s = ctx.stats;
+    let class = hit.map(|i| i.class_id);
     // memcached counts GAT as a touch, not a get.
     if touch.is_some() {
         s.cmd_touch.incr();
         if hit.is_some() {
-            s.touch_hits.incr()
+            s.count(ClassStat::TouchHits, class)
         } else {
             s.touch_misses.incr()
         }
     } else {
         s.cmd_get.incr();
         if hit.is_some() {
-            s.get_hits.incr()
+            s.count(ClassStat::GetHits, class)
         } else {
             s.get_misses.incr()
         }
@@ -264,7 +266,7 @@ fn touch(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], exptime: u32, out
     ctx.stats.cmd_touch.incr();
     match hit {
         Some(info) => {
-            ctx.stats.touch_hits.incr();
+            ctx.stats.count(ClassStat::TouchHits, Some(info.class_id));
             bp::write_hit_header(out, h.opcode, h.opaque, info.cas, info.flags, &[], 0);
         }
         None => {
@@ -315,7 +317,7 @@ fn store(
     let store = &ctx.shared.store;
     // The wire exptime is unsigned: memcached never sees a negative one here.
     let exptime = store.clock().exptime(i64::from(head.exptime));
-    let status = store.store(
+    let found = store.store_found(
         set_mode(head.op),
         head.key,
         value,
@@ -323,7 +325,8 @@ fn store(
         exptime,
         h.cas,
     );
-    answer_store(ctx, h, head, status, quiet, out);
+    let class = store.item_class(head.key.len(), value.len());
+    answer_store(ctx, h, head, found, class, quiet, out);
 }
 
 /// The parts of a storage request kept while its value arrives.
@@ -358,7 +361,11 @@ fn receive_value(
         }
         Err(e) => {
             // Answered now; the value is discarded as it arrives.
-            answer_store(ctx, &header, head, e.into(), header.quiet(), out);
+            let refused = Found {
+                status: e.into(),
+                class_id: None,
+            };
+            answer_store(ctx, &header, head, refused, None, header.quiet(), out);
             sess.swallow = head.value_len;
             Step::Done(before_value)
         }
@@ -367,10 +374,9 @@ fn receive_value(
 
 /// The value of a `receive_value` request is here: store it and answer.
 pub fn finish_store(ctx: &mut ExecCtx<'_>, p: StoreHeader, item: PendingItem, out: &mut Vec<u8>) {
-    let status = ctx
-        .shared
-        .store
-        .store_pending(set_mode(p.op), item, p.header.cas);
+    let store = &ctx.shared.store;
+    let class = store.item_class(p.key.len(), item.value_len());
+    let found = store.store_pending_found(set_mode(p.op), item, p.header.cas);
     let head = StoreHead {
         op: p.op,
         key: &p.key,
@@ -378,31 +384,34 @@ pub fn finish_store(ctx: &mut ExecCtx<'_>, p: StoreHeader, item: PendingItem, ou
         exptime: 0,
         value_len: 0,
     };
-    answer_store(ctx, &p.header, &head, status, p.header.quiet(), out);
+    answer_store(ctx, &p.header, &head, found, class, p.header.quiet(), out);
 }
 
-/// Count a storage request's outcome and answer it.
+/// Count a storage request's outcome and answer it. `new_class`: the slab class of the
+/// request's item (memcached counts `cmd_set` there, CAS results in the old item's).
 fn answer_store(
     ctx: &mut ExecCtx<'_>,
     h: &RequestHeader,
     head: &StoreHead<'_>,
-    status: StoreStatus,
+    found: Found<StoreStatus>,
+    new_class: Option<u8>,
     quiet: bool,
     out: &mut Vec<u8>,
 ) {
+    let status = found.status;
     // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
     let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
     let s = ctx.stats;
     // memcached counts a set once the item is allocated, whatever happens next. Its
     // binary path does not count store_too_large / store_no_memory (ascii does).
     if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
-        s.cmd_set.incr();
+        s.count(ClassStat::SetCmds, new_class);
     }
     let (op, opaque) = (h.opcode, h.opaque);
     match status {
         StoreStatus::Stored { cas } => {
             if is_cas {
-                s.cas_hits.incr();
+                s.count(ClassStat::CasHits, found.class_id);
             }
             if !quiet {
                 bp::write_ok(out, op, opaque, cas);
@@ -410,7 +419,7 @@ fn answer_store(
         }
         StoreStatus::Exists => {
             if is_cas {
-                s.cas_badval.incr();
+                s.count(ClassStat::CasBadval, found.class_id);
             }
             bp::write_error(out, op, opaque, Status::KeyExists);
         }
@@ -439,9 +448,10 @@ fn answer_store(
 }
 
 fn delete(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], quiet: bool, out: &mut Vec<u8>) {
-    match ctx.shared.store.delete(key, h.cas) {
+    let found = ctx.shared.store.delete_found(key, h.cas);
+    match found.status {
         DeleteStatus::Deleted => {
-            ctx.stats.delete_hits.incr();
+            ctx.stats.count(ClassStat::DeleteHits, found.class_id);
             if !quiet {
                 bp::write_ok(out, h.opcode, h.opaque, 0);
             }
@@ -475,7 +485,8 @@ fn arith(
     };
     // Two steps so that the counters match memcached: a hit counts as a hit, a miss that
     // creates the item counts as neither, a miss that may not create counts as a miss.
-    let (status, created) = match store.arith(key, incr, delta, &first) {
+    let found = store.arith_found(key, incr, delta, &first);
+    let (status, created) = match found.status {
         ArithStatus::NotFound if exptime != bp::ARITH_NO_CREATE => {
             let create = ArithOptions {
                 // memcached ignores the CAS when it creates the item.
@@ -489,11 +500,12 @@ fn arith(
     match status {
         ArithStatus::Value { value, cas } => {
             if !created {
-                if incr {
-                    s.incr_hits.incr()
+                let what = if incr {
+                    ClassStat::IncrHits
                 } else {
-                    s.decr_hits.incr()
-                }
+                    ClassStat::DecrHits
+                };
+                s.count(what, found.class_id)
             }
             if !quiet {
                 bp::write_counter(out, op, opaque, cas, value);

@@ -19,6 +19,7 @@ use memfabric_store::{
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
 use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
@@ -237,7 +238,11 @@ fn push_echo_flags(req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 }
 
 enum MgOutcome {
-    Hit { touched: bool },
+    /// `class`: the item's slab class (per-class stats).
+    Hit {
+        touched: bool,
+        class: u8,
+    },
     Miss,
     Error,
 }
@@ -251,13 +256,19 @@ fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, queue: &mut OutQueue) {
     };
     let s = ctx.stats;
     match outcome {
-        MgOutcome::Hit { touched: true } => {
+        MgOutcome::Hit {
+            touched: true,
+            class,
+        } => {
             s.cmd_touch.incr();
-            s.touch_hits.incr();
+            s.count(ClassStat::TouchHits, Some(class));
         }
-        MgOutcome::Hit { touched: false } => {
+        MgOutcome::Hit {
+            touched: false,
+            class,
+        } => {
             s.cmd_get.incr();
-            s.get_hits.incr();
+            s.count(ClassStat::GetHits, Some(class));
         }
         MgOutcome::Miss => {
             s.cmd_get.incr();
@@ -316,7 +327,10 @@ fn mg_lockless(
                     let _ = mg_hit_line(clock, req, &info, false, queue.bytes());
                     queue.push_pinned(pin);
                     queue.bytes().extend_from_slice(wire::CRLF);
-                    Some(MgOutcome::Hit { touched: false })
+                    Some(MgOutcome::Hit {
+                        touched: false,
+                        class: info.class_id,
+                    })
                 }
                 None => {
                     mg_miss(req, queue.bytes());
@@ -324,9 +338,12 @@ fn mg_lockless(
                 }
             }
         }
-        Some(_) => {
+        Some(info) => {
             queue.bytes().extend_from_slice(wire::CRLF);
-            Some(MgOutcome::Hit { touched: false })
+            Some(MgOutcome::Hit {
+                touched: false,
+                class: info.class_id,
+            })
         }
         None => {
             mg_miss(req, queue.bytes());
@@ -374,6 +391,7 @@ fn mg_locked(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) ->
                 }
                 MgOutcome::Hit {
                     touched: hit.touched,
+                    class: info.class_id,
                 }
             }
             Err((e, exptime)) => {
@@ -419,7 +437,10 @@ fn set(
         return Step::NeedMore(total);
     }
     let data = &input[line_len..line_len + data_len];
-    ctx.stats.cmd_set.incr();
+    ctx.stats.count(
+        ClassStat::SetCmds,
+        store.item_class(req.key.len(), data_len),
+    );
     if &input[line_len + data_len..total] != b"\r\n" {
         out.extend_from_slice(BAD_CHUNK);
         return Step::Done(total);
@@ -510,7 +531,10 @@ fn receive_value(
         Err(_) => {
             // As `set` answers an item it cannot allocate; the data is discarded as it
             // arrives.
-            ctx.stats.cmd_set.incr();
+            ctx.stats.count(
+                ClassStat::SetCmds,
+                store.item_class(req.key.len(), req.data_len),
+            );
             ctx.stats.store_no_memory.incr();
             drop_after_failed_store(ctx, req);
             out.extend_from_slice(NO_MEMORY);
@@ -647,7 +671,7 @@ fn set_with_cas(
             StoreMode::Set | StoreMode::Replace => match res {
                 CasRes::Match => match fill(t, f.client_flags, exptime, &[data]) {
                     Ok(item) => {
-                        stats.cas_hits.incr();
+                        stats.count(ClassStat::CasHits, Some(old.class_id));
                         StoreStatus::Stored {
                             cas: t.link(item, LinkOptions::default()),
                         }
@@ -658,7 +682,7 @@ fn set_with_cas(
                     // The stale value keeps the old TTL and any win token already out.
                     match fill(t, f.client_flags, old.exptime, &[data]) {
                         Ok(item) => {
-                            stats.cas_hits.incr();
+                            stats.count(ClassStat::CasHits, Some(old.class_id));
                             let opts = LinkOptions {
                                 explicit_cas: None,
                                 stale: true,
@@ -672,7 +696,7 @@ fn set_with_cas(
                     }
                 }
                 CasRes::None | CasRes::BadVal => {
-                    stats.cas_badval.incr();
+                    stats.count(ClassStat::CasBadval, Some(old.class_id));
                     StoreStatus::Exists
                 }
             },
@@ -687,9 +711,10 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let f = &req.flags;
     let stats = ctx.stats;
     let code = if f.cas.is_none() && !f.invalidate {
-        match store.delete(&req.key, 0) {
+        let found = store.delete_found(&req.key, 0);
+        match found.status {
             DeleteStatus::Deleted => {
-                stats.delete_hits.incr();
+                stats.count(ClassStat::DeleteHits, found.class_id);
                 wire::HD
             }
             DeleteStatus::NotFound | DeleteStatus::Exists => {
@@ -719,7 +744,7 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 t.bump_cas(None);
             } else {
                 t.unlink();
-                stats.delete_hits.incr();
+                stats.count(ClassStat::DeleteHits, Some(item.class_id));
             }
             wire::HD
         })
@@ -751,12 +776,13 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let stats = ctx.stats;
     // Parsing validated the mode.
     let incr = f.arith_mode().unwrap_or(ArithMode::Incr) == ArithMode::Incr;
-    let count_hit = || {
-        if incr {
-            stats.incr_hits.incr()
+    let count_hit = |class: Option<u8>| {
+        let what = if incr {
+            ClassStat::IncrHits
         } else {
-            stats.decr_hits.incr()
-        }
+            ClassStat::DecrHits
+        };
+        stats.count(what, class)
     };
     let count_miss = || {
         if incr {
@@ -774,9 +800,10 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             cas: f.cas.unwrap_or(0),
             create: None,
         };
-        match store.arith(&req.key, incr, f.delta, &opts) {
+        let found = store.arith_found(&req.key, incr, f.delta, &opts);
+        match found.status {
             ArithStatus::Value { value, cas } => {
-                count_hit();
+                count_hit(found.class_id);
                 let done = ArithDone::Value {
                     value,
                     cas,
@@ -797,10 +824,11 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         }
     } else {
         store.transact(&req.key, |t| {
+            let class = t.item().map(|i| i.class_id);
             let done = ma_locked(t, req, incr);
             if let ArithDone::Value { created, .. } = done {
                 if !created {
-                    count_hit();
+                    count_hit(class);
                 }
                 let Some(info) = t.item() else {
                     return done;
