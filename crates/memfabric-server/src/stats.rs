@@ -441,12 +441,17 @@ fn general(shared: &Shared, v: &mut Stats) {
     );
     v.put("connection_structures", shared.conns.len());
     // memcached's response-object and read-buffer pools do not exist here: each
-    // connection owns growable buffers.
+    // connection owns bounded buffers (docs/connections.md). The nearest honest values:
+    // replies queued as references to item memory (pinned values) stand for response
+    // objects, the reply bytes copied and unsent for their bytes, and each connection's
+    // read buffer for a read buffer; nothing is pooled, so none is free and none fails.
+    let g = &shared.gauges;
+    let gauge = |a: &std::sync::atomic::AtomicI64| a.load(Ordering::Relaxed).max(0);
     v.put("response_obj_oom", 0);
-    v.put("response_obj_count", 0);
-    v.put("response_obj_bytes", 0);
-    v.put("read_buf_count", 0);
-    v.put("read_buf_bytes", 0);
+    v.put("response_obj_count", gauge(&g.pinned_values));
+    v.put("response_obj_bytes", gauge(&g.copied_out_bytes));
+    v.put("read_buf_count", gauge(&g.connections));
+    v.put("read_buf_bytes", gauge(&g.read_buf_bytes));
     v.put("read_buf_bytes_free", 0);
     v.put("read_buf_oom", 0);
     v.put("reserved_fds", reserved_fds(shared));
