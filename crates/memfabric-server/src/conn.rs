@@ -80,6 +80,14 @@ impl Write for Stream {
             Stream::Unix(s) => s.write(buf),
         }
     }
+    // One `writev` for a reply and the pinned values inside it (the default would write
+    // only the first piece per call).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -319,6 +327,44 @@ impl Conn {
         }
     }
 
+    /// While a large value is arriving and nothing else is buffered, read the socket
+    /// straight into the item's memory (as memcached reads into its item), up to one
+    /// batch. The bytes after the value come through `fill` as usual.
+    fn fill_value(&mut self, stats: &ThreadStats) -> io::Result<usize> {
+        let mut total = 0;
+        while total < READ_BATCH && self.pending_in() == 0 && self.may_read {
+            let Some(dst) = self
+                .session
+                .receiving
+                .as_mut()
+                .and_then(|r| r.unfilled_mut())
+            else {
+                break;
+            };
+            let room = dst.len();
+            match self.stream.read(dst) {
+                Ok(0) => {
+                    self.eof = true;
+                    self.may_read = false;
+                }
+                Ok(n) => {
+                    if let Some(r) = self.session.receiving.as_mut() {
+                        r.advance(n);
+                    }
+                    total += n;
+                    stats.bytes_read.add(n as u64);
+                    if n < room && !self.peer_closed {
+                        self.may_read = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.may_read = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
     /// Read until `WouldBlock`, EOF or one batch. Returns bytes read.
     fn fill(&mut self, stats: &ThreadStats) -> io::Result<usize> {
         let mut total = 0;
@@ -412,12 +458,15 @@ impl Conn {
         // faster than `-R` lets us execute is slowed down (TCP flow control), never cut off.
         if self.may_read && !self.eof && !self.backlog {
             self.entry.set_state(ConnState::Read);
-            if self.fill(stats).is_err() {
+            if self.fill_value(stats).is_err() {
+                return Next::Close;
+            }
+            if self.may_read && !self.eof && self.fill(stats).is_err() {
                 return Next::Close;
             }
         }
         self.backlog = false;
-        if self.pending_in() > 0 && self.pending_in() >= self.need {
+        if (self.pending_in() > 0 && self.pending_in() >= self.need) || self.session.received() {
             self.entry.set_state(ConnState::ParseCmd);
             let mut ctx = ExecCtx {
                 shared,
@@ -446,7 +495,7 @@ impl Conn {
             if self.rstart == self.rend {
                 self.rstart = 0;
                 self.rend = 0;
-                if self.rbuf.len() > READ_BUF_INITIAL * 4 {
+                if self.rbuf.len() > READ_BUF_INITIAL * 4 && !self.session.in_request() {
                     // A large request is done: give its buffer back.
                     self.rbuf = vec![0; READ_BUF_INITIAL];
                 }

@@ -143,6 +143,12 @@ impl Session {
         self.receiving.is_some() || self.ascii.in_request()
     }
 
+    /// A value being received into item memory has fully arrived (`process` stores it,
+    /// even with no further input).
+    pub fn received(&self) -> bool {
+        self.receiving.as_ref().is_some_and(Receiving::complete)
+    }
+
     /// Values being received into item memory (0 or 1).
     pub fn receiving_values(&self) -> usize {
         usize::from(self.receiving.is_some())
@@ -212,8 +218,27 @@ impl Receiving {
         used
     }
 
-    fn complete(&self) -> bool {
+    /// The value and what must follow it have all arrived.
+    pub fn complete(&self) -> bool {
         self.filled == self.item.value_len() && self.trailer_seen == self.trailer.len()
+    }
+
+    /// The next part of the value still to arrive, for the connection to read the socket
+    /// into directly (no copy through its read buffer); `None` once the value is whole.
+    pub fn unfilled_mut(&mut self) -> Option<&mut [u8]> {
+        let mut skip = self.filled;
+        for piece in self.item.value_slices_mut() {
+            if skip < piece.len() {
+                return Some(&mut piece[skip..]);
+            }
+            skip -= piece.len();
+        }
+        None
+    }
+
+    /// `n` bytes were read into `unfilled_mut`.
+    pub fn advance(&mut self, n: usize) {
+        self.filled = (self.filled + n).min(self.item.value_len());
     }
 }
 
@@ -276,7 +301,17 @@ pub fn process(
 ) -> Progress {
     let mut progress = Progress::default();
     let mut handled = 0;
-    while progress.consumed < input.len() {
+    loop {
+        if sess.receiving.as_ref().is_some_and(Receiving::complete) {
+            // Completed by reads straight into the item (`Conn`), or by the input below.
+            if let Some(r) = sess.receiving.take() {
+                finish_receiving(ctx, r, out);
+            }
+            handled += 1;
+        }
+        if progress.consumed >= input.len() {
+            break;
+        }
         let rest = &input[progress.consumed..];
         if sess.swallow > 0 {
             let n = sess.swallow.min(rest.len());
@@ -285,13 +320,8 @@ pub fn process(
             continue;
         }
         if let Some(r) = sess.receiving.as_mut() {
+            // Finished at the top of the loop when this completes it.
             progress.consumed += r.take(rest);
-            if r.complete() {
-                if let Some(r) = sess.receiving.take() {
-                    finish_receiving(ctx, r, out);
-                }
-                handled += 1;
-            }
             continue;
         }
         if handled >= max_requests || output_full(ctx.shared, out) {
