@@ -5,7 +5,7 @@
 //! demand; like memcached, a class that has no page yet may take one even when the memory
 //! limit is reached (so every item size can be stored once memory is full), which is why
 //! the arena reserves one extra page per class.
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::item::HDR;
@@ -31,9 +31,6 @@ pub struct ClassState {
     /// CLOCK hand: position in `pages` and chunk index within that page.
     pub hand_page: usize,
     pub hand_chunk: usize,
-    /// Sweeper cursor, same shape.
-    pub sweep_page: usize,
-    pub sweep_chunk: usize,
 }
 
 /// Per-class counters (`stats items`), updated with relaxed atomics from any thread.
@@ -69,6 +66,10 @@ pub struct Slabs {
     pub page_class: Vec<AtomicU8>,
     /// Page is being emptied for a move: frees into it are not reused.
     pub page_draining: Vec<AtomicBool>,
+    /// Earliest time (unix seconds) at which an item linked in the page may die: the
+    /// smallest exptime linked into it since the sweeper last looked, or a flush time
+    /// (`u32::MAX` = nothing to do). The sweeper visits only pages that are due.
+    pub page_due: Vec<AtomicU32>,
     /// Unassigned pages.
     pool: Mutex<Vec<u32>>,
     pub pages_used: AtomicU64,
@@ -128,6 +129,7 @@ impl Slabs {
             classes,
             page_class: (0..total_pages).map(|_| AtomicU8::new(0)).collect(),
             page_draining: (0..total_pages).map(|_| AtomicBool::new(false)).collect(),
+            page_due: (0..total_pages).map(|_| AtomicU32::new(u32::MAX)).collect(),
             pool: Mutex::new((0..total_pages as u32).rev().collect()),
             pages_used: AtomicU64::new(0),
         }
@@ -175,6 +177,26 @@ impl Slabs {
 
     pub fn page_of(&self, off: usize) -> usize {
         off / self.page_size
+    }
+
+    /// Something in the page at `off` dies at `at` (its header already says so): make
+    /// the page due for the sweeper then. The fence pairs with the one after the
+    /// sweeper's `swap` (`Inner::sweep_page`): either this load sees the sweeper's reset
+    /// and lowers it again, or the sweeper's scan sees the header.
+    pub fn note_due(&self, off: usize, at: u32) {
+        if let Some(d) = self.page_due.get(self.page_of(off)) {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if d.load(Ordering::Relaxed) > at {
+                d.fetch_min(at, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Make every page due at `at` (a flush: any item may die then).
+    pub fn all_due(&self, at: u32) {
+        for d in &self.page_due {
+            d.fetch_min(at, Ordering::AcqRel);
+        }
     }
 
     /// Class owning the chunk at `off` (0 if none).

@@ -115,6 +115,7 @@ pub struct Inner {
     pub(crate) pins: Pins,
     next_cas: AtomicU64,
     pub(crate) c: Counters,
+    sweep_cursor: AtomicUsize,
     shutdown: AtomicBool,
     wake: (Mutex<bool>, Condvar),
 }
@@ -145,10 +146,14 @@ pub(crate) struct Counters {
 enum Removal {
     /// Deleted or replaced by a client.
     Client,
-    /// Dead (expired or flushed) and found lazily.
+    /// Dead (expired or flushed) and found by a lookup of its key (any command): the
+    /// lookup counts `get_expired` / `get_flushed`, as memcached's `do_item_get` does;
+    /// nothing else counts it.
+    Lookup,
+    /// Dead and found while looking for memory (CLOCK hand, a full index bucket), or by
+    /// the background sweeper: `reclaimed` (and `expired_unfetched` if never fetched),
+    /// as memcached counts what its LRU tail pulls reclaim.
     Reclaimed,
-    /// Dead and found by the background sweeper.
-    Swept,
     /// Evicted for space by the CLOCK hand.
     Evicted,
     /// Evicted because both index buckets of a new key were full.
@@ -203,14 +208,7 @@ impl Store {
             Some(alloc) => Arena::with_memory(arena_len, alloc)?,
             None => Arena::new(arena_len)?,
         };
-        let power = match cfg.hashpower {
-            Some(p) => (p as u32).clamp(4, 32),
-            None => {
-                let slots = (limit_pages * cfg.page_size) / sizes[0];
-                let buckets = slots.div_ceil(index::SLOTS).max(1024);
-                buckets.next_power_of_two().trailing_zeros()
-            }
-        };
+        let power = index_power(&slabs, cfg.hashpower);
         let seed = {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -232,6 +230,7 @@ impl Store {
             pins: Pins::new(total_pages, cfg.page_size),
             next_cas: AtomicU64::new(0),
             c: Counters::default(),
+            sweep_cursor: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
@@ -296,11 +295,7 @@ impl Store {
                 }
                 ReadOutcome::Miss => return None,
                 ReadOutcome::Dead(off, flushed) => {
-                    if flushed {
-                        self.c.get_flushed.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.c.get_expired.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.count_dead_lookup(flushed);
                     self.reclaim_if_dead(&kh, off);
                     return None;
                 }
@@ -431,13 +426,25 @@ impl Store {
             Some(t) if t > now => {
                 // memcached: items stored before the flush time die when it comes.
                 self.index.flush_time().store(t - 1, Ordering::SeqCst);
+                self.slabs.all_due(t - 1);
             }
             _ => {
                 let c = self.next_cas.fetch_add(1, Ordering::SeqCst) + 1;
                 self.index.flush_cas().store(c, Ordering::SeqCst);
                 self.index.flush_time().store(0, Ordering::SeqCst);
+                self.slabs.all_due(now);
+                // Reclaim at once, as memcached's LRU maintainer does (within a second).
+                self.wake_maintenance();
             }
         }
+    }
+
+    /// Reclaim every dead (expired or flushed) item now, as the maintenance thread does
+    /// in the background within a tick of their death (memcached's LRU maintainer does
+    /// the same within about a second). Returns how many items it removed; they count
+    /// as `reclaimed` (and `expired_unfetched` if never fetched).
+    pub fn reclaim_dead(&self) -> usize {
+        self.inner.sweep_due(usize::MAX).0
     }
 
     /// The xxh3-64 seed of the index hash (also in the control block).
@@ -664,6 +671,25 @@ impl Store {
     }
 }
 
+/// log2 of the index's buckets: enough that the index is never what evicts. The most
+/// items the store can ever hold is every chunk of the smallest class in the largest
+/// memory limit (`cache_memlimit` may double the start limit) plus its reserve page;
+/// the index gets at least twice as many slots, and a new key takes the emptier of its
+/// two buckets. At that load (<= 1/2) a simulation of 37M replacements at exactly 1/2
+/// overflowed a bucket pair 3 times, none at 0.45 (docs/store.md). The geometry is
+/// published to one-sided readers, so it is fixed at start. `-o hashpower=N` is a lower
+/// bound, as in memcached.
+fn index_power(slabs: &Slabs, hashpower: Option<u8>) -> u32 {
+    let smallest = slabs.classes.get(1).map_or(1, |c| c.per_page.max(1));
+    let max_items = (slabs.max_limit_pages + 1).saturating_mul(smallest);
+    let buckets = max_items
+        .saturating_mul(2)
+        .div_ceil(index::SLOTS)
+        .clamp(1024, 1 << 32);
+    let auto = buckets.next_power_of_two().trailing_zeros();
+    auto.max(hashpower.map_or(0, |p| (p as u32).clamp(4, 32)))
+}
+
 /// Bounded optimistic attempts before a read takes the key's lock.
 const OPTIMISTIC_TRIES: usize = 64;
 
@@ -678,6 +704,17 @@ enum ReadOutcome {
 impl Inner {
     fn next_cas(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A lookup of a key found its item dead (memcached's `do_item_get` counts this for
+    /// every command that looks a key up, stores included).
+    fn count_dead_lookup(&self, flushed: bool) {
+        let c = if flushed {
+            &self.c.get_flushed
+        } else {
+            &self.c.get_expired
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Is an item with this header dead (expired or flushed) at `now`?
@@ -941,7 +978,7 @@ impl Inner {
         if let Some((b, i)) = self.slot_pointing_at(kh, off) {
             let h = item::read_header(&self.arena, off);
             if h.state == item::LINKED && self.dead(&h, self.clock.now()).is_some() {
-                self.unlink_at(b, i, off, Removal::Reclaimed);
+                self.unlink_at(b, i, off, Removal::Lookup);
                 freed = Some(off);
             }
         }
@@ -972,17 +1009,13 @@ impl Inner {
         let k = &self.slabs.counters[h.class as usize];
         let fetched = h.iflags & item::F_FETCHED != 0;
         match why {
-            Removal::Client => {}
-            Removal::Reclaimed | Removal::Swept => {
+            Removal::Client | Removal::Lookup => {}
+            Removal::Reclaimed => {
                 self.c.reclaimed.fetch_add(1, Ordering::Relaxed);
                 k.reclaimed.fetch_add(1, Ordering::Relaxed);
                 if !fetched {
                     self.c.expired_unfetched.fetch_add(1, Ordering::Relaxed);
                     k.expired_unfetched.fetch_add(1, Ordering::Relaxed);
-                }
-                if why == Removal::Swept {
-                    self.c.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
-                    k.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Removal::Evicted | Removal::IndexFull | Removal::PageMove => {
@@ -1020,13 +1053,18 @@ impl Inner {
     }
 
     /// Link the filled item `off` into slot (b, i) (bucket lock held).
-    fn link_at(&self, b: usize, i: usize, off: usize, tag: u16) {
+    fn link_at(&self, b: usize, i: usize, off: usize, tag: u16, stored: bool) {
         let h = item::read_header(&self.arena, off);
         item::set_state(&self.arena, off, item::LINKED);
         let class = self.slabs.class_of(off);
         self.index
             .set_slot(b, i, Some(index::Slot { tag, class, off }));
-        self.c.total_items.fetch_add(1, Ordering::Relaxed);
+        if stored {
+            self.c.total_items.fetch_add(1, Ordering::Relaxed);
+        }
+        if h.exptime != 0 {
+            self.slabs.note_due(off, h.exptime);
+        }
         self.account(&h, 1);
     }
 
@@ -1198,6 +1236,11 @@ impl Inner {
         &self.shutdown
     }
 
+    /// Where the sweeper continues when its last pass ran out of budget.
+    pub(crate) fn sweep_cursor(&self) -> &AtomicUsize {
+        &self.sweep_cursor
+    }
+
     pub(crate) fn is_dead(&self, h: &Header, now: u32) -> bool {
         self.dead(h, now).is_some()
     }
@@ -1208,10 +1251,10 @@ impl Inner {
 
     /// Remove the item at `off` if it is still linked (and, for the sweeper, still dead),
     /// waiting for its bucket locks. Call with no class lock held.
-    pub(crate) fn remove_at_location(&self, off: usize, swept: bool) {
+    pub(crate) fn remove_at_location(&self, off: usize, swept: bool) -> bool {
         let a = &self.arena;
         let Some(kh) = self.key_hash_at(off) else {
-            return;
+            return false;
         };
         self.index.lock_pair(&kh);
         let mut removed = false;
@@ -1223,7 +1266,7 @@ impl Inner {
                     i,
                     off,
                     if swept {
-                        Removal::Swept
+                        Removal::Reclaimed
                     } else {
                         Removal::PageMove
                     },
@@ -1235,6 +1278,7 @@ impl Inner {
         if removed {
             self.free_item(off);
         }
+        removed
     }
 
     pub(crate) fn carve_page(&self, ci: &ClassInfo, st: &mut ClassState, page: u32) {
@@ -1609,8 +1653,9 @@ impl<'s> Txn<'s> {
                 if h.key_len as usize != self.key_len || !a.eq(item::key_off(s.off), self.key()) {
                     continue;
                 }
-                if inner.dead(&h, now).is_some() {
-                    inner.unlink_at(b, i, s.off, Removal::Reclaimed);
+                if let Some(flushed) = inner.dead(&h, now) {
+                    inner.count_dead_lookup(flushed);
+                    inner.unlink_at(b, i, s.off, Removal::Lookup);
                     self.to_free.push(s.off);
                     return None;
                 }
@@ -1678,7 +1723,18 @@ impl<'s> Txn<'s> {
     }
 
     /// Link `item`, replacing the current one. Returns its CAS.
-    pub fn link(&mut self, mut item: NewItem<'s>, opts: LinkOptions) -> u64 {
+    pub fn link(&mut self, item: NewItem<'s>, opts: LinkOptions) -> u64 {
+        self.link_counted(item, opts, true)
+    }
+
+    /// `link`, counting the item in `total_items` only if `stored` (memcached counts
+    /// stores; an `incr`/`decr` it does in place is not one).
+    pub(crate) fn link_counted(
+        &mut self,
+        mut item: NewItem<'s>,
+        opts: LinkOptions,
+        stored: bool,
+    ) -> u64 {
         let inner = self.inner;
         let a = &inner.arena;
         let off = item.off;
@@ -1707,7 +1763,7 @@ impl<'s> Txn<'s> {
             }
             None => self.free_slot(),
         };
-        inner.link_at(b, i, off, self.kh.tag);
+        inner.link_at(b, i, off, self.kh.tag, stored);
         self.cur = Some((b, i, off));
         if inner.cfg.use_cas {
             cas
@@ -1716,16 +1772,20 @@ impl<'s> Txn<'s> {
         }
     }
 
-    /// An empty slot in either candidate bucket, evicting the coldest occupant of the
-    /// two buckets when both are full.
+    /// An empty slot in the emptier of the two candidate buckets (two choices keep the
+    /// buckets even: see `index_power`), evicting the coldest occupant of the two
+    /// buckets when both are full.
     fn free_slot(&mut self) -> (usize, usize) {
         let inner = self.inner;
-        for b in [self.kh.b1, self.kh.b2] {
-            for i in 0..index::SLOTS {
-                if inner.index.slot(b, i).is_none() {
-                    return (b, i);
-                }
-            }
+        let empty = |b: usize| (0..index::SLOTS).filter(move |&i| inner.index.slot(b, i).is_none());
+        let (b1, b2) = (self.kh.b1, self.kh.b2);
+        let b = if empty(b2).count() > empty(b1).count() {
+            b2
+        } else {
+            b1
+        };
+        if let Some(i) = empty(b).next() {
+            return (b, i);
         }
         let a = &inner.arena;
         let mut best: Option<(usize, usize, usize, (bool, u32))> = None;
@@ -1782,6 +1842,9 @@ impl<'s> Txn<'s> {
             a.u32_at(off + item::OFF_EXPTIME)
                 .store(exptime, Ordering::Relaxed)
         });
+        if let (Some((_, _, off)), true) = (self.cur, exptime != 0) {
+            self.inner.slabs.note_due(off, exptime);
+        }
     }
 
     /// Set or clear the meta-protocol stale / token-sent marks in place.
@@ -1937,7 +2000,7 @@ impl Grace {
     }
 }
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::arena::{Allocate, Arena};
