@@ -193,9 +193,6 @@ impl Inner {
             }
             let Some((pos, p)) = chosen else { return false };
             st.pages.remove(pos);
-            if st.hand_page > pos {
-                st.hand_page -= 1;
-            }
             self.slabs.page_draining[p as usize].store(true, Ordering::Release);
             let lo = p as usize * self.slabs.page_size;
             let hi = lo + self.slabs.page_size;

@@ -5,6 +5,7 @@
 //! demand; like memcached, a class that has no page yet may take one even when the memory
 //! limit is reached (so every item size can be stored once memory is full), which is why
 //! the arena reserves one extra page per class.
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -28,9 +29,37 @@ pub struct ClassState {
     pub pages: Vec<u32>,
     /// Free chunk offsets (a stack: the most recently freed chunk is reused first).
     pub free: Vec<usize>,
-    /// CLOCK hand: position in `pages` and chunk index within that page.
-    pub hand_page: usize,
-    pub hand_chunk: usize,
+    /// Eviction queue: the class's items in the order they were linked (`QueueEntry`).
+    /// Eviction takes the front; an item read since it was queued goes to the back
+    /// once instead (second chance). Entries of items since freed, replaced or moved
+    /// are stale and skipped; `compact_at` bounds how many accumulate.
+    pub queue: VecDeque<QueueEntry>,
+    /// Queue length at which stale entries are dropped (see `Inner::queue_push`).
+    pub compact_at: usize,
+}
+
+/// One entry of a class's eviction queue, packed in 8 bytes: the arena offset of a chunk
+/// of the class (/8, 40 bits) and the low 24 bits of the CAS its item was linked with.
+/// The chunk is the item's head, or for a chained item the first of its chunks in this
+/// class. An entry is current while that chunk still belongs to an item linked with
+/// that CAS: a chunk reused for a newer item has a new entry further back, so the old
+/// one cannot make the newer item jump the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueEntry(u64);
+
+impl QueueEntry {
+    pub fn new(off: usize, cas: u64) -> QueueEntry {
+        QueueEntry((((off as u64) >> 3) << 24) | (cas & 0xff_ffff))
+    }
+
+    pub fn off(self) -> usize {
+        ((self.0 >> 24) << 3) as usize
+    }
+
+    /// Does this entry name an item linked with `cas`?
+    pub fn cas_matches(self, cas: u64) -> bool {
+        self.0 & 0xff_ffff == cas & 0xff_ffff
+    }
 }
 
 /// Per-class counters (`stats items`), updated with relaxed atomics from any thread.
@@ -236,6 +265,14 @@ mod tests {
         assert_eq!(sl.class_for(89), Some(2));
         assert_eq!(sl.class_for(512 * 1024), Some((sl.classes.len() - 1) as u8));
         assert_eq!(sl.class_for(512 * 1024 + 1), None);
+    }
+
+    #[test]
+    fn queue_entries_round_trip_offset_and_cas_bits() {
+        let e = QueueEntry::new(8 * 123_456_789_012, 0x1234_5678_9abc);
+        assert_eq!(e.off(), 8 * 123_456_789_012);
+        assert!(e.cas_matches(0x1234_5678_9abc));
+        assert!(!e.cas_matches(0x1234_5678_9abd));
     }
 
     #[test]

@@ -1065,6 +1065,7 @@ impl Inner {
         if h.exptime != 0 {
             self.slabs.note_due(off, h.exptime);
         }
+        self.queue_push(off, &h);
         self.account(&h, 1);
     }
 
@@ -1300,68 +1301,43 @@ impl Inner {
         st.pages.push(page);
     }
 
-    /// CLOCK over the class's chunks (class lock held): skip referenced items (clearing
-    /// the bit), reclaim dead ones, evict the first cold one. Buckets are only try-locked
-    /// here, so a thread that holds a bucket lock and allocates can never deadlock with
-    /// an evictor. Chunks of other classes freed on the way go to `deferred`.
+    /// Evict from the front of the class's queue (class lock held): skip stale entries,
+    /// give an item read since it was queued a second chance (back of the queue, bit
+    /// cleared), reclaim a dead item, evict the first cold one. Buckets are only
+    /// try-locked here, so a thread that holds a bucket lock and allocates can never
+    /// deadlock with an evictor. Chunks of other classes freed on the way go to
+    /// `deferred`.
     fn evict_one(
         &self,
         ci: &ClassInfo,
         st: &mut ClassState,
         deferred: &mut Vec<usize>,
     ) -> Option<usize> {
-        let total = st.pages.len() * ci.per_page;
-        if total == 0 {
-            return None;
-        }
         let a = &self.arena;
         let now = self.clock.now();
-        for _ in 0..(2 * total + 2).min(1 << 20) {
-            if st.hand_page >= st.pages.len() {
-                st.hand_page = 0;
-                st.hand_chunk = 0;
+        // Every entry at most twice (once more after a second chance), then give up:
+        // with everything pinned or locked the allocation fails instead of spinning.
+        for _ in 0..2 * st.queue.len() + 2 {
+            let e = st.queue.pop_front()?;
+            let Some((victim, h)) = self.queued_item(ci, e) else {
+                continue;
+            };
+            let off = e.off();
+            let dead = self.dead(&h, now).is_some();
+            if !dead && h.iflags & item::F_REFERENCED != 0 {
+                a.u8_at(victim + item::OFF_IFLAGS)
+                    .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
+                st.queue.push_back(e);
+                continue;
             }
-            let off = self
-                .slabs
-                .chunk_off(ci, st.pages[st.hand_page], st.hand_chunk);
-            st.hand_chunk += 1;
-            if st.hand_chunk >= ci.per_page {
-                st.hand_chunk = 0;
-                st.hand_page += 1;
-            }
-            let (victim, why) = match item::state(a, off) {
-                item::LINKED => {
-                    let h = item::read_header(a, off);
-                    let dead = self.dead(&h, now).is_some();
-                    if !dead && h.iflags & item::F_REFERENCED != 0 {
-                        a.u8_at(off + item::OFF_IFLAGS)
-                            .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
-                        continue;
-                    }
-                    (
-                        off,
-                        if dead {
-                            Removal::Reclaimed
-                        } else {
-                            Removal::Evicted
-                        },
-                    )
-                }
-                item::CHAINED => {
-                    // Part of a large item: evict the item that owns it.
-                    let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
-                    if !head.is_multiple_of(8)
-                        || head + HDR > a.len()
-                        || item::state(a, head) != item::LINKED
-                    {
-                        continue;
-                    }
-                    (head, Removal::Evicted)
-                }
-                _ => continue,
+            let why = if dead {
+                Removal::Reclaimed
+            } else {
+                Removal::Evicted
             };
             // A pinned item is being sent from: leave it (and its memory) alone.
             if self.pins.is_pinned(victim) || !self.unlink_by_location(victim, why) {
+                st.queue.push_back(e);
                 continue;
             }
             // Pinned between the check and the unlink: its last unpin frees it.
@@ -1391,6 +1367,67 @@ impl Inner {
             }
         }
         None
+    }
+
+    /// The linked item a queue entry of class `ci` names, with its head's header, or
+    /// None if the entry is stale (chunk freed, reused, re-carved; item replaced).
+    fn queued_item(&self, ci: &ClassInfo, e: QueueEntry) -> Option<(usize, Header)> {
+        let a = &self.arena;
+        let off = e.off();
+        if off >= a.len()
+            || self.slabs.class_of(off) != ci.id
+            || !(off % self.slabs.page_size).is_multiple_of(ci.size)
+        {
+            return None;
+        }
+        let head = match item::state(a, off) {
+            item::LINKED => off,
+            // Part of a large item: the entry stands for the item that owns it.
+            item::CHAINED => {
+                let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
+                if !head.is_multiple_of(8)
+                    || head + HDR > a.len()
+                    || item::state(a, head) != item::LINKED
+                {
+                    return None;
+                }
+                head
+            }
+            _ => return None,
+        };
+        let h = item::read_header(a, head);
+        (e.cas_matches(h.cas) && (head != off || h.class == ci.id)).then_some((head, h))
+    }
+
+    /// Queue a just-linked (or re-CASed) item for eviction: its head in the head's
+    /// class, and for a chained item its first chunk in each class of its chain. Takes
+    /// class locks (bucket lock -> class lock is the allowed order).
+    fn queue_push(&self, head: usize, h: &Header) {
+        let mut done: [u8; 3] = [0; 3];
+        for c in self.item_chunks(head) {
+            let class = self.slabs.class_of(c);
+            if class == 0 || done.contains(&class) {
+                continue;
+            }
+            if let Some(slot) = done.iter_mut().find(|d| **d == 0) {
+                *slot = class;
+            }
+            let ci = self.slabs.classes[class as usize];
+            let mut st = self.slabs.lock(class);
+            st.queue.push_back(QueueEntry::new(c, h.cas));
+            if st.queue.len() >= st.compact_at {
+                self.queue_compact(&ci, &mut st);
+            }
+        }
+    }
+
+    /// Drop stale entries. The next compaction waits until a quarter of the class's
+    /// chunks more has been queued, so the work is a few entry checks per push and the
+    /// queue stays below 1.25 entries per chunk (+ 1024).
+    fn queue_compact(&self, ci: &ClassInfo, st: &mut ClassState) {
+        st.queue.retain(|&e| self.queued_item(ci, e).is_some());
+        let chunks = st.pages.len() * ci.per_page;
+        st.compact_at = st.queue.len().max(chunks) + chunks / 4 + 1024;
     }
 
     /// The value of an item as (arena offset, length) pieces in value order: one for a
@@ -1492,27 +1529,18 @@ impl Inner {
     }
 
     fn oldest_age(&self, class: u8, now: u32) -> u64 {
-        // Sample the chunks under the CLOCK hand: they are the next eviction candidates.
+        // The first current entries of the queue: the next eviction candidates.
         let ci = self.slabs.classes[class as usize];
         let st = self.slabs.lock(class);
-        if st.pages.is_empty() {
-            return 0;
-        }
-        let mut oldest = now;
-        let (mut p, mut c) = (st.hand_page % st.pages.len(), st.hand_chunk);
-        for _ in 0..64.min(st.pages.len() * ci.per_page) {
-            let off = self.slabs.chunk_off(&ci, st.pages[p], c);
-            if item::state(&self.arena, off) == item::LINKED {
-                let h = item::read_header(&self.arena, off);
-                oldest = oldest.min(h.atime.max(h.time));
-            }
-            c += 1;
-            if c >= ci.per_page {
-                c = 0;
-                p = (p + 1) % st.pages.len();
-            }
-        }
-        (now - oldest) as u64
+        let oldest = st
+            .queue
+            .iter()
+            .take(64)
+            .filter_map(|&e| self.queued_item(&ci, e))
+            .map(|(_, h)| h.atime.max(h.time))
+            .min()
+            .unwrap_or(now);
+        now.saturating_sub(oldest) as u64
     }
 
     pub(crate) fn wake_maintenance(&self) {
@@ -1882,6 +1910,12 @@ impl<'s> Txn<'s> {
         }
         let cas = explicit.unwrap_or_else(|| self.inner.next_cas());
         self.modify(|a, off| a.u64_at(off + item::OFF_CAS).store(cas, Ordering::Relaxed));
+        // The queue entry names the item by its CAS: queue it again (at the back, as
+        // memcached bumps an item it modifies).
+        if let Some((_, _, off)) = self.cur {
+            let h = item::read_header(&self.inner.arena, off);
+            self.inner.queue_push(off, &h);
+        }
         if self.inner.cfg.use_cas {
             cas
         } else {
@@ -2007,6 +2041,46 @@ use crate::arena::{Allocate, Arena};
 use crate::index::{self, Index, KeyHash};
 use crate::item::{self, Header, HDR};
 use crate::pins::Pins;
-use crate::slab::{self, ClassInfo, ClassState, Slabs};
+use crate::slab::{self, ClassInfo, ClassState, QueueEntry, Slabs};
 use crate::stats::{ItemClassStats, SlabClassStats, StoreStats};
 use crate::KEY_MAX_LEN;
+
+#[cfg(test)]
+mod tests {
+    use crate::{SetMode, Store, StoreConfig};
+
+    #[test]
+    fn eviction_queue_stays_bounded_under_overwrites_without_evictions() {
+        let s = Store::new(StoreConfig {
+            memory_limit: 4 << 20,
+            background_sweeper: false,
+            slab_automove: false,
+            ..StoreConfig::default()
+        })
+        .unwrap();
+        for round in 0..2000 {
+            for k in 0..100 {
+                let v = format!("{round}");
+                s.store(
+                    SetMode::Set,
+                    format!("k{k}").as_bytes(),
+                    v.as_bytes(),
+                    0,
+                    0,
+                    0,
+                );
+            }
+        }
+        assert_eq!(s.stats().evictions, 0);
+        let class = s.slabs.class_for(40 + 3 + 4).unwrap();
+        let st = s.slabs.lock(class);
+        let chunks = st.pages.len() * s.slabs.classes[class as usize].per_page;
+        assert!(
+            st.queue.len() <= chunks + chunks / 4 + 1024,
+            "{}",
+            st.queue.len()
+        );
+        // Every live item is still queued.
+        assert!(st.queue.len() >= 100);
+    }
+}
