@@ -150,11 +150,11 @@ enum Removal {
     /// lookup counts `get_expired` / `get_flushed`, as memcached's `do_item_get` does;
     /// nothing else counts it.
     Lookup,
-    /// Dead and found while looking for memory (CLOCK hand, a full index bucket), or by
+    /// Dead and found while looking for memory (the evictor, a full index bucket), or by
     /// the background sweeper: `reclaimed` (and `expired_unfetched` if never fetched),
     /// as memcached counts what its LRU tail pulls reclaim.
     Reclaimed,
-    /// Evicted for space by the CLOCK hand.
+    /// Evicted for space from the front of its class's queue.
     Evicted,
     /// Evicted because both index buckets of a new key were full.
     IndexFull,
