@@ -44,6 +44,7 @@ impl Inner {
             // A mass expiry or a flush leaves more than one budget of due pages: keep
             // going without sleeping until they are done.
             more = self.cfg.background_sweeper && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
+            self.compact_queues(false);
             if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
                 last_move_check = Instant::now();
                 self.automove_tick(&mut streak, &mut quiet);

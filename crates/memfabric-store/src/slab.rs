@@ -32,10 +32,13 @@ pub struct ClassState {
     /// Eviction queue: the class's items in the order they were linked (`QueueEntry`).
     /// Eviction takes the front; an item read since it was queued goes to the back
     /// once instead (second chance). Entries of items since freed, replaced or moved
-    /// are stale and skipped; `compact_at` bounds how many accumulate.
+    /// are stale and skipped; the maintenance thread drops them when too many have
+    /// accumulated (`Inner::compact_queues`).
     pub queue: VecDeque<QueueEntry>,
-    /// Queue length at which stale entries are dropped (see `Inner::queue_push`).
-    pub compact_at: usize,
+    /// Entries taken from the front of `queue` so far (compaction reconciles with it).
+    pub popped: u64,
+    /// Live entries the last compaction kept.
+    pub kept: usize,
 }
 
 /// One entry of a class's eviction queue, packed in 8 bytes: the arena offset of a chunk
@@ -59,6 +62,23 @@ impl QueueEntry {
     /// Does this entry name an item linked with `cas`?
     pub fn cas_matches(self, cas: u64) -> bool {
         self.0 & 0xff_ffff == cas & 0xff_ffff
+    }
+}
+
+impl ClassState {
+    /// Take the front entry of the eviction queue.
+    pub fn pop_entry(&mut self) -> Option<QueueEntry> {
+        let e = self.queue.pop_front()?;
+        self.popped += 1;
+        Some(e)
+    }
+
+    /// Queue length at which stale entries are compacted away: a quarter of the class's
+    /// chunks (+ 1024) more than it holds, so a compaction costs a few entry checks per
+    /// link and the queue stays below 1.25 entries per chunk + 1024.
+    pub fn compact_threshold(&self, per_page: usize) -> usize {
+        let chunks = self.pages.len() * per_page;
+        self.kept.max(chunks) + chunks / 4 + 1024
     }
 }
 

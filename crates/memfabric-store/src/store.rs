@@ -116,6 +116,7 @@ pub struct Inner {
     next_cas: AtomicU64,
     pub(crate) c: Counters,
     sweep_cursor: AtomicUsize,
+    compacting: Mutex<()>,
     shutdown: AtomicBool,
     wake: (Mutex<bool>, Condvar),
 }
@@ -231,6 +232,7 @@ impl Store {
             next_cas: AtomicU64::new(0),
             c: Counters::default(),
             sweep_cursor: AtomicUsize::new(0),
+            compacting: Mutex::new(()),
             shutdown: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
@@ -1318,7 +1320,7 @@ impl Inner {
         // Every entry at most twice (once more after a second chance), then give up:
         // with everything pinned or locked the allocation fails instead of spinning.
         for _ in 0..2 * st.queue.len() + 2 {
-            let e = st.queue.pop_front()?;
+            let e = st.pop_entry()?;
             let Some((victim, h)) = self.queued_item(ci, e) else {
                 continue;
             };
@@ -1412,22 +1414,53 @@ impl Inner {
             if let Some(slot) = done.iter_mut().find(|d| **d == 0) {
                 *slot = class;
             }
-            let ci = self.slabs.classes[class as usize];
-            let mut st = self.slabs.lock(class);
-            st.queue.push_back(QueueEntry::new(c, h.cas));
-            if st.queue.len() >= st.compact_at {
-                self.queue_compact(&ci, &mut st);
-            }
+            self.slabs
+                .lock(class)
+                .queue
+                .push_back(QueueEntry::new(c, h.cas));
         }
     }
 
-    /// Drop stale entries. The next compaction waits until a quarter of the class's
-    /// chunks more has been queued, so the work is a few entry checks per push and the
-    /// queue stays below 1.25 entries per chunk (+ 1024).
-    fn queue_compact(&self, ci: &ClassInfo, st: &mut ClassState) {
-        st.queue.retain(|&e| self.queued_item(ci, e).is_some());
-        let chunks = st.pages.len() * ci.per_page;
-        st.compact_at = st.queue.len().max(chunks) + chunks / 4 + 1024;
+    /// Drop the stale entries of every class queue past its threshold (maintenance
+    /// thread). The checks run without the class lock, on a copy: writers and evictors
+    /// go on meanwhile, and since they only pop the front and push the back, the queue
+    /// afterwards is the copy minus what was popped, then what was pushed. (An entry
+    /// once stale stays stale: its chunk's item was unlinked or re-CASed, and a newer
+    /// entry names whatever the chunk holds now.) `force`: every queue, past its
+    /// threshold or not. Returns the entries dropped.
+    pub(crate) fn compact_queues(&self, force: bool) -> usize {
+        // One compaction at a time: a second one would reconcile against a queue whose
+        // middle the first has changed.
+        let _one = self.compacting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dropped = 0;
+        for ci in &self.slabs.classes[1..] {
+            let (copy, popped) = {
+                let st = self.slabs.lock(ci.id);
+                if st.queue.is_empty()
+                    || (!force && st.queue.len() < st.compact_threshold(ci.per_page))
+                {
+                    continue;
+                }
+                (st.queue.iter().copied().collect::<Vec<_>>(), st.popped)
+            };
+            let live: Vec<bool> = copy
+                .iter()
+                .map(|&e| self.queued_item(ci, e).is_some())
+                .collect();
+            let mut st = self.slabs.lock(ci.id);
+            let gone = ((st.popped - popped) as usize).min(copy.len());
+            let newer = st.queue.split_off(copy.len() - gone);
+            let mut queue: VecDeque<QueueEntry> = copy[gone..]
+                .iter()
+                .zip(&live[gone..])
+                .filter_map(|(&e, &ok)| ok.then_some(e))
+                .collect();
+            dropped += copy.len() - gone - queue.len();
+            st.kept = queue.len();
+            queue.extend(newer);
+            st.queue = queue;
+        }
+        dropped
     }
 
     /// The value of an item as (arena offset, length) pieces in value order: one for a
@@ -2034,6 +2067,7 @@ impl Grace {
     }
 }
 
+use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -2050,7 +2084,7 @@ mod tests {
     use crate::{SetMode, Store, StoreConfig};
 
     #[test]
-    fn eviction_queue_stays_bounded_under_overwrites_without_evictions() {
+    fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
         let s = Store::new(StoreConfig {
             memory_limit: 4 << 20,
             background_sweeper: false,
@@ -2072,15 +2106,60 @@ mod tests {
             }
         }
         assert_eq!(s.stats().evictions, 0);
+        s.inner.compact_queues(true);
         let class = s.slabs.class_for(40 + 3 + 4).unwrap();
         let st = s.slabs.lock(class);
-        let chunks = st.pages.len() * s.slabs.classes[class as usize].per_page;
-        assert!(
-            st.queue.len() <= chunks + chunks / 4 + 1024,
-            "{}",
-            st.queue.len()
-        );
-        // Every live item is still queued.
-        assert!(st.queue.len() >= 100);
+        assert!(!st.pages.is_empty());
+        // Exactly the live items are left, each once.
+        assert_eq!(st.queue.len(), 100);
+    }
+
+    #[test]
+    fn compaction_racing_writers_and_evictions_keeps_every_live_item_queued_once() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = Store::new(StoreConfig {
+            memory_limit: 4 << 20,
+            background_sweeper: false,
+            slab_automove: false,
+            ..StoreConfig::default()
+        })
+        .unwrap();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let writers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        let mut x = t + 1;
+                        for _ in 0..150_000 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let key = format!("k{}", x % 60_000);
+                            let value = vec![b'v'; (x % 300) as usize];
+                            s.store(SetMode::Set, key.as_bytes(), &value, 0, 0, 0);
+                        }
+                    })
+                })
+                .collect();
+            sc.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    s.inner.compact_queues(true);
+                }
+            });
+            for w in writers {
+                w.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        assert!(s.stats().evictions > 0);
+        s.inner.compact_queues(true);
+        for ci in &s.slabs.classes[1..] {
+            let st = s.slabs.lock(ci.id);
+            let items = s.slabs.counters[ci.id as usize]
+                .items
+                .load(Ordering::Relaxed);
+            assert_eq!(st.queue.len() as u64, items, "class {}", ci.id);
+        }
     }
 }
