@@ -34,15 +34,14 @@ impl Inner {
         let mut more = false;
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
-            if !more {
-                self.wait_for_work(Duration::from_millis(250));
-            }
+            // With due pages left over, come back soon (not at once: a workload whose
+            // items keep expiring must not turn this thread into a busy loop).
+            self.wait_for_work(Duration::from_millis(if more { 10 } else { 250 }));
             if self.is_shutting_down() {
                 break;
             }
             self.refresh_remote_clock(self.clock.now());
-            // A mass expiry or a flush leaves more than one budget of due pages: keep
-            // going without sleeping until they are done.
+            // A mass expiry or a flush can leave more than one budget of due pages.
             more = self.cfg.background_sweeper && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
             self.compact_queues(false);
             if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
