@@ -673,20 +673,23 @@ impl Store {
     }
 }
 
+/// A new key stays in its first bucket while that has this many empty slots.
+const FIRST_BUCKET_SPARE: usize = 3;
+
 /// log2 of the index's buckets: enough that the index is never what evicts. The most
 /// items the store can ever hold is every chunk of the smallest class in the largest
 /// memory limit (`cache_memlimit` may double the start limit) plus its reserve page;
-/// the index gets at least twice as many slots, and a new key takes the emptier of its
-/// two buckets. At that load (<= 1/2) a simulation of 37M replacements at exactly 1/2
-/// overflowed a bucket pair 3 times, none at 0.45 (docs/store.md). The geometry is
-/// published to one-sided readers, so it is fixed at start. `-o hashpower=N` is a lower
-/// bound, as in memcached.
+/// the index gets at least 9/4 as many slots (a load of at most 0.44), and `free_slot`
+/// balances the two buckets of a key. A simulation of that rule at 0.42 and 0.45 with
+/// ten replacements per item overflowed a bucket pair 0 and 1 times in 30M inserts
+/// (docs/store.md). The geometry is published to one-sided readers, so it is fixed at
+/// start. `-o hashpower=N` is a lower bound, as in memcached.
 fn index_power(slabs: &Slabs, hashpower: Option<u8>) -> u32 {
     let smallest = slabs.classes.get(1).map_or(1, |c| c.per_page.max(1));
     let max_items = (slabs.max_limit_pages + 1).saturating_mul(smallest);
     let buckets = max_items
-        .saturating_mul(2)
-        .div_ceil(index::SLOTS)
+        .saturating_mul(9)
+        .div_ceil(4 * index::SLOTS)
         .clamp(1024, 1 << 32);
     let auto = buckets.next_power_of_two().trailing_zeros();
     auto.max(hashpower.map_or(0, |p| (p as u32).clamp(4, 32)))
@@ -1833,14 +1836,17 @@ impl<'s> Txn<'s> {
         }
     }
 
-    /// An empty slot in the emptier of the two candidate buckets (two choices keep the
-    /// buckets even: see `index_power`), evicting the coldest occupant of the two
-    /// buckets when both are full.
+    /// An empty slot for a new key: in its first bucket while that has at least
+    /// `FIRST_BUCKET_SPARE` empty slots (a lookup reads the first bucket first, so a hit
+    /// there costs one bucket read), else in the emptier of the two (two choices keep
+    /// the buckets even: see `index_power`). When both are full, the coldest occupant of
+    /// the two buckets is evicted.
     fn free_slot(&mut self) -> (usize, usize) {
         let inner = self.inner;
         let empty = |b: usize| (0..index::SLOTS).filter(move |&i| inner.index.slot(b, i).is_none());
         let (b1, b2) = (self.kh.b1, self.kh.b2);
-        let b = if empty(b2).count() > empty(b1).count() {
+        let free1 = empty(b1).count();
+        let b = if free1 < FIRST_BUCKET_SPARE && empty(b2).count() > free1 {
             b2
         } else {
             b1
