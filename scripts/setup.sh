@@ -34,7 +34,9 @@ quietly() {
 
 # --- Debian packages ------------------------------------------------------------------
 # Build: pkg-config, libucx-dev (the fabric's UCX), libclang-dev (bindgen), gcc.
-pkgs=(pkg-config libucx-dev libclang-dev gcc)
+# The README's quick start talks to the server with nc (OpenBSD's: `-q1`) and telnet, so
+# both come with the server too.
+pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet)
 if [[ $mode == all ]]; then
   # Reference server and conformance tools, pylibmc's C library, network namespaces,
   # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks).

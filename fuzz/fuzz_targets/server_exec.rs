@@ -17,7 +17,10 @@ fn shared() -> &'static Shared {
             background_sweeper: false,
             ..StoreConfig::default()
         };
-        let settings = Settings { store: cfg.clone(), ..Settings::default() };
+        let settings = Settings {
+            store: cfg.clone(),
+            ..Settings::default()
+        };
         Shared::new(settings, Store::new(cfg).expect("store"))
     })
 }
@@ -26,14 +29,21 @@ fn shared() -> &'static Shared {
 fn run(chunks: &[&[u8]]) -> Vec<u8> {
     let shared = shared();
     let stats = shared.register_thread();
-    let mut ctx = ExecCtx { shared, stats: &stats, transport: Transport::Tcp, conn_id: 1 };
+    let mut ctx = ExecCtx {
+        shared,
+        stats: &stats,
+        transport: Transport::Tcp,
+        conn_id: 1,
+    };
     let mut sess = Session::default();
     let mut buf: Vec<u8> = Vec::new();
     let mut out = Vec::new();
+    let mut queue = memfabric_server::outqueue::OutQueue::new();
     for chunk in chunks {
         buf.extend_from_slice(chunk);
         loop {
-            let p = process(&mut ctx, &mut sess, &buf, &mut out, usize::MAX);
+            let p = process(&mut ctx, &mut sess, &buf, &mut queue, usize::MAX);
+            out.extend(queue.take_vec());
             buf.drain(..p.consumed);
             if p.close {
                 return out;
@@ -47,7 +57,9 @@ fn run(chunks: &[&[u8]]) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&first, rest)) = data.split_first() else { return };
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
     let (a, b) = rest.split_at(first as usize % (rest.len() + 1));
     let _ = run(&[a, b]);
 });

@@ -247,9 +247,10 @@ struct CompareArgs {
     #[arg(long, default_value = "/usr/bin/memcached")]
     memcached: PathBuf,
     /// The candidate server binary (point it at memcached, with --targets
-    /// memcached-tcp,memfabricd-tcp, for an A/A noise check).
-    #[arg(long, default_value = "target/release/memfabricd")]
-    memfabricd: PathBuf,
+    /// memcached-tcp,memfabricd-tcp, for an A/A noise check). Default: the memfabricd next
+    /// to this memfabric-bench, else the first on PATH, else target/release/memfabricd.
+    #[arg(long)]
+    memfabricd: Option<PathBuf>,
     /// What to measure: server x transport, comma separated; the first known one
     /// (memcached-tcp) is the reference of every ratio.
     #[arg(
@@ -741,7 +742,9 @@ fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
         mf_extra.extend(["--poll-us".to_string(), a.poll_us.to_string()]);
     }
     mf_extra.extend(a.memfabricd_arg.iter().cloned());
-    let memfabricd = spec("memfabricd", &a.memfabricd, mf_extra);
+    let (mf_path, origin) = server::locate_memfabricd(a.memfabricd.as_deref())?;
+    eprintln!("compare: memfabricd is {} ({origin})", mf_path.display());
+    let memfabricd = spec("memfabricd", &mf_path, mf_extra);
     let mut load = a.workload.load_config("")?;
     let clients = if a.clients.is_empty() {
         vec![a.workload.threads]

@@ -23,6 +23,11 @@ pub enum ServerError {
         status: String,
         log: String,
     },
+    #[error(
+        "memfabricd not found (looked {searched}): build it with \
+         `cargo build --release -p memfabric-server`, or pass --memfabricd PATH"
+    )]
+    NotFound { searched: String },
     #[error("{name} did not answer `version` on {addr} within {secs}s; see {log}")]
     NotReady {
         name: String,
@@ -30,6 +35,103 @@ pub enum ServerError {
         secs: u64,
         log: String,
     },
+}
+
+/// Where [`locate_memfabricd`] found the server binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Named on the command line.
+    Given,
+    /// In the directory of the running `memfabric-bench` (both built by one cargo build).
+    NextToBench,
+    /// The first `memfabricd` on `PATH`.
+    OnPath,
+    /// `target/release/memfabricd` under the current directory (the repository root).
+    RepositoryBuild,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Origin::Given => "as given",
+            Origin::NextToBench => "next to memfabric-bench",
+            Origin::OnPath => "on PATH",
+            Origin::RepositoryBuild => "the repository's release build",
+        })
+    }
+}
+
+/// The relative path `compare` used to assume (valid from the repository root).
+pub const REPOSITORY_BUILD: &str = "target/release/memfabricd";
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Find memfabricd: `given` if any (it must exist); else next to the running executable,
+/// then on `PATH`, then [`REPOSITORY_BUILD`] relative to the current directory.
+pub fn locate_memfabricd(given: Option<&Path>) -> Result<(PathBuf, Origin), ServerError> {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf));
+    locate_in(
+        given,
+        exe_dir.as_deref(),
+        std::env::var_os("PATH").as_deref(),
+    )
+}
+
+/// [`locate_memfabricd`] with its inputs named (testable without touching the process's
+/// environment).
+pub fn locate_in(
+    given: Option<&Path>,
+    exe_dir: Option<&Path>,
+    path_var: Option<&std::ffi::OsStr>,
+) -> Result<(PathBuf, Origin), ServerError> {
+    if let Some(p) = given {
+        return if is_executable(p) {
+            Ok((p.to_path_buf(), Origin::Given))
+        } else {
+            Err(ServerError::NotFound {
+                searched: format!("at {} (--memfabricd)", p.display()),
+            })
+        };
+    }
+    let mut searched = Vec::new();
+    if let Some(dir) = exe_dir {
+        let p = dir.join("memfabricd");
+        if is_executable(&p) {
+            return Ok((p, Origin::NextToBench));
+        }
+        searched.push(format!("next to memfabric-bench in {}", dir.display()));
+    }
+    if let Some(path) = path_var {
+        for dir in std::env::split_paths(path) {
+            let p = dir.join("memfabricd");
+            if is_executable(&p) {
+                return Ok((p, Origin::OnPath));
+            }
+        }
+        searched.push("on PATH".into());
+    }
+    let p = PathBuf::from(REPOSITORY_BUILD);
+    if is_executable(&p) {
+        // Absolute, so that reports say which binary ran.
+        let p = std::fs::canonicalize(&p).unwrap_or(p);
+        return Ok((p, Origin::RepositoryBuild));
+    }
+    searched.push(format!("at {REPOSITORY_BUILD} under {}", cwd_display()));
+    Err(ServerError::NotFound {
+        searched: searched.join(", "),
+    })
+}
+
+fn cwd_display() -> String {
+    std::env::current_dir().map_or_else(
+        |_| "the current directory".into(),
+        |d| d.display().to_string(),
+    )
 }
 
 /// How to start one server.
@@ -219,4 +321,59 @@ pub fn version_of(path: &Path) -> Option<String> {
     let out = Command::new(path).arg("-V").output().ok()?;
     let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
     (!s.is_empty()).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch directory with an executable (or not) `memfabricd` in it.
+    fn dir_with(name: &str, executable: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("mfb-locate-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let bin = d.join("memfabricd");
+        std::fs::write(&bin, "#!/bin/sh\n").unwrap();
+        let mode = if executable { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(mode)).unwrap();
+        d
+    }
+
+    #[test]
+    fn memfabricd_next_to_the_bench_wins_over_path() {
+        let exe = dir_with("exe", true);
+        let on_path = dir_with("path", true);
+        let path = std::env::join_paths([&on_path]).unwrap();
+        let (p, o) = locate_in(None, Some(&exe), Some(&path)).unwrap();
+        assert_eq!((p, o), (exe.join("memfabricd"), Origin::NextToBench));
+        for d in [exe, on_path] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    fn memfabricd_on_path_is_used_when_none_is_next_to_the_bench() {
+        let empty = std::env::temp_dir().join(format!("mfb-locate-{}-none", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let not_exec = dir_with("noexec", false);
+        let on_path = dir_with("path2", true);
+        let path = std::env::join_paths([&not_exec, &on_path]).unwrap();
+        let (p, o) = locate_in(None, Some(&empty), Some(&path)).unwrap();
+        assert_eq!((p, o), (on_path.join("memfabricd"), Origin::OnPath));
+        for d in [empty, not_exec, on_path] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    fn a_given_memfabricd_must_exist() {
+        let missing = Path::new("/nonexistent/memfabricd");
+        let e = locate_in(Some(missing), None, None).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/memfabricd"), "{e}");
+        let d = dir_with("given", true);
+        let (p, o) = locate_in(Some(&d.join("memfabricd")), None, None).unwrap();
+        assert_eq!((p, o), (d.join("memfabricd"), Origin::Given));
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

@@ -10,8 +10,10 @@
 //!   split off; whatever follows stays unsplit (`Tokens::rest`), which only multigets read.
 //! - With no `\n` in the first `max_line` (2048) bytes the connection is closed, unless the
 //!   buffer starts (after at most 100 spaces) with `get ` or `gets `: long multigets keep
-//!   reading. memcached lets those grow without bound; we close once the partial line
-//!   passes `Limits::max_multiget_line` (8 MiB by default), so memory stays bounded.
+//!   reading. memcached lets those grow without bound. `parse` closes once the partial
+//!   line passes `Limits::max_multiget_line` (8 MiB by default); memfabricd's executor
+//!   never lets it get there: it serves a long multiget key by key as it arrives
+//!   (`multiget_prefix` finds where its keys start).
 //! - Numbers are parsed the way `safe_strtoul`/`safe_strtol`/`safe_strtoull` do with
 //!   glibc's `strto*`: leading whitespace and a sign are accepted, the number may be
 //!   followed by whitespace and anything after it, 32-bit values are truncated from 64
@@ -198,6 +200,11 @@ impl<'a> Keys<'a> {
     /// Keys separated by spaces in `raw`.
     pub fn new(raw: &'a [u8]) -> Keys<'a> {
         Keys { raw }
+    }
+
+    /// The key list's text as it stands in the request line.
+    pub fn raw(&self) -> &'a [u8] {
+        self.raw
     }
 
     pub fn iter(&self) -> KeyIter<'a> {
@@ -450,6 +457,65 @@ fn no_newline<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
         return Parse::Close(CloseReason::MultigetTooLong);
     }
     incomplete
+}
+
+/// See `pending_store`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingStore<'a> {
+    /// The request, with an empty `value`.
+    pub req: StoreRequest<'a>,
+    /// Bytes of the command line, newline included.
+    pub line_len: usize,
+    /// Bytes of the value (the data block is this plus `\r\n`).
+    pub value_len: usize,
+}
+
+/// A `get`/`gets` line too long to buffer whole (see `no_newline`): whether it is `gets`,
+/// and how many bytes its leading spaces and verb (with the space after it) take. The
+/// key list that follows can be served as it arrives.
+pub fn multiget_prefix(input: &[u8]) -> Option<(bool, usize)> {
+    let spaces = input.iter().take_while(|&&b| b == b' ').count();
+    if spaces > MULTIGET_MAX_LEADING_SPACES {
+        return None;
+    }
+    let rest = &input[spaces..];
+    if rest.starts_with(b"get ") {
+        Some((false, spaces + 4))
+    } else if rest.starts_with(b"gets ") {
+        Some((true, spaces + 5))
+    } else {
+        None
+    }
+}
+
+/// A storage command whose line is complete but whose data block is not: the request
+/// (with an empty value) and the length of its line, so that a server can receive the
+/// value straight into item memory instead of buffering it. `None` for anything else
+/// (including a value `parse` refuses as too large).
+pub fn pending_store<'a>(input: &'a [u8], limits: &Limits) -> Option<PendingStore<'a>> {
+    let nl = find_newline(input)?;
+    let line_len = nl + 1;
+    let Line::Storage(h) = parse_line(command_text(&input[..nl])) else {
+        return None;
+    };
+    let data_len = h.vlen + 2;
+    if data_len > limits.item_size_max || input.len() >= line_len + data_len {
+        return None;
+    }
+    let req = StoreRequest {
+        cmd: h.cmd,
+        key: h.key,
+        flags: h.flags,
+        exptime: h.exptime,
+        value: &[],
+        cas: h.cas,
+        noreply: h.noreply,
+    };
+    Some(PendingStore {
+        req,
+        line_len,
+        value_len: h.vlen,
+    })
 }
 
 fn find_newline(bytes: &[u8]) -> Option<usize> {

@@ -1,9 +1,16 @@
 //! Command line: memcached 1.6's flags, mapped onto `Settings`.
 //!
-//! Flags memcached has and we cannot honour in full (TLS, SASL, extstore, ...) are
-//! accepted so that existing init scripts keep working; the ones that change behaviour we
-//! do not have are reported as warnings. Unknown `-o` options are warnings too (memcached
-//! refuses them; we would rather start).
+//! Every flag and `-o` option memcached 1.6.18 accepts falls in one of three groups:
+//!
+//! * honoured: it does here what it does in memcached;
+//! * accepted, changing nothing: a tuning knob of a mechanism memfabric does not have
+//!   (segmented LRU, watch logging, ...), where nothing a client can observe depends on it.
+//!   `docs/ARCHITECTURE.md` ("Limits and deliberate differences") says why for each;
+//! * refused: a feature memfabric lacks whose absence a user could not see but would rely
+//!   on (SASL, TLS, ascii auth files, restartable memory files, the extstore flash tier):
+//!   the server does not start, and says which flag and why, rather than run without it.
+//!
+//! An unknown `-o` option stops the server with memcached's `Illegal suboption` message.
 use clap::{ArgAction, Parser};
 
 use crate::settings::{ProtocolChoice, Settings};
@@ -19,22 +26,25 @@ use crate::settings::{ProtocolChoice, Settings};
     args_override_self = true
 )]
 pub struct Args {
-    /// TCP port to listen on (default: 11211, 0 = off)
+    /// TCP port to listen on (default: 11211, 0 = off, -1 = any free port: see
+    /// MEMCACHED_PORT_FILENAME)
     #[arg(
         short = 'p',
         long = "port",
         value_name = "num",
-        default_value_t = 11211
+        default_value_t = 11211,
+        allow_negative_numbers = true
     )]
-    pub port: u16,
-    /// UDP port to listen on (default: 0, off)
+    pub port: i32,
+    /// UDP port to listen on (default: 0, off; -1 = any free port)
     #[arg(
         short = 'U',
         long = "udp-port",
         value_name = "num",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_negative_numbers = true
     )]
-    pub udp_port: u16,
+    pub udp_port: i32,
     /// UNIX socket to listen on (disables network support)
     #[arg(short = 's', long = "unix-socket", value_name = "file")]
     pub unix_socket: Option<String>,
@@ -155,7 +165,7 @@ pub struct Args {
         default_value = "1m"
     )]
     pub max_item_size: String,
-    /// turn on SASL authentication (not supported: accepted with a warning)
+    /// turn on SASL authentication (not supported: refuses to start)
     #[arg(short = 'S', long = "enable-sasl")]
     pub sasl: bool,
     /// disable flush_all command
@@ -164,25 +174,25 @@ pub struct Args {
     /// disable stats cachedump and lru_crawler metadump
     #[arg(short = 'X', long = "disable-dumping")]
     pub disable_dumping: bool,
-    /// disable watch commands (live logging)
+    /// disable watch commands (accepted: memfabricd has no watch commands)
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
-    /// ASCII protocol authentication file (not supported: accepted with a warning)
+    /// ASCII protocol authentication file (not supported: refuses to start)
     #[arg(short = 'Y', long = "auth-file", value_name = "file")]
     pub auth_file: Option<String>,
-    /// mmap a file for item memory (not supported: accepted with a warning)
+    /// mmap a file for item memory, restartable cache (not supported: refuses to start)
     #[arg(short = 'e', long = "memory-file", value_name = "file")]
     pub memory_file: Option<String>,
-    /// enable TLS/SSL (not supported: accepted with a warning)
+    /// enable TLS/SSL (not supported: refuses to start)
     #[arg(short = 'Z', long = "enable-ssl")]
     pub ssl: bool,
     /// number of napi ids (accepted, ignored)
     #[arg(short = 'N', long = "napi_ids", value_name = "num")]
     pub napi_ids: Option<u32>,
-    /// comma separated extended options: maxconns_fast, hashpower=N, idle_timeout=N,
-    /// slab_automove=N, slab_chunk_max=KB, lru_crawler, no_lru_crawler, track_sizes,
-    /// tail_repair_time=N, modern, no_modern, and memcached's others (accepted); unknown
-    /// ones are warned about, never fatal
+    /// comma separated extended options, as memcached 1.6.18's: maxconns_fast, hashpower=N,
+    /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ... (memcached's
+    /// LRU tuning options are accepted and change nothing; ext_* and ssl_* refuse to start;
+    /// an unknown one is an error)
     #[arg(short = 'o', long = "extended", value_name = "opt[,opt]", action = ArgAction::Append)]
     pub extended: Vec<String>,
     /// after activity, keep polling for this many microseconds before sleeping in epoll
@@ -220,6 +230,29 @@ fn fatal(message: impl Into<String>) -> CliError {
         message: message.into(),
         code: 1,
     }
+}
+
+/// A flag asking for a feature memfabricd does not have: it refuses to start (EX_USAGE)
+/// rather than run without it.
+fn refused(flag: &str, why: &str) -> CliError {
+    usage(format!(
+        "memfabricd: {flag}: {why}; refusing to start without it"
+    ))
+}
+
+/// `-p`/`-U`: memcached's range. -1 asks for an ephemeral port, 0 turns the listener off.
+/// Above 65535 is memcached's usage error; below -1 memcached fails to bind (EX_OSERR).
+fn port(value: i32, proto: &str) -> Result<i32, CliError> {
+    if value > i32::from(u16::MAX) {
+        return Err(usage(format!("ERROR: Invalid port number {value}.")));
+    }
+    if value < -1 {
+        return Err(CliError {
+            message: format!("failed to listen on {proto} port {value}: not a port number"),
+            code: 71,
+        });
+    }
+    Ok(value)
 }
 
 /// Settings built from the command line, plus warnings to log once logging is set up.
@@ -277,8 +310,34 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     let mut s = Settings::default();
     let mut warnings = Vec::new();
 
-    s.tcp_port = a.port;
-    s.udp_port = a.udp_port;
+    // The features memfabricd lacks, first: nothing else matters if it will not start.
+    if a.sasl {
+        return Err(refused(
+            "-S (SASL authentication)",
+            "memfabricd has no SASL and would serve every client unauthenticated",
+        ));
+    }
+    if a.ssl {
+        return Err(refused(
+            "-Z (TLS)",
+            "memfabricd has no TLS and would serve every client in clear text",
+        ));
+    }
+    if let Some(f) = &a.auth_file {
+        return Err(refused(
+            &format!("-Y {f} (ascii authentication)"),
+            "memfabricd has no ascii authentication and would serve every client unauthenticated",
+        ));
+    }
+    if let Some(f) = &a.memory_file {
+        return Err(refused(
+            &format!("-e {f} (restartable memory file)"),
+            "memfabricd keeps items in anonymous memory only, so they would not survive a restart",
+        ));
+    }
+
+    s.tcp_port = port(a.port, "TCP")?;
+    s.udp_port = port(a.udp_port, "UDP")?;
     s.listen = a
         .listen
         .iter()
@@ -286,6 +345,16 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
+    if let Some(l) = s.listen.iter().find(|l| l.starts_with("notls:")) {
+        // memcached's message and status: the prefix only means something with -Z.
+        return Err(CliError {
+            message: format!(
+                "'notls' option is valid only when SSL is enabled\n\
+                 failed to listen on one of interface(s) {l}"
+            ),
+            code: 71,
+        });
+    }
     s.unix_socket = a.unix_socket;
     s.unix_mask = u32::from_str_radix(a.unix_mask.trim(), 8)
         .map_err(|_| usage(format!("Invalid unix socket mask: {}", a.unix_mask)))?;
@@ -354,20 +423,8 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         return Err(usage("Cannot set item size limit higher than 1 GB."));
     }
     s.store.item_size_max = item_max as usize;
-    if a.sasl {
-        warnings.push("SASL authentication is not supported; -S ignored".into());
-    }
     s.flush_enabled = !a.disable_flush;
     s.dump_enabled = !a.disable_dumping;
-    if a.auth_file.is_some() {
-        warnings.push("ascii authentication is not supported; -Y ignored".into());
-    }
-    if a.memory_file.is_some() {
-        warnings.push("restartable cache (memory file) is not supported; -e ignored".into());
-    }
-    if a.ssl {
-        warnings.push("TLS is not supported; -Z ignored".into());
-    }
     s.poll_us = a.poll_us;
     s.ucx_port = a.ucx_port;
     s.ucx_eager_max = a.ucx_eager_max;
@@ -395,9 +452,87 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
 }
 
 fn num<T: std::str::FromStr>(name: &str, val: Option<&str>) -> Result<T, CliError> {
-    val.and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| fatal(format!("Invalid value for {name}: {}", val.unwrap_or(""))))
+    let v = val.ok_or_else(|| fatal(format!("Missing numeric argument for {name}")))?;
+    v.trim()
+        .parse()
+        .map_err(|_| fatal(format!("Invalid value for {name}: {v}")))
 }
+
+/// The value of an option that needs one, or memcached's complaint.
+fn required<'a>(name: &str, val: Option<&'a str>) -> Result<&'a str, CliError> {
+    val.ok_or_else(|| fatal(format!("Missing {name} argument")))
+}
+
+/// memcached's extstore options: each configures the flash tier memfabricd does not have.
+const EXTSTORE_OPTIONS: &[&str] = &[
+    "ext_path",
+    "ext_page_size",
+    "ext_wbuf_size",
+    "ext_threads",
+    "ext_io_depth",
+    "ext_item_size",
+    "ext_item_age",
+    "ext_low_ttl",
+    "ext_drop_unread",
+    "ext_recache_rate",
+    "ext_compact_under",
+    "ext_drop_under",
+    "ext_max_frag",
+    "ext_max_sleep",
+];
+
+/// memcached's TLS options.
+const TLS_OPTIONS: &[&str] = &[
+    "ssl_chain_cert",
+    "ssl_key",
+    "ssl_keyformat",
+    "ssl_verify_mode",
+    "ssl_ciphers",
+    "ssl_ca_cert",
+    "ssl_wbuf_size",
+    "ssl_session_cache",
+    "ssl_kernel_tls",
+    "ssl_min_version",
+];
+
+/// Tuning of mechanisms memfabricd does not have, taking a value (which memcached
+/// requires). Accepted so that memcached's command lines start; they change nothing a
+/// client can observe. docs/ARCHITECTURE.md says why for each.
+const NO_EFFECT_WITH_VALUE: &[&str] = &[
+    // memcached's segmented LRU and its crawler's pacing (memfabric: CLOCK, and a sweeper).
+    "lru_crawler_sleep",
+    "lru_crawler_tocrawl",
+    "hot_lru_pct",
+    "warm_lru_pct",
+    "hot_max_factor",
+    "warm_max_factor",
+    "temporary_ttl",
+    // The slab mover's pacing (memfabric's automover has its own).
+    "slab_automove_ratio",
+    "slab_automove_freeratio",
+    // `watch` buffers (memfabricd has no `watch`).
+    "watcher_logbuf_size",
+    "worker_logbuf_size",
+    // A global cap on connection buffers (memfabricd bounds each connection instead).
+    "read_buf_mem_limit",
+    // Explicit slab class sizes (memfabricd derives its classes from -n and -f).
+    "slab_sizes",
+];
+
+/// The same, as switches without a value.
+const NO_EFFECT_SWITCHES: &[&str] = &[
+    "lru_maintainer",
+    "no_lru_maintainer",
+    "no_hashexpand",
+    "modern",
+    "no_modern",
+    "inline_ascii_resp",
+    "no_inline_ascii_resp",
+    "no_chunked_items",
+    // seccomp sandboxing; Debian's memcached is built without it and ignores these too.
+    "drop_privileges",
+    "no_drop_privileges",
+];
 
 /// One `-o` option.
 fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Result<(), CliError> {
@@ -408,6 +543,25 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
         Some((n, v)) => (n, Some(v)),
         None => (opt, None),
     };
+    if EXTSTORE_OPTIONS.contains(&name) {
+        return Err(refused(
+            &format!("-o {opt} (extstore flash tier)"),
+            "memfabricd has no external storage and would keep every item in memory only",
+        ));
+    }
+    if TLS_OPTIONS.contains(&name) {
+        return Err(refused(
+            &format!("-o {opt} (TLS)"),
+            "memfabricd has no TLS and would serve every client in clear text",
+        ));
+    }
+    if NO_EFFECT_WITH_VALUE.contains(&name) {
+        required(name, val)?;
+        return Ok(());
+    }
+    if NO_EFFECT_SWITCHES.contains(&name) {
+        return Ok(());
+    }
     match name {
         "maxconns_fast" => s.maxconns_fast = true,
         "no_maxconns_fast" => s.maxconns_fast = false,
@@ -428,7 +582,7 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.store.hashpower = Some(hp as u8);
         }
         "slab_reassign" => {}
-        "no_slab_reassign" => {
+        "no_slab_reassign" | "no_slab_automove" => {
             s.slab_automove = 0;
             s.store.slab_automove = false;
         }
@@ -443,6 +597,22 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.slab_automove = n;
             s.store.slab_automove = n > 0;
         }
+        "slab_automove_window" => {
+            let w: u32 = num(name, val)?;
+            if w < 3 {
+                return Err(fatal("slab_automove_window must be > 2"));
+            }
+        }
+        "hash_algorithm" => match required(name, val)? {
+            // memfabricd's index has its own hash; which one memcached would use changes
+            // nothing a client sees.
+            "jenkins" | "murmur3" | "xxh3" => {}
+            _ => {
+                return Err(fatal(
+                    "Unknown hash_algorithm option (jenkins, murmur3, xxh3)",
+                ))
+            }
+        },
         "idle_timeout" => s.idle_timeout = num(name, val)?,
         "lru_crawler" => {
             s.lru_crawler = true;
@@ -457,64 +627,18 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.slab_chunk_max = kb.saturating_mul(1024);
         }
         "track_sizes" => s.track_sizes = true,
-        "tail_repair_time" => s.tail_repair_time = num(name, val)?,
-        // Tunables of memcached's own LRU, hash, logging and buffers: they have no
-        // counterpart here, and a value for them changes nothing.
-        "modern"
-        | "no_modern"
-        | "hash_algorithm"
-        | "lru_crawler_sleep"
-        | "lru_crawler_tocrawl"
-        | "lru_maintainer"
-        | "no_lru_maintainer"
-        | "hot_lru_pct"
-        | "warm_lru_pct"
-        | "hot_max_factor"
-        | "warm_max_factor"
-        | "temporary_ttl"
-        | "watcher_logbuf_size"
-        | "worker_logbuf_size"
-        | "read_buf_mem_limit"
-        | "no_hashexpand"
-        | "sock_cookie_id"
-        | "slab_automove_ratio"
-        | "slab_automove_window"
-        | "slab_automove_freeratio"
-        | "inline_ascii_resp"
-        | "no_inline_ascii_resp"
-        | "lru_segmented"
-        | "no_lru_segmented"
-        | "drop_privileges"
-        | "no_drop_privileges"
-        | "resp_obj_mem_limit"
-        | "ext_item_size"
-        | "ext_item_age"
-        | "ext_low_ttl"
-        | "ext_recache_rate"
-        | "ext_compact_under"
-        | "ext_drop_under"
-        | "ext_max_sleep"
-        | "ext_max_frag"
-        | "ext_drop_unread"
-        | "ext_wbuf_size"
-        | "ext_threads"
-        | "ext_io_depth"
-        | "ext_page_size"
-        | "ext_path"
-        | "ssl_chain_cert"
-        | "ssl_key"
-        | "ssl_keyformat"
-        | "ssl_verify_mode"
-        | "ssl_ciphers"
-        | "ssl_ca_cert"
-        | "ssl_wbuf_size"
-        | "ssl_session_cache"
-        | "ssl_kernel_tls"
-        | "ssl_min_version"
-        | "proxy_config"
-        | "proxy_startfile"
-        | "proxy_startarg" => {}
-        _ => warnings.push(format!("Ignoring unknown extended option \"{opt}\"")),
+        "tail_repair_time" => {
+            let t: u32 = val.and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+            if t < 10 {
+                return Err(fatal("Cannot set tail_repair_time to less than 10 seconds"));
+            }
+            s.tail_repair_time = t;
+        }
+        "sock_cookie_id" => s.sock_cookie_id = Some(num(name, val)?),
+        "resp_obj_mem_limit" => warnings
+            .push("DEPRECATED: resp_obj_mem_limit no longer used. See read_buf_mem_limit,".into()),
+        // memcached's getsubopt() error and status.
+        _ => return Err(fatal(format!("Illegal suboption \"{opt}\""))),
     }
     Ok(())
 }
@@ -585,11 +709,144 @@ mod tests {
     }
 
     #[test]
-    fn unknown_extended_option_is_a_warning_not_an_error() {
-        let p = ok(&["-o", "foo_bar=3,modern", "-o", "idle_timeout=5"]);
-        assert_eq!(p.settings.idle_timeout, 5);
-        assert_eq!(p.warnings.len(), 1);
-        assert!(p.warnings[0].contains("foo_bar=3"));
+    fn unknown_extended_option_stops_the_server_as_memcached_does() {
+        let e = err(&["-o", "modern,foo_bar=3", "-o", "idle_timeout=5"]);
+        assert_eq!(e.code, 1);
+        assert_eq!(e.message, "Illegal suboption \"foo_bar=3\"");
+        // Options memcached 1.6.18 does not know either (built without its proxy).
+        for o in [
+            "bogus_option",
+            "lru_segmented",
+            "proxy_config=/x",
+            "ext_bogus=1",
+        ] {
+            assert_eq!(
+                err(&["-o", o]).message,
+                format!("Illegal suboption \"{o}\"")
+            );
+        }
+    }
+
+    /// Every `-o` option memcached 1.6.18 accepts (from its `-h` and its binary),
+    /// with a value it accepts.
+    const MEMCACHED_EXTENDED_OPTIONS: &[&str] = &[
+        "maxconns_fast",
+        "no_maxconns_fast",
+        "hashpower=16",
+        "no_hashexpand",
+        "slab_reassign",
+        "no_slab_reassign",
+        "slab_automove=2",
+        "no_slab_automove",
+        "slab_automove_ratio=0.8",
+        "slab_automove_window=30",
+        "slab_automove_freeratio=0.01",
+        "tail_repair_time=10",
+        "hash_algorithm=xxh3",
+        "lru_crawler",
+        "no_lru_crawler",
+        "lru_crawler_sleep=100",
+        "lru_crawler_tocrawl=0",
+        "lru_maintainer",
+        "no_lru_maintainer",
+        "hot_lru_pct=20",
+        "warm_lru_pct=40",
+        "hot_max_factor=0.2",
+        "warm_max_factor=2.0",
+        "temporary_ttl=61",
+        "idle_timeout=30",
+        "watcher_logbuf_size=256",
+        "worker_logbuf_size=64",
+        "read_buf_mem_limit=0",
+        "slab_sizes=96-192-384",
+        "slab_chunk_max=512",
+        "track_sizes",
+        "inline_ascii_resp",
+        "no_inline_ascii_resp",
+        "modern",
+        "no_modern",
+        "no_chunked_items",
+        "drop_privileges",
+        "no_drop_privileges",
+        "resp_obj_mem_limit=1",
+        "sock_cookie_id=7",
+    ];
+
+    #[test]
+    fn every_memcached_extended_option_starts_the_server() {
+        for o in MEMCACHED_EXTENDED_OPTIONS {
+            ok(&["-o", o]);
+        }
+        let p = ok(&["-o", "sock_cookie_id=7,idle_timeout=30,slab_automove=2"]);
+        assert_eq!(p.settings.sock_cookie_id, Some(7));
+        assert_eq!(p.settings.idle_timeout, 30);
+        assert_eq!(p.settings.slab_automove, 2);
+    }
+
+    #[test]
+    fn extended_options_that_need_a_value_say_so() {
+        assert_eq!(
+            err(&["-o", "hot_lru_pct"]).message,
+            "Missing hot_lru_pct argument"
+        );
+        assert_eq!(
+            err(&["-o", "hashpower"]).message,
+            "Missing numeric argument for hashpower"
+        );
+        assert_eq!(err(&["-o", "hash_algorithm=md5"]).code, 1);
+        assert_eq!(err(&["-o", "tail_repair_time=5"]).code, 1);
+    }
+
+    #[test]
+    fn flash_tier_and_tls_options_refuse_to_start() {
+        for o in super::EXTSTORE_OPTIONS.iter().chain(super::TLS_OPTIONS) {
+            let e = err(&["-o", &format!("{o}=1")]);
+            assert_eq!(e.code, 64, "{o}");
+            assert!(e.message.contains(o), "{o}: {}", e.message);
+            assert!(e.message.contains("refusing to start"), "{}", e.message);
+            assert!(!e.message.contains('\n'), "one line: {}", e.message);
+        }
+        let e = err(&["-o", "ext_path=/mnt/flash/extstore:64g"]);
+        assert!(e.message.contains("ext_path=/mnt/flash/extstore:64g"));
+        assert!(e.message.contains("flash tier"));
+    }
+
+    #[test]
+    fn authentication_tls_and_memory_file_flags_refuse_to_start() {
+        for (flags, names) in [
+            (&["-S"][..], "-S (SASL"),
+            (&["-Z"][..], "-Z (TLS"),
+            (&["-Y", "/etc/mc.auth"][..], "-Y /etc/mc.auth"),
+            (&["-e", "/dev/shm/mc"][..], "-e /dev/shm/mc"),
+            (&["--enable-sasl"][..], "-S (SASL"),
+            (&["--enable-ssl"][..], "-Z (TLS"),
+        ] {
+            let e = err(flags);
+            assert_eq!(e.code, 64, "{flags:?}");
+            assert!(e.message.contains(names), "{flags:?}: {}", e.message);
+            assert!(!e.message.contains('\n'), "one line: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn minus_one_asks_for_an_ephemeral_port_and_the_range_is_memcacheds() {
+        let s = ok(&["-p", "-1", "-U", "-1"]).settings;
+        assert_eq!((s.tcp_port, s.udp_port), (-1, -1));
+        assert_eq!(crate::settings::bind_port(-1), Some(0));
+        assert_eq!(crate::settings::bind_port(0), None);
+        assert_eq!(crate::settings::bind_port(11211), Some(11211));
+        let e = err(&["-p", "70000"]);
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (64, "ERROR: Invalid port number 70000.")
+        );
+        assert_eq!(err(&["-U", "65536"]).code, 64);
+        assert_eq!(err(&["-p", "-2"]).code, 71);
+    }
+
+    #[test]
+    fn notls_listen_prefix_needs_tls_as_in_memcached() {
+        assert_eq!(err(&["-l", "notls:127.0.0.1"]).code, 71);
     }
 
     #[test]
@@ -656,12 +913,9 @@ mod tests {
             "nobody",
             "-P",
             "/tmp/p",
-            "-e",
-            "/tmp/e",
-            "-Y",
-            "/tmp/y",
-            "-Z",
-            "-S",
+            "-W",
+            "-N",
+            "2",
             "--poll-us",
             "50",
         ]);

@@ -12,10 +12,14 @@ use std::sync::{Arc, Mutex};
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
+use crate::bounds::{Gauges, Holdings, Share};
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
+use crate::outqueue::OutQueue;
 use crate::stats::ThreadStats;
 
-/// Initial read buffer; it grows when a request announces a large value.
+/// Initial read buffer. It grows only as bytes arrive for a request that needs them (a
+/// value announced as large grows it as the value arrives, never ahead of it), and
+/// shrinks back once the connection's input is drained.
 const READ_BUF_INITIAL: usize = 16 * 1024;
 /// Bytes read from one socket per drive before others get a turn.
 const READ_BATCH: usize = 256 * 1024;
@@ -233,24 +237,38 @@ pub struct Conn {
     rbuf: Vec<u8>,
     rstart: usize,
     rend: usize,
-    /// Replies not yet written: `out[opos..]`.
-    out: Vec<u8>,
-    opos: usize,
+    /// Replies not yet written.
+    out: OutQueue,
+    /// The input holds requests that were not run yet (the `-R` budget or the output cap
+    /// stopped `process`): run them before reading more, so unexecuted input stays
+    /// bounded by one read batch (docs/connections.md).
+    backlog: bool,
     /// The socket may have unread data (mio readiness is edge-triggered: once we stop
     /// reading before `WouldBlock`, no new event will tell us again).
     may_read: bool,
-    /// The peer closed its side.
+    /// The peer closed its side (a read returned 0).
     eof: bool,
+    /// The poller reported the peer's FIN (or an error): read until EOF even after a
+    /// short read, since no further readiness edge will come.
+    peer_closed: bool,
     /// Flush `out`, then close.
     closing: bool,
     /// Input bytes the pending request needs in total (from `Progress::need`).
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
     pub last_active: u32,
+    /// This connection's part of `stats bounds`.
+    share: Share,
 }
 
 impl Conn {
-    pub fn new(stream: Stream, id: u64, entry: Arc<ConnEntry>, now: u32) -> Conn {
+    pub fn new(
+        stream: Stream,
+        id: u64,
+        entry: Arc<ConnEntry>,
+        now: u32,
+        gauges: Arc<Gauges>,
+    ) -> Conn {
         Conn {
             stream,
             id,
@@ -259,18 +277,20 @@ impl Conn {
             rbuf: vec![0; READ_BUF_INITIAL],
             rstart: 0,
             rend: 0,
-            out: Vec::new(),
-            opos: 0,
+            out: OutQueue::new(),
+            backlog: false,
             may_read: true,
             eof: false,
+            peer_closed: false,
             closing: false,
             need: 0,
             last_active: now,
+            share: Share::new(gauges),
         }
     }
 
     fn pending_out(&self) -> usize {
-        self.out.len() - self.opos
+        self.out.len()
     }
 
     fn pending_in(&self) -> usize {
@@ -279,26 +299,8 @@ impl Conn {
 
     /// Write as much of `out` as the socket takes: one syscall per batch of replies.
     fn flush(&mut self, stats: &ThreadStats) -> io::Result<()> {
-        while self.opos < self.out.len() {
-            match self.stream.write(&self.out[self.opos..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.opos += n;
-                    stats.bytes_written.add(n as u64);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        if self.opos == self.out.len() {
-            self.out.clear();
-            self.opos = 0;
-            // Do not keep a huge reply buffer around for an idle connection.
-            if self.out.capacity() > 4 << 20 {
-                self.out = Vec::new();
-            }
-        }
+        let n = self.out.write_to(&mut self.stream)?;
+        stats.bytes_written.add(n as u64);
         Ok(())
     }
 
@@ -337,7 +339,7 @@ impl Conn {
                     self.rend += n;
                     total += n;
                     stats.bytes_read.add(n as u64);
-                    if n < room {
+                    if n < room && !self.peer_closed {
                         // A short read drained the socket: asking again would only
                         // return WouldBlock (one wasted syscall per request). Data that
                         // arrives later raises a new edge-triggered event.
@@ -365,6 +367,27 @@ impl Conn {
         readable: bool,
         now: u32,
     ) -> Next {
+        let next = self.drive_round(shared, stats, readable, now);
+        let holdings = Holdings {
+            read_buf_bytes: self.rbuf.len() as i64,
+            copied_out_bytes: (self.out.len() - self.out.pinned_bytes()) as i64,
+            pinned_values: self.out.pinned_values() as i64,
+            pinned_bytes: self.out.pinned_bytes() as i64,
+            receiving_values: self.session.receiving_values() as i64,
+            receiving_bytes: self.session.receiving_bytes() as i64,
+            paused_on_output: i64::from(self.entry.state() == ConnState::Mwrite),
+        };
+        self.share.update(holdings);
+        next
+    }
+
+    fn drive_round(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        readable: bool,
+        now: u32,
+    ) -> Next {
         if readable {
             self.may_read = true;
         }
@@ -379,27 +402,22 @@ impl Conn {
                 Next::Wait
             };
         }
-        let limit = shared.settings.max_pending_output;
         // Backpressure: a client that does not read its replies gets nothing more
         // processed or read until they drain (the writable event re-drives us).
-        if self.pending_out() >= limit {
+        if exec::output_full(shared, &self.out) {
             self.entry.set_state(ConnState::Mwrite);
             return Next::Wait;
         }
-        if self.may_read && !self.eof {
+        // Read only when the input holds no runnable request: a client that pipelines
+        // faster than `-R` lets us execute is slowed down (TCP flow control), never cut off.
+        if self.may_read && !self.eof && !self.backlog {
             self.entry.set_state(ConnState::Read);
             if self.fill(stats).is_err() {
                 return Next::Close;
             }
         }
-        let mut yielded = false;
+        self.backlog = false;
         if self.pending_in() > 0 && self.pending_in() >= self.need {
-            // Replies written so far are gone; keep `out` starting at unsent data so that
-            // the high-water check in `process` sees only what is really queued.
-            if self.opos > 0 {
-                self.out.drain(..self.opos);
-                self.opos = 0;
-            }
             self.entry.set_state(ConnState::ParseCmd);
             let mut ctx = ExecCtx {
                 shared,
@@ -407,6 +425,7 @@ impl Conn {
                 transport: self.stream.transport(),
                 conn_id: self.id,
             };
+            let verbose = shared.verbose.load(Ordering::Relaxed) >= 2;
             let before = self.out.len();
             let p = exec::process(
                 &mut ctx,
@@ -415,41 +434,39 @@ impl Conn {
                 &mut self.out,
                 shared.settings.reqs_per_event,
             );
-            if shared.verbose.load(std::sync::atomic::Ordering::Relaxed) >= 2 && p.consumed > 0 {
+            if verbose && p.consumed > 0 {
+                let reply = self.out.to_vec();
                 log_traffic(
                     self.id,
                     &self.rbuf[self.rstart..self.rstart + p.consumed],
-                    &self.out[before..],
+                    reply.get(before..).unwrap_or_default(),
                 );
             }
             self.rstart += p.consumed.min(self.pending_in());
             if self.rstart == self.rend {
                 self.rstart = 0;
                 self.rend = 0;
+                if self.rbuf.len() > READ_BUF_INITIAL * 4 {
+                    // A large request is done: give its buffer back.
+                    self.rbuf = vec![0; READ_BUF_INITIAL];
+                }
             }
             if p.consumed > 0 {
                 self.last_active = now;
                 self.entry.touch(now);
             }
             self.need = p.need;
+            // The executors refuse values above -I before buffering them, and receive
+            // large ascii values in place: a request needing more than this is not one.
             let cap = shared.settings.store.item_size_max + (2 << 20);
             if p.need > cap {
-                // The executor bounds values by -I; anything larger is not a request.
                 self.closing = true;
-            } else if p.need > self.rbuf.len() {
-                // A large value is announced: size the buffer for it once.
-                self.make_room(p.need);
             }
             if p.close {
                 self.closing = true;
             } else if p.yielded {
                 stats.conn_yields.incr();
-                yielded = true;
-            }
-            // A request that never completes yet already holds more than any legal
-            // request could is hostile: drop it rather than buffer without bound.
-            if self.pending_in() > cap && self.need <= self.pending_in() {
-                self.closing = true;
+                self.backlog = true;
             }
         }
         if self.flush(stats).is_err() {
@@ -463,7 +480,7 @@ impl Conn {
                 Next::Wait
             };
         }
-        if self.eof && !yielded {
+        if self.eof && !self.backlog {
             // Peer half-closed: finish what can be answered, then close (as memcached
             // does on a read of 0).
             return if self.pending_out() == 0 {
@@ -473,7 +490,7 @@ impl Conn {
                 Next::Wait
             };
         }
-        if self.pending_out() >= limit {
+        if exec::output_full(shared, &self.out) {
             self.entry.set_state(ConnState::Mwrite);
             return Next::Wait;
         }
@@ -482,11 +499,16 @@ impl Conn {
         } else {
             ConnState::Waiting
         });
-        if yielded || (self.may_read && !self.eof) {
+        if self.backlog || (self.may_read && !self.eof) {
             Next::Again
         } else {
             Next::Wait
         }
+    }
+
+    /// The poller saw the peer close its side (see `peer_closed`).
+    pub fn note_peer_closed(&mut self) {
+        self.peer_closed = true;
     }
 
     /// Ask to be closed: flush what is queued first.

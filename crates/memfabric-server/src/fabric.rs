@@ -22,13 +22,13 @@ use std::sync::Arc;
 use memfabric_fabric as mf;
 use memfabric_proto::fabric::{self as fp, Opcode, Request, Response, Status};
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, GetOptions, PendingItem, PinnedItem, SetMode,
+    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, PinnedItem, SetMode,
     StoreStatus,
 };
 use mio::{Interest, Registry, Token};
 
 use crate::exec::{ExecCtx, Shared, Transport};
-use crate::stats::ThreadStats;
+use crate::stats::{ClassStat, ThreadStats};
 
 /// A store mapping as remote readers see it: where it is and the key to read it.
 struct Exported {
@@ -208,6 +208,14 @@ struct Receiving {
 }
 
 /// A pending item as a receive target: UCX writes the value into item memory.
+/// A storage outcome that found no item (refused before the store looked).
+fn no_item(status: StoreStatus) -> Found<StoreStatus> {
+    Found {
+        status,
+        class_id: None,
+    }
+}
+
 struct ItemTarget(PendingItem);
 
 impl mf::RecvBuf for ItemTarget {
@@ -703,7 +711,7 @@ impl FabricWorker {
     ) {
         let store = &ctx.shared.store;
         let exptime = store.clock().exptime(i64::from(req.exptime));
-        let status = store.store(
+        let found = store.store_found(
             set_mode(req.opcode),
             req.key,
             value,
@@ -711,7 +719,8 @@ impl FabricWorker {
             exptime,
             req.cas,
         );
-        self.stored_req(ctx, req, status, noreply);
+        let class = store.item_class(req.key.len(), value.len());
+        self.stored_req(ctx, req, found, class, noreply);
     }
 
     /// A value arriving by rendezvous: allocate the item and receive into it (append and
@@ -730,7 +739,7 @@ impl FabricWorker {
         {
             if len > store.config().item_size_max {
                 drop(d);
-                self.stored_req(ctx, req, StoreStatus::TooLarge, noreply);
+                self.stored_req(ctx, req, no_item(StoreStatus::TooLarge), None, noreply);
                 return;
             }
             Box::new(vec![0u8; len])
@@ -739,7 +748,7 @@ impl FabricWorker {
                 Ok(p) => Box::new(ItemTarget(p)),
                 Err(e) => {
                     drop(d); // tells the sender to give up the transfer
-                    self.stored_req(ctx, req, e.into(), noreply);
+                    self.stored_req(ctx, req, no_item(e.into()), None, noreply);
                     return;
                 }
             }
@@ -797,18 +806,33 @@ impl FabricWorker {
             return;
         }
         let store = &shared.0.store;
-        let status = match buf {
+        let class = |len: usize| store.item_class(r.key.len(), len);
+        let (found, class) = match buf {
             Some(b) => match b.downcast::<ItemTarget>() {
-                Ok(item) => store.store_pending(set_mode(r.opcode), item.0, r.cas),
+                Ok(item) => {
+                    let c = class(item.0.value_len());
+                    let mode = set_mode(r.opcode);
+                    (store.store_pending_found(mode, item.0, r.cas), c)
+                }
                 Err(b) => match b.downcast::<Vec<u8>>() {
-                    Ok(v) => store.store(set_mode(r.opcode), &r.key, &v, r.flags, r.exptime, r.cas),
-                    Err(_) => StoreStatus::NotStored,
+                    Ok(v) => (
+                        store.store_found(
+                            set_mode(r.opcode),
+                            &r.key,
+                            &v,
+                            r.flags,
+                            r.exptime,
+                            r.cas,
+                        ),
+                        class(v.len()),
+                    ),
+                    Err(_) => (no_item(StoreStatus::NotStored), None),
                 },
             },
-            None => StoreStatus::NotStored,
+            None => (no_item(StoreStatus::NotStored), None),
         };
         self.stored(
-            &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, status, r.noreply,
+            &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, found, class, r.noreply,
         );
     }
 
@@ -817,14 +841,17 @@ impl FabricWorker {
         &mut self,
         ctx: &mut ExecCtx<'_>,
         req: &Request<'_>,
-        status: StoreStatus,
+        found: Found<StoreStatus>,
+        new_class: Option<u8>,
         noreply: bool,
     ) {
         let (s, op, opaque, key, cas) = (req.session, req.opcode, req.opaque, req.key, req.cas);
-        self.stored(ctx, s, op, opaque, key, cas, status, noreply);
+        self.stored(ctx, s, op, opaque, key, cas, found, new_class, noreply);
     }
 
-    /// Count and answer a storage outcome, as the binary protocol does.
+    /// Count and answer a storage outcome, as the binary protocol does. `new_class`: the
+    /// slab class of the request's item (memcached counts `cmd_set` there, and CAS
+    /// results in the class of the item that was under the key).
     #[allow(clippy::too_many_arguments)]
     fn stored(
         &mut self,
@@ -834,19 +861,21 @@ impl FabricWorker {
         opaque: u64,
         key: &[u8],
         cas: u64,
-        status: StoreStatus,
+        found: Found<StoreStatus>,
+        new_class: Option<u8>,
         noreply: bool,
     ) {
         let s = ctx.stats;
+        let status = found.status;
         let is_cas = op == Opcode::Cas
             || (cas != 0 && matches!(op, Opcode::Set | Opcode::Add | Opcode::Replace));
         if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
-            s.cmd_set.incr();
+            s.count(ClassStat::SetCmds, new_class);
         }
         let st = match status {
             StoreStatus::Stored { cas: new_cas } => {
                 if is_cas {
-                    s.cas_hits.incr();
+                    s.count(ClassStat::CasHits, found.class_id);
                 }
                 if noreply {
                     return;
@@ -858,7 +887,7 @@ impl FabricWorker {
             }
             StoreStatus::Exists => {
                 if is_cas {
-                    s.cas_badval.incr();
+                    s.count(ClassStat::CasBadval, found.class_id);
                 }
                 Status::Exists
             }
@@ -921,9 +950,9 @@ impl FabricWorker {
                     self.respond_status(session, op, opaque, Status::NotFound);
                     return;
                 };
-                s.get_hits.incr();
+                s.count(ClassStat::GetHits, Some(info.class_id));
                 if touch.is_some() {
-                    s.touch_hits.incr();
+                    s.count(ClassStat::TouchHits, Some(info.class_id));
                 }
                 let mut r = Response {
                     opcode: op,
@@ -962,9 +991,10 @@ impl FabricWorker {
                 }
             }
             Opcode::Delete => {
-                let st = match store.delete(req.key, req.cas) {
+                let found = store.delete_found(req.key, req.cas);
+                let st = match found.status {
                     DeleteStatus::Deleted => {
-                        s.delete_hits.incr();
+                        s.count(ClassStat::DeleteHits, found.class_id);
                         Status::Ok
                     }
                     DeleteStatus::NotFound => {
@@ -979,13 +1009,15 @@ impl FabricWorker {
             }
             Opcode::Incr | Opcode::Decr => {
                 let incr = op == Opcode::Incr;
-                let r = match store.arith(req.key, incr, req.cas, &ArithOptions::default()) {
+                let found = store.arith_found(req.key, incr, req.cas, &ArithOptions::default());
+                let r = match found.status {
                     ArithStatus::Value { value, cas } => {
-                        if incr {
-                            s.incr_hits.incr()
+                        let what = if incr {
+                            ClassStat::IncrHits
                         } else {
-                            s.decr_hits.incr()
-                        }
+                            ClassStat::DecrHits
+                        };
+                        s.count(what, found.class_id);
                         Response { cas, value, ..ok }
                     }
                     ArithStatus::NotFound => {
@@ -1009,8 +1041,8 @@ impl FabricWorker {
             Opcode::Touch => {
                 s.cmd_touch.incr();
                 let exptime = store.clock().exptime(i64::from(req.exptime));
-                let st = if store.touch(req.key, exptime) {
-                    s.touch_hits.incr();
+                let st = if let Some(class) = store.touch_found(req.key, exptime) {
+                    s.count(ClassStat::TouchHits, Some(class));
                     Status::Ok
                 } else {
                     s.touch_misses.incr();

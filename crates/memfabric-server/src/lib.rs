@@ -7,11 +7,13 @@
 //! all up from `Settings` (which `cli` builds from memcached's flags). `fabric` is the UCX
 //! active-message path, served by the same worker loops.
 
+pub mod bounds;
 pub mod cli;
 pub mod conn;
 pub mod exec;
 pub mod fabric;
 pub mod net;
+pub mod outqueue;
 pub mod runtime;
 pub mod settings;
 pub mod stats;

@@ -19,7 +19,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::conn::{ConnEntry, ConnState, Stream};
 use crate::exec::Shared;
-use crate::settings::Settings;
+use crate::settings::{bind_port, Settings};
 use crate::worker::{NewConn, WorkerHandle};
 
 /// What memcached answers a connection over the `-c` limit.
@@ -97,26 +97,38 @@ fn interfaces(settings: &Settings, port: u16) -> Result<Vec<(SocketAddr, bool)>,
     Ok(v)
 }
 
-fn socket_for(addr: &SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
+fn socket_for(
+    addr: &SocketAddr,
+    ty: Type,
+    proto: Protocol,
+    mark: Option<u32>,
+) -> io::Result<Socket> {
     let s = Socket::new(Domain::for_address(*addr), ty, Some(proto))?;
     s.set_reuse_address(true)?;
     if addr.is_ipv6() {
         // Keep IPv6 listeners from also claiming the IPv4 port we bind separately.
         s.set_only_v6(true)?;
     }
+    if let Some(m) = mark {
+        // `-o sock_cookie_id`: as memcached, a socket that cannot be marked (no
+        // CAP_NET_ADMIN) is said and used anyway.
+        if let Err(e) = s.set_mark(m) {
+            tracing::warn!("setsockopt(SO_MARK {m}) on {addr}: {e}");
+        }
+    }
     Ok(s)
 }
 
-fn bind_tcp(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
-    let s = socket_for(&addr, Type::STREAM, Protocol::TCP)?;
+fn bind_tcp(addr: SocketAddr, backlog: u32, mark: Option<u32>) -> io::Result<TcpListener> {
+    let s = socket_for(&addr, Type::STREAM, Protocol::TCP, mark)?;
     s.bind(&addr.into())?;
     s.listen(backlog.min(i32::MAX as u32) as i32)?;
     s.set_nonblocking(true)?;
     Ok(TcpListener::from_std(s.into()))
 }
 
-fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    let s = socket_for(&addr, Type::DGRAM, Protocol::UDP)?;
+fn bind_udp(addr: SocketAddr, mark: Option<u32>) -> io::Result<std::net::UdpSocket> {
+    let s = socket_for(&addr, Type::DGRAM, Protocol::UDP, mark)?;
     // memcached raises the send buffer so that a multi-datagram reply is not dropped.
     let _ = s.set_send_buffer_size(4 << 20);
     let _ = s.set_recv_buffer_size(4 << 20);
@@ -159,9 +171,12 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         l.unix = Some((u, format!("unix:{path}")));
         return Ok(l);
     }
-    if settings.tcp_port != 0 {
-        for (addr, required) in interfaces(settings, settings.tcp_port)? {
-            match bind_tcp(addr, settings.backlog) {
+    let mark = settings.sock_cookie_id;
+    // -1 binds port 0 on each interface: each listener gets its own ephemeral port, as in
+    // memcached, and MEMCACHED_PORT_FILENAME reports them (`port_file_text`).
+    if let Some(tcp_port) = bind_port(settings.tcp_port) {
+        for (addr, required) in interfaces(settings, tcp_port)? {
+            match bind_tcp(addr, settings.backlog, mark) {
                 Ok(t) => {
                     let name = t.local_addr().map_or(addr, |a| a);
                     l.tcp.push((t, format!("tcp:{name}")));
@@ -176,11 +191,11 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
             }
         }
     }
-    if settings.udp_port != 0 {
-        for (addr, required) in interfaces(settings, settings.udp_port)? {
+    if let Some(udp_port) = bind_port(settings.udp_port) {
+        for (addr, required) in interfaces(settings, udp_port)? {
             // `-l ip:port` names a TCP port; UDP always uses -U.
-            let addr = SocketAddr::new(addr.ip(), settings.udp_port);
-            match bind_udp(addr) {
+            let addr = SocketAddr::new(addr.ip(), udp_port);
+            match bind_udp(addr, mark) {
                 Ok(u) => {
                     let name = u.local_addr().map_or(addr, |a| a);
                     l.udp.push((u, format!("udp:{name}")));
@@ -198,7 +213,7 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
     if settings.ucx_port != 0 {
         for (addr, _) in interfaces(settings, settings.ucx_port)? {
             let addr = SocketAddr::new(addr.ip(), settings.ucx_port);
-            match bind_tcp(addr, settings.backlog) {
+            match bind_tcp(addr, settings.backlog, None) {
                 Ok(t) => {
                     let name = t.local_addr().map_or(addr, |a| a);
                     l.ucx.push((t, format!("ucx:{name}")));
@@ -210,6 +225,34 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         }
     }
     Ok(l)
+}
+
+/// The lines memcached writes to `MEMCACHED_PORT_FILENAME`: one per TCP listener, then
+/// one per UDP socket, each `TCP INET: <port>` (`INET6` for IPv6, `UDP` for UDP). The UCX
+/// bootstrap port is not a memcached port and is not listed.
+pub fn port_file_text(l: &Listeners) -> String {
+    let tcp = l.tcp.iter().filter_map(|(t, _)| t.local_addr().ok());
+    let udp = l.udp.iter().filter_map(|(u, _)| u.local_addr().ok());
+    let mut text = String::new();
+    for (proto, addr) in tcp.map(|a| ("TCP", a)).chain(udp.map(|a| ("UDP", a))) {
+        let family = if addr.is_ipv6() { "INET6" } else { "INET" };
+        text.push_str(&format!("{proto} {family}: {}\n", addr.port()));
+    }
+    text
+}
+
+/// Write the bound ports to `path` as memcached does: appended to `<path>.lck`, which is
+/// then renamed to `path`, so a reader never sees a half-written file.
+pub fn write_port_file(path: &std::path::Path, l: &Listeners) -> io::Result<()> {
+    let mut lck = path.as_os_str().to_owned();
+    lck.push(".lck");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&lck)?;
+    f.write_all(port_file_text(l).as_bytes())?;
+    drop(f);
+    std::fs::rename(&lck, path)
 }
 
 const SIGNAL: Token = Token(usize::MAX - 1);
@@ -399,6 +442,47 @@ mod tests {
         assert_eq!(a, vec!["[::1]:7".parse().unwrap()]);
         let a = resolve("[::1]:8", 7).unwrap();
         assert_eq!(a, vec!["[::1]:8".parse().unwrap()]);
+    }
+
+    #[test]
+    fn sock_cookie_id_marks_tcp_and_udp_listeners() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let t = bind_tcp(addr, 16, Some(7)).unwrap();
+        let u = bind_udp(addr, Some(7)).unwrap();
+        let unmarked = bind_tcp(addr, 16, None).unwrap();
+        // Setting SO_MARK needs CAP_NET_ADMIN; without it the listener still exists
+        // (memcached's behaviour) and is simply unmarked.
+        let probe = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let want = if probe.set_mark(7).is_ok() { 7 } else { 0 };
+        assert_eq!(socket2::SockRef::from(&t).mark().unwrap(), want);
+        assert_eq!(socket2::SockRef::from(&u).mark().unwrap(), want);
+        assert_eq!(socket2::SockRef::from(&unmarked).mark().unwrap(), 0);
+    }
+
+    #[test]
+    fn port_file_lists_tcp_then_udp_with_their_family() {
+        let v4: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let v6: SocketAddr = "[::1]:0".parse().unwrap();
+        let t = bind_tcp(v4, 16, None).unwrap();
+        let u = bind_udp(v4, None).unwrap();
+        let (tp, up) = (
+            t.local_addr().unwrap().port(),
+            u.local_addr().unwrap().port(),
+        );
+        let mut l = Listeners {
+            tcp: vec![(t, "t".into())],
+            unix: None,
+            udp: vec![(u, "u".into())],
+            ucx: vec![(bind_tcp(v4, 16, None).unwrap(), "x".into())],
+        };
+        let mut want = format!("TCP INET: {tp}\n");
+        // IPv6 loopback, where the host has it.
+        if let Ok(t6) = bind_tcp(v6, 16, None) {
+            want.push_str(&format!("TCP INET6: {}\n", t6.local_addr().unwrap().port()));
+            l.tcp.push((t6, "t6".into()));
+        }
+        want.push_str(&format!("UDP INET: {up}\n"));
+        assert_eq!(port_file_text(&l), want);
     }
 
     #[test]

@@ -78,9 +78,21 @@ fn write_pidfile(path: &str) -> Result<(), RunError> {
 }
 
 /// Bind the sockets `settings` asks for (done before detaching, so errors reach the
-/// terminal).
+/// terminal). With `MEMCACHED_PORT_FILENAME` set and no unix socket, the bound TCP and UDP
+/// ports are written there as memcached writes them (test harnesses start servers with
+/// `-p -1 -U -1` and read the ports back); a file that cannot be written is said, not fatal,
+/// as in memcached.
 pub fn bind(settings: &Settings) -> Result<Listeners, RunError> {
-    Ok(net::bind(settings)?)
+    let listeners = net::bind(settings)?;
+    if settings.unix_socket.is_none() {
+        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
+            let path = std::path::PathBuf::from(path);
+            if let Err(e) = net::write_port_file(&path, &listeners) {
+                tracing::error!("Failed to write \"{}.lck\": {e}", path.display());
+            }
+        }
+    }
+    Ok(listeners)
 }
 
 /// Run the server until a signal or `shutdown`.

@@ -3,10 +3,11 @@
 /// Everything memfabricd is configured with. Field defaults match memcached 1.6.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// TCP port (`-p`, default 11211; 0 = off).
-    pub tcp_port: u16,
-    /// UDP port (`-U`, default 0 = off, as in memcached 1.6).
-    pub udp_port: u16,
+    /// TCP port (`-p`, default 11211; 0 = off; -1 = an ephemeral port, as memcached:
+    /// each listener binds port 0 and `MEMCACHED_PORT_FILENAME` reports what it got).
+    pub tcp_port: i32,
+    /// UDP port (`-U`, default 0 = off, as in memcached 1.6; -1 = ephemeral).
+    pub udp_port: i32,
     /// Interfaces to listen on (`-l`, comma separated; default all).
     pub listen: Vec<String>,
     /// Unix socket path (`-s`); disables TCP/UDP as in memcached.
@@ -79,6 +80,19 @@ pub struct Settings {
     pub lru_crawler: bool,
     /// `-o tail_repair_time` (reported only).
     pub tail_repair_time: u32,
+    /// `-o sock_cookie_id=N`: the `SO_MARK` set on every listening socket (for firewall
+    /// rules), as memcached does.
+    pub sock_cookie_id: Option<u32>,
+}
+
+/// What to bind for a `-p`/`-U` value: `None` for off (0), port 0 (the kernel picks) for
+/// -1, else the port itself. The CLI has checked the range.
+pub fn bind_port(port: i32) -> Option<u16> {
+    match port {
+        0 => None,
+        -1 => Some(0),
+        p => u16::try_from(p).ok(),
+    }
 }
 
 impl ProtocolChoice {
@@ -140,6 +154,7 @@ impl Default for Settings {
             track_sizes: false,
             lru_crawler: true,
             tail_repair_time: 0,
+            sock_cookie_id: None,
         }
     }
 }

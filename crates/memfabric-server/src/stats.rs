@@ -42,6 +42,9 @@ macro_rules! thread_counters {
         #[derive(Debug, Default)]
         pub struct ThreadStats {
             $($(#[$m])* pub $name: Counter,)*
+            /// memcached's per-slab-class counters (`stats slabs`); count them with
+            /// `ThreadStats::count`, which keeps the totals above in step.
+            pub classes: ClassCounters,
         }
 
         /// The sum of every worker's `ThreadStats` at one moment.
@@ -100,6 +103,90 @@ thread_counters! {
     idle_kicks,
 }
 
+/// memcached's per-slab-class command counters, in the order `stats slabs` prints them.
+/// Each is also one of the all-class totals of `stats` (same name, `SetCmds` = `cmd_set`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassStat {
+    GetHits,
+    SetCmds,
+    DeleteHits,
+    IncrHits,
+    DecrHits,
+    CasHits,
+    CasBadval,
+    TouchHits,
+}
+
+impl ClassStat {
+    pub const ALL: [ClassStat; 8] = [
+        ClassStat::GetHits,
+        ClassStat::SetCmds,
+        ClassStat::DeleteHits,
+        ClassStat::IncrHits,
+        ClassStat::DecrHits,
+        ClassStat::CasHits,
+        ClassStat::CasBadval,
+        ClassStat::TouchHits,
+    ];
+
+    /// The name in `stats slabs` (`N:<name>`) and in `stats`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClassStat::GetHits => "get_hits",
+            ClassStat::SetCmds => "cmd_set",
+            ClassStat::DeleteHits => "delete_hits",
+            ClassStat::IncrHits => "incr_hits",
+            ClassStat::DecrHits => "decr_hits",
+            ClassStat::CasHits => "cas_hits",
+            ClassStat::CasBadval => "cas_badval",
+            ClassStat::TouchHits => "touch_hits",
+        }
+    }
+}
+
+const CLASS_STATS: usize = ClassStat::ALL.len();
+/// One row per possible class id (ids are a `u8`). Row 0 takes events whose item had no
+/// class (memcached's class 0 too): they count in the totals but no class prints them.
+const CLASS_ROWS: usize = 1 << u8::BITS;
+
+/// One worker's per-class counters: `[class][ClassStat]`.
+#[derive(Debug)]
+pub struct ClassCounters(Box<[[Counter; CLASS_STATS]]>);
+
+impl Default for ClassCounters {
+    fn default() -> Self {
+        ClassCounters((0..CLASS_ROWS).map(|_| Default::default()).collect())
+    }
+}
+
+/// Per-class sums over every worker: `[class][ClassStat]`.
+type ClassTotals = Vec<[u64; CLASS_STATS]>;
+
+impl ThreadStats {
+    /// Count one of memcached's per-class events for an item of slab class `class` (None
+    /// when there was no item to take a class from), in its class and in the total.
+    #[inline]
+    pub fn count(&self, what: ClassStat, class: Option<u8>) {
+        let total = match what {
+            ClassStat::GetHits => &self.get_hits,
+            ClassStat::SetCmds => &self.cmd_set,
+            ClassStat::DeleteHits => &self.delete_hits,
+            ClassStat::IncrHits => &self.incr_hits,
+            ClassStat::DecrHits => &self.decr_hits,
+            ClassStat::CasHits => &self.cas_hits,
+            ClassStat::CasBadval => &self.cas_badval,
+            ClassStat::TouchHits => &self.touch_hits,
+        };
+        total.incr();
+        self.classes.0[usize::from(class.unwrap_or(0))][what as usize].incr();
+    }
+
+    /// This worker's count of `what` in class `class`.
+    pub fn class_count(&self, what: ClassStat, class: u8) -> u64 {
+        self.classes.0[usize::from(class)][what as usize].get()
+    }
+}
+
 /// Store counters that `stats reset` zeroes (the others are gauges).
 #[derive(Clone, Copy, Debug, Default)]
 struct StoreBase {
@@ -127,6 +214,10 @@ pub struct ResetBase {
 #[derive(Debug, Default)]
 struct BaseInner {
     threads: ThreadTotals,
+    /// Per-class command counters (empty until the first reset).
+    classes: ClassTotals,
+    /// The store's per-class item counters, by class id.
+    items: Vec<memfabric_store::ItemClassStats>,
     store: StoreBase,
     total_connections: u64,
     rejected_connections: u64,
@@ -159,6 +250,35 @@ fn raw_thread_totals(shared: &Shared) -> ThreadTotals {
     t
 }
 
+/// Every worker's per-class counters summed, since the last `stats reset`.
+fn class_totals(shared: &Shared) -> ClassTotals {
+    let mut t = raw_class_totals(shared);
+    let base = shared.stats_base.lock();
+    for (row, b) in t.iter_mut().zip(base.classes.iter()) {
+        for (v, b) in row.iter_mut().zip(b) {
+            *v = v.wrapping_sub(*b);
+        }
+    }
+    t
+}
+
+fn raw_class_totals(shared: &Shared) -> ClassTotals {
+    let mut t = vec![[0u64; CLASS_STATS]; CLASS_ROWS];
+    for s in shared
+        .thread_stats
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        for (row, counters) in t.iter_mut().zip(s.classes.0.iter()) {
+            for (v, c) in row.iter_mut().zip(counters) {
+                *v = v.wrapping_add(c.get());
+            }
+        }
+    }
+    t
+}
+
 fn store_base_of(st: &memfabric_store::StoreStats) -> StoreBase {
     StoreBase {
         total_items: st.total_items,
@@ -176,7 +296,8 @@ fn store_base_of(st: &memfabric_store::StoreStats) -> StoreBase {
 }
 
 /// The key/value pairs of `stats <group>` (`group` = "" for the general stats, or
-/// "settings", "items", "slabs", "conns", "sizes", "fabric"). `None` for an unknown group.
+/// "settings", "items", "slabs", "conns", "sizes", "extstore", "fabric", "bounds").
+/// `None` for an unknown group.
 /// Shared by ascii `stats` and binary STAT so both print the same names.
 pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> {
     let shared = ctx.shared;
@@ -188,8 +309,15 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "slabs" => slabs(shared, &mut v),
         "conns" => conns(shared, &mut v),
         "sizes" => v.put("sizes_status", "disabled"),
-        // memfabric's own group: the UCX data path.
-        "fabric" => v.0.extend(crate::fabric::fabric_stats(shared)),
+        // No flash tier: memcached without `ext_path` answers with no stats at all.
+        "extstore" => {}
+        // memfabric's own group: its own settings and the UCX data path.
+        "fabric" => {
+            v.put("poll_us", shared.settings.poll_us);
+            v.0.extend(crate::fabric::fabric_stats(shared));
+        }
+        // memfabric's own group: what connections hold (docs/connections.md).
+        "bounds" => v.0.extend(shared.gauges.stats()),
         _ => return None,
     }
     Some(v.0)
@@ -199,11 +327,15 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
 pub fn reset(ctx: &ExecCtx<'_>) {
     let shared = ctx.shared;
     let threads = raw_thread_totals(shared);
+    let classes = raw_class_totals(shared);
     let store = store_base_of(&shared.store.stats());
+    let items = shared.store.item_stats();
     let mut b = shared.stats_base.lock();
     b.threads = threads;
+    b.classes = classes;
+    b.items = items;
     b.store = store;
-    b.total_connections = shared.total_connections.load(Ordering::Relaxed);
+    b.total_connections = raw_total_connections(shared);
     b.rejected_connections = shared.rejected_connections.load(Ordering::Relaxed);
     b.listen_disabled_num = shared.listen_disabled_num.load(Ordering::Relaxed);
 }
@@ -233,6 +365,35 @@ fn rusage() -> (String, String) {
     }
 }
 
+/// memcached counts each listening (and UDP) socket as a connection once, at start, in
+/// `total_connections`.
+fn listening_conns(shared: &Shared) -> u64 {
+    let snapshot = shared.conns.snapshot();
+    snapshot
+        .iter()
+        .filter(|(_, e)| e.listen_addr.is_none())
+        .count() as u64
+}
+
+fn raw_total_connections(shared: &Shared) -> u64 {
+    shared.total_connections.load(Ordering::Relaxed) + listening_conns(shared)
+}
+
+/// memcached's `reserved_fds` counts the descriptors it keeps for itself (listeners,
+/// thread pipes, stdio). Ours: every open descriptor that is not a client connection
+/// (listeners, epoll and wake-up fds, UCX's, stdio), counted now.
+fn reserved_fds(shared: &Shared) -> usize {
+    // Less the one the listing itself holds open.
+    let open = std::fs::read_dir("/proc/self/fd").map_or(1, |d| d.count()) - 1;
+    let clients = shared
+        .conns
+        .snapshot()
+        .iter()
+        .filter(|(_, e)| e.listen_addr.is_some())
+        .count();
+    open.saturating_sub(clients)
+}
+
 fn general(shared: &Shared, v: &mut Stats) {
     let now = shared.store.clock().now();
     let st = shared.store.stats();
@@ -254,6 +415,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     }
     let t = thread_totals(shared);
     let (ru, rs) = rusage();
+    // (memcached counts its listeners here too, then prints one less.)
     let curr = shared.curr_connections.load(Ordering::Relaxed);
     v.put("pid", shared.pid);
     v.put("uptime", now.saturating_sub(shared.started));
@@ -268,10 +430,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("curr_connections", curr);
     v.put(
         "total_connections",
-        shared
-            .total_connections
-            .load(Ordering::Relaxed)
-            .wrapping_sub(base_total),
+        raw_total_connections(shared).wrapping_sub(base_total),
     );
     v.put(
         "rejected_connections",
@@ -290,7 +449,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("read_buf_bytes", 0);
     v.put("read_buf_bytes_free", 0);
     v.put("read_buf_oom", 0);
-    v.put("reserved_fds", 0);
+    v.put("reserved_fds", reserved_fds(shared));
     v.put("cmd_get", t.cmd_get);
     v.put("cmd_set", t.cmd_set);
     v.put("cmd_flush", t.cmd_flush);
@@ -427,26 +586,89 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("hashpower_init", s.hashpower_init);
     v.put("slab_reassign", yes_no(c.slab_automove));
     v.put("slab_automove", s.slab_automove);
+    // The automover's own rule is fixed (docs/store.md); memcached's tuning knobs for
+    // its algorithm are reported at memcached's defaults, which nothing here reads.
+    v.put("slab_automove_ratio", "0.80");
+    v.put("slab_automove_window", 30);
     v.put("slab_chunk_max", s.slab_chunk_max);
     v.put("lru_crawler", yes_no(s.lru_crawler));
+    // The expiry sweeper (our crawler) paces itself; `lru_crawler sleep|tocrawl` are
+    // accepted without effect, so their defaults are what holds.
+    v.put("lru_crawler_sleep", 100);
+    v.put("lru_crawler_tocrawl", 0);
     v.put("tail_repair_time", s.tail_repair_time);
     v.put("flush_enabled", yes_no(s.flush_enabled));
     v.put("dump_enabled", yes_no(s.dump_enabled));
+    // The index hashes keys with seeded xxh3, not murmur3.
+    v.put("hash_algorithm", "xxh3");
+    // The store's maintenance thread does the LRU maintainer's background work.
+    v.put("lru_maintainer_thread", yes_no(c.background_sweeper));
+    // CLOCK eviction, one ring per class: no hot/warm/cold/temp segments. memcached
+    // prints the segment tuning under `no_lru_segmented` too; so do we, at its defaults.
+    v.put("lru_segmented", "no");
+    v.put("hot_lru_pct", 20);
+    v.put("warm_lru_pct", 40);
+    v.put("hot_max_factor", "0.20");
+    v.put("warm_max_factor", "2.00");
+    v.put("temp_lru", "no");
+    v.put("temporary_ttl", 61);
     v.put("idle_timeout", s.idle_timeout);
+    // No `watch` log streams, so no log buffers.
+    v.put("watcher_logbuf_size", 0);
+    v.put("worker_logbuf_size", 0);
+    // 0 = no server-wide cap on read buffers (memcached's default too).
+    v.put("read_buf_mem_limit", 0);
     v.put("track_sizes", yes_no(s.track_sizes));
-    v.put("poll_us", s.poll_us);
+    v.put("inline_ascii_response", "no");
+    // No flash tier (extstore) yet: memcached without `ext_path` prints its defaults.
+    v.put("ext_item_size", 512);
+    v.put("ext_item_age", u32::MAX);
+    v.put("ext_low_ttl", 0);
+    v.put("ext_recache_rate", 2000);
+    v.put("ext_wbuf_size", 4 << 20);
+    v.put("ext_compact_under", 0);
+    v.put("ext_drop_under", 0);
+    v.put("ext_max_sleep", 1_000_000);
+    v.put("ext_max_frag", "0.80");
+    v.put("slab_automove_freeratio", "0.010");
+    v.put("ext_drop_unread", "no");
+    // No TLS: memcached built with TLS support and not using it prints these.
+    v.put("ssl_enabled", "no");
+    v.put("ssl_chain_cert", "(null)");
+    v.put("ssl_key", "(null)");
+    v.put("ssl_verify_mode", 0);
+    v.put("ssl_keyformat", 1);
+    v.put("ssl_ciphers", "NULL");
+    v.put("ssl_ca_cert", "NULL");
+    v.put("ssl_wbuf_size", 16384);
+    v.put("ssl_session_cache", "no");
+    v.put("ssl_kernel_tls", "no");
+    v.put("ssl_min_version", "tlsv1.2");
+    v.put("num_napi_ids", "(null)");
+    v.put("memory_file", "(null)");
 }
 
 fn items(shared: &Shared, v: &mut Stats) {
     let slabs = shared.store.slab_stats();
+    let classes = class_totals(shared);
+    let base = shared.stats_base.lock().items.clone();
     for it in shared.store.item_stats().iter().filter(|i| i.number > 0) {
         let p = |k: &str| format!("items:{}:{k}", it.id);
         let mem_requested = slabs
             .iter()
             .find(|s| s.id == it.id)
             .map_or(0, |s| s.mem_requested);
+        // `stats reset` zeroes the per-class event counters (memcached's itemstats);
+        // `number`, `age` and `mem_requested` describe what is stored and stay.
+        let b = base
+            .iter()
+            .find(|b| b.id == it.id)
+            .cloned()
+            .unwrap_or_default();
+        let evicted = it.evicted.wrapping_sub(b.evicted);
+        let hits = classes[usize::from(it.id)][ClassStat::GetHits as usize];
         v.put(p("number"), it.number);
-        // One LRU per class here: all items count as cold.
+        // One CLOCK per class here (no hot/warm/cold segments): all items count as cold.
         v.put(p("number_hot"), 0);
         v.put(p("number_warm"), 0);
         v.put(p("number_cold"), it.number);
@@ -454,16 +676,35 @@ fn items(shared: &Shared, v: &mut Stats) {
         v.put(p("age_warm"), 0);
         v.put(p("age"), it.age);
         v.put(p("mem_requested"), mem_requested);
-        v.put(p("evicted"), it.evicted);
-        v.put(p("evicted_nonzero"), it.evicted_nonzero);
-        v.put(p("evicted_time"), it.evicted_time);
-        v.put(p("outofmemory"), it.outofmemory);
+        v.put(p("evicted"), evicted);
+        v.put(
+            p("evicted_nonzero"),
+            it.evicted_nonzero.wrapping_sub(b.evicted_nonzero),
+        );
+        // memcached zeroes it on reset; it is set again by the next eviction.
+        v.put(
+            p("evicted_time"),
+            if evicted == 0 { 0 } else { it.evicted_time },
+        );
+        v.put(p("outofmemory"), it.outofmemory.wrapping_sub(b.outofmemory));
         v.put(p("tailrepairs"), 0);
-        v.put(p("reclaimed"), it.reclaimed);
-        v.put(p("expired_unfetched"), it.expired_unfetched);
-        v.put(p("evicted_unfetched"), it.evicted_unfetched);
-        v.put(p("evicted_active"), it.evicted_active);
-        v.put(p("crawler_reclaimed"), it.crawler_reclaimed);
+        v.put(p("reclaimed"), it.reclaimed.wrapping_sub(b.reclaimed));
+        v.put(
+            p("expired_unfetched"),
+            it.expired_unfetched.wrapping_sub(b.expired_unfetched),
+        );
+        v.put(
+            p("evicted_unfetched"),
+            it.evicted_unfetched.wrapping_sub(b.evicted_unfetched),
+        );
+        v.put(
+            p("evicted_active"),
+            it.evicted_active.wrapping_sub(b.evicted_active),
+        );
+        v.put(
+            p("crawler_reclaimed"),
+            it.crawler_reclaimed.wrapping_sub(b.crawler_reclaimed),
+        );
         v.put(p("crawler_items_checked"), 0);
         v.put(p("lrutail_reflocked"), 0);
         v.put(p("moves_to_cold"), 0);
@@ -472,13 +713,14 @@ fn items(shared: &Shared, v: &mut Stats) {
         v.put(p("direct_reclaims"), 0);
         v.put(p("hits_to_hot"), 0);
         v.put(p("hits_to_warm"), 0);
-        v.put(p("hits_to_cold"), 0);
+        v.put(p("hits_to_cold"), hits);
         v.put(p("hits_to_temp"), 0);
     }
 }
 
 fn slabs(shared: &Shared, v: &mut Stats) {
     let st = shared.store.stats();
+    let classes = class_totals(shared);
     let mut active = 0;
     for s in shared
         .store
@@ -495,8 +737,9 @@ fn slabs(shared: &Shared, v: &mut Stats) {
         v.put(p("used_chunks"), s.used_chunks);
         v.put(p("free_chunks"), s.free_chunks);
         v.put(p("free_chunks_end"), 0);
-        // memcached's per-class command counters (get_hits, cmd_set, ...) are not kept
-        // per class here; leaving them out is better than printing zeros that lie.
+        for (what, n) in ClassStat::ALL.iter().zip(classes[usize::from(s.id)]) {
+            v.put(p(what.name()), n);
+        }
     }
     v.put("active_slabs", active);
     v.put("total_malloced", st.total_malloced);

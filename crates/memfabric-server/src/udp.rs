@@ -14,6 +14,7 @@ use memfabric_proto::udp;
 
 use crate::conn::{ConnEntry, ConnState};
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
+use crate::outqueue::OutQueue;
 use crate::stats::ThreadStats;
 
 /// Datagrams handled per readiness round before other connections get a turn.
@@ -25,7 +26,7 @@ pub struct UdpPort {
     id: u64,
     entry: Arc<ConnEntry>,
     buf: Vec<u8>,
-    out: Vec<u8>,
+    out: OutQueue,
 }
 
 impl UdpPort {
@@ -40,7 +41,7 @@ impl UdpPort {
             entry,
             // The largest UDP payload there is.
             buf: vec![0; 65536],
-            out: Vec::new(),
+            out: OutQueue::new(),
         }
     }
 
@@ -90,25 +91,58 @@ impl UdpPort {
         };
         let mut pos = 0;
         while pos < payload.len() {
-            self.out.clear();
-            // One request at a time: each reply is framed as its own message.
-            let p = exec::process(&mut ctx, &mut sess, &payload[pos..], &mut self.out, 1);
-            if !self.out.is_empty() {
-                let sock = &self.sock;
-                let sent = udp::frame_reply(hdr.request_id, &self.out, |d| {
-                    // A full socket buffer drops the datagram, as UDP may.
-                    if let Ok(k) = sock.send_to(d, peer) {
-                        stats.bytes_written.add(k as u64);
-                    }
-                });
-                if !sent {
-                    tracing::debug!("udp reply of {} bytes too large to frame", self.out.len());
+            // One request at a time: each reply is framed as its own message, so a
+            // request that stopped at the output cap runs on to its end first (a
+            // datagram holds few keys; large values are queued pinned, not copied).
+            let mut consumed = 0;
+            let close = loop {
+                let rest = &payload[pos + consumed..];
+                let p = exec::process(&mut ctx, &mut sess, rest, &mut self.out, 1);
+                consumed += p.consumed;
+                if p.close || !p.yielded || !sess.in_request() || p.consumed == 0 {
+                    break p.close;
                 }
+            };
+            if !self.out.is_empty() {
+                send_reply(&self.sock, &mut self.out, stats, hdr.request_id, peer);
             }
-            if p.close || p.consumed == 0 {
+            if close || consumed == 0 {
                 break;
             }
-            pos += p.consumed;
+            pos += consumed;
+        }
+        // A request left unfinished (a datagram cut mid-request) dies with its datagram.
+        self.out.clear();
+    }
+}
+
+/// Frame and send the queued reply as memcached frames a UDP reply.
+fn send_reply(
+    sock: &mio::net::UdpSocket,
+    out: &mut OutQueue,
+    stats: &ThreadStats,
+    request_id: u16,
+    peer: SocketAddr,
+) {
+    let total = out.len();
+    let Ok(count) = u16::try_from(udp::datagram_count(total)) else {
+        tracing::debug!("udp reply of {total} bytes too large to frame");
+        out.clear();
+        return;
+    };
+    let mut dgram = [0u8; udp::MAX_DATAGRAM];
+    for sequence in 0..count {
+        let header = udp::FrameHeader {
+            request_id,
+            sequence,
+            count,
+            reserved: 0,
+        };
+        dgram[..udp::HEADER_LEN].copy_from_slice(&header.to_bytes());
+        let n = out.read_into(&mut dgram[udp::HEADER_LEN..]);
+        // A full socket buffer drops the datagram, as UDP may.
+        if let Ok(k) = sock.send_to(&dgram[..udp::HEADER_LEN + n], peer) {
+            stats.bytes_written.add(k as u64);
         }
     }
 }

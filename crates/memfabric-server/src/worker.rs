@@ -199,6 +199,13 @@ impl Worker {
                 } else {
                     active = true;
                     let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                    if ev.is_read_closed() || ev.is_error() {
+                        // The FIN may have come with the last data: no further edge
+                        // will say so, so the connection must read until it sees it.
+                        if let Some(conn) = self.conns.get_mut(&t) {
+                            conn.note_peer_closed();
+                        }
+                    }
                     self.drive(t, readable, now);
                 }
             }
@@ -260,7 +267,10 @@ impl Worker {
             entry.touch(now);
             self.shared.conns.insert(id, Arc::clone(&entry));
             tracing::debug!("<{id} new auto-negotiating client connection");
-            self.conns.insert(token, Conn::new(stream, id, entry, now));
+            self.conns.insert(
+                token,
+                Conn::new(stream, id, entry, now, Arc::clone(&self.shared.gauges)),
+            );
             // Data sent together with the connect is reported by the registration's
             // first event; nothing to do here.
         }

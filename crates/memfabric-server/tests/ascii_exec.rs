@@ -40,6 +40,7 @@ impl<'a> Conn<'a> {
     /// Feed `bytes`, run everything that is complete, return the replies.
     fn send(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
+        let mut queue = memfabric_server::outqueue::OutQueue::new();
         if self.closed {
             return out;
         }
@@ -51,7 +52,8 @@ impl<'a> Conn<'a> {
                 transport: Transport::Tcp,
                 conn_id: 1,
             };
-            let p = process(&mut ctx, &mut self.sess, &self.pending, &mut out, 1000);
+            let p = process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
+            out.extend(queue.take_vec());
             self.pending.drain(..p.consumed);
             if p.close {
                 self.closed = true;

@@ -56,6 +56,7 @@ impl<'s> Conn<'s> {
     /// Send `bytes`, return every reply byte produced.
     fn send(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
+        let mut queue = memfabric_server::outqueue::OutQueue::new();
         if self.closed {
             return out;
         }
@@ -67,7 +68,8 @@ impl<'s> Conn<'s> {
             conn_id: 1,
         };
         loop {
-            let p = process(&mut ctx, &mut self.sess, &self.buf, &mut out, usize::MAX);
+            let p = process(&mut ctx, &mut self.sess, &self.buf, &mut queue, usize::MAX);
+            out.extend(queue.take_vec());
             self.buf.drain(..p.consumed);
             self.need = p.need;
             if p.close {

@@ -162,8 +162,8 @@ fn item_size_over_half_of_memory_is_a_usage_error() {
 }
 
 #[test]
-fn unknown_extended_option_is_accepted() {
-    let d = Daemon::start(&["-o", "foo_bar=3,modern,idle_timeout=100"]);
+fn memcached_extended_options_are_accepted() {
+    let d = Daemon::start(&["-o", "hot_lru_pct=20,modern,idle_timeout=100"]);
     let mut c = d.tcp();
     assert_eq!(
         request(&mut c, b"version\r\n", b"\r\n"),
@@ -280,6 +280,47 @@ fn client_that_never_reads_replies_does_not_stall_others() {
         b"VERSION 1.6.18\r\n"
     );
     assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn udp_multiget_of_large_values_arrives_whole_in_framed_datagrams() {
+    // Values this large are written from pinned item memory, not copied: the datagrams
+    // are cut from the pinned pieces.
+    let port = free_port();
+    let d = Daemon::start(&["-U", &port.to_string()]);
+    let mut c = d.tcp();
+    let value: Vec<u8> = (0..30_000).map(|i| b'a' + (i % 26) as u8).collect();
+    c.write_all(b"set big 0 0 30000\r\n").expect("write");
+    c.write_all(&value).expect("write");
+    assert_eq!(request(&mut c, b"\r\n", b"\r\n"), b"STORED\r\n");
+
+    let u = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+    u.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    u.connect(("127.0.0.1", port)).expect("udp connect");
+    let mut req = vec![0, 7, 0, 0, 0, 1, 0, 0];
+    req.extend_from_slice(b"get big nope big\r\n");
+    u.send(&req).expect("send");
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = u.recv(&mut buf).expect("recv");
+        let count = u16::from_be_bytes([buf[4], buf[5]]) as usize;
+        parts.push(buf[..n].to_vec());
+        if parts.len() == count {
+            break;
+        }
+    }
+    parts.sort_by_key(|d| u16::from_be_bytes([d[2], d[3]]));
+    let body: Vec<u8> = parts.iter().flat_map(|p| p[8..].to_vec()).collect();
+    let mut want = Vec::new();
+    for _ in 0..2 {
+        want.extend_from_slice(b"VALUE big 0 30000\r\n");
+        want.extend_from_slice(&value);
+        want.extend_from_slice(b"\r\n");
+    }
+    want.extend_from_slice(b"END\r\n");
+    assert_eq!(body.len(), want.len());
+    assert!(body == want, "reassembled reply differs");
 }
 
 #[test]

@@ -42,6 +42,7 @@ impl Conn {
     fn send(&mut self, bytes: &[u8]) -> Vec<u8> {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
+        let mut queue = memfabric_server::outqueue::OutQueue::new();
         loop {
             let mut ctx = ExecCtx {
                 shared: &self.shared,
@@ -49,7 +50,8 @@ impl Conn {
                 transport: Transport::Tcp,
                 conn_id: 1,
             };
-            let p = exec::process(&mut ctx, &mut self.sess, &self.pending, &mut out, 1000);
+            let p = exec::process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
+            out.extend(queue.take_vec());
             self.pending.drain(..p.consumed);
             assert!(
                 !p.close,

@@ -31,7 +31,7 @@ mod store;
 pub use arena::{Allocate, Memory};
 pub use clock::Clock;
 pub use config::StoreConfig;
-pub use ops::{ArithStatus, DeleteStatus, SetMode, StoreStatus};
+pub use ops::{ArithStatus, DeleteStatus, Found, SetMode, StoreStatus};
 pub use pins::{PendingItem, PinnedItem};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
 pub use store::{

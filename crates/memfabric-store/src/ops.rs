@@ -52,6 +52,16 @@ pub enum ArithStatus {
     OutOfMemory,
 }
 
+/// A command's result and the slab class of the live item it found under its key (None
+/// when there was none). memcached counts its per-class hits (`stats slabs`: `get_hits`,
+/// `delete_hits`, `incr_hits`, `cas_hits`, `cas_badval`, `touch_hits`, ...) against the
+/// class of that item, so the executors need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found<S> {
+    pub status: S,
+    pub class_id: Option<u8>,
+}
+
 use crate::store::{AllocError, ArithOptions, ItemInfo, LinkOptions, NewItem, Store, Txn};
 
 impl From<AllocError> for StoreStatus {
@@ -93,6 +103,20 @@ impl Store {
         exptime: u32,
         cas: u64,
     ) -> StoreStatus {
+        self.store_found(mode, key, value, flags, exptime, cas)
+            .status
+    }
+
+    /// `store`, also telling the class of the item that was under the key.
+    pub fn store_found(
+        &self,
+        mode: SetMode,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+    ) -> Found<StoreStatus> {
         if matches!(mode, SetMode::Append | SetMode::Prepend) {
             return self.concat(mode, key, value, flags, cas);
         }
@@ -100,15 +124,25 @@ impl Store {
         // item fails that way even when `add` would not have stored it.
         let mut item = match self.alloc(key, value.len(), flags, exptime) {
             Ok(it) => it,
-            Err(e) => return e.into(),
+            Err(e) => return unfound(e.into()),
         };
         item.write(0, value);
-        self.store_item(mode, item, cas)
+        self.store_item_found(mode, item, cas)
     }
 
     /// Store a prefilled `NewItem` (large values received straight into item memory).
     /// Append and prepend copy the old value and the item's into a new item.
     pub fn store_item<'s>(&'s self, mode: SetMode, item: NewItem<'s>, cas: u64) -> StoreStatus {
+        self.store_item_found(mode, item, cas).status
+    }
+
+    /// `store_item`, also telling the class of the item that was under the key.
+    pub fn store_item_found<'s>(
+        &'s self,
+        mode: SetMode,
+        item: NewItem<'s>,
+        cas: u64,
+    ) -> Found<StoreStatus> {
         let mode = match mode {
             SetMode::Set | SetMode::Add | SetMode::Replace if cas != 0 => SetMode::Cas,
             m => m,
@@ -116,7 +150,8 @@ impl Store {
         let key = item.key();
         self.transact(&key, |t| {
             let cur = t.item();
-            match (mode, cur) {
+            let class_id = cur.map(|i| i.class_id);
+            let status = match (mode, cur) {
                 (SetMode::Add, Some(_)) => {
                     // memcached bumps the existing item's recency.
                     t.mark_referenced();
@@ -144,31 +179,54 @@ impl Store {
                 _ => StoreStatus::Stored {
                     cas: t.link(item, LinkOptions::default()),
                 },
-            }
+            };
+            Found { status, class_id }
         })
     }
 
     /// append/prepend: keep the old item's flags and exptime.
-    fn concat(&self, mode: SetMode, key: &[u8], value: &[u8], flags: u32, cas: u64) -> StoreStatus {
+    fn concat(
+        &self,
+        mode: SetMode,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        cas: u64,
+    ) -> Found<StoreStatus> {
         // The new data alone must fit, as memcached allocates it first.
         match self.alloc(key, value.len(), flags, 0) {
             Ok(probe) => drop(probe),
-            Err(e) => return e.into(),
+            Err(e) => return unfound(e.into()),
         }
         self.transact(key, |t| match t.item() {
-            Some(old) => concat_locked(t, mode, &old, value, cas),
-            None => StoreStatus::NotStored,
+            Some(old) => Found {
+                status: concat_locked(t, mode, &old, value, cas),
+                class_id: Some(old.class_id),
+            },
+            None => unfound(StoreStatus::NotStored),
         })
     }
 
     /// delete; `cas` 0 = unconditional.
     pub fn delete(&self, key: &[u8], cas: u64) -> DeleteStatus {
-        self.transact(key, |t| match t.item() {
-            None => DeleteStatus::NotFound,
-            Some(old) if cas_check(cas, old.cas) == CasCheck::BadVal => DeleteStatus::Exists,
-            Some(_) => {
-                t.unlink();
-                DeleteStatus::Deleted
+        self.delete_found(key, cas).status
+    }
+
+    /// `delete`, also telling the class of the item that was under the key.
+    pub fn delete_found(&self, key: &[u8], cas: u64) -> Found<DeleteStatus> {
+        self.transact(key, |t| {
+            let cur = t.item();
+            let status = match cur {
+                None => DeleteStatus::NotFound,
+                Some(old) if cas_check(cas, old.cas) == CasCheck::BadVal => DeleteStatus::Exists,
+                Some(_) => {
+                    t.unlink();
+                    DeleteStatus::Deleted
+                }
+            };
+            Found {
+                status,
+                class_id: cur.map(|i| i.class_id),
             }
         })
     }
@@ -176,64 +234,93 @@ impl Store {
     /// incr (`incr = true`, wraps at 2^64) or decr (floors at 0). A shorter result is
     /// padded with spaces to the old length, as memcached does in place.
     pub fn arith(&self, key: &[u8], incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
+        self.arith_found(key, incr, delta, opts).status
+    }
+
+    /// `arith`, also telling the class of the item that was under the key (the one
+    /// memcached counts `incr_hits`/`decr_hits` against, not the rewritten one).
+    pub fn arith_found(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        opts: &ArithOptions,
+    ) -> Found<ArithStatus> {
         self.transact(key, |t| {
-            let Some(old) = t.item() else {
-                let Some((initial, flags, exptime)) = opts.create else {
-                    return ArithStatus::NotFound;
-                };
-                let digits = initial.to_string();
-                let mut it = match t.alloc(digits.len(), flags, exptime) {
-                    Ok(it) => it,
-                    Err(_) => return ArithStatus::OutOfMemory,
-                };
-                it.write(0, digits.as_bytes());
-                let cas = t.link(it, LinkOptions::default());
-                return ArithStatus::Value {
-                    value: initial,
-                    cas,
-                };
-            };
-            if opts.cas != 0 && opts.cas != old.cas {
-                return ArithStatus::Exists;
-            }
-            let mut raw = Vec::with_capacity(old.value_len as usize);
-            t.read_value(&mut raw);
-            let Some(current) = parse_counter(&raw) else {
-                return ArithStatus::NonNumeric;
-            };
-            let value = if incr {
-                current.wrapping_add(delta)
-            } else {
-                current.saturating_sub(delta)
-            };
-            let mut digits = value.to_string().into_bytes();
-            // memcached rewrites a number that fits in place (blanking the rest) and
-            // counts no store; a longer one is a new item, counted in `total_items`.
-            let in_place = digits.len() <= raw.len();
-            if digits.len() < raw.len() {
-                digits.resize(raw.len(), b' ');
-            }
-            let mut it = match t.alloc(digits.len(), old.flags, old.exptime) {
-                Ok(it) => it,
-                Err(_) => return ArithStatus::OutOfMemory,
-            };
-            it.write(0, &digits);
-            let cas = t.link_counted(it, LinkOptions::default(), !in_place);
-            ArithStatus::Value { value, cas }
+            let class_id = t.item().map(|i| i.class_id);
+            let status = arith_locked(t, incr, delta, opts);
+            Found { status, class_id }
         })
     }
 
     /// Set a new absolute exptime. Returns false on a miss.
     pub fn touch(&self, key: &[u8], exptime: u32) -> bool {
+        self.touch_found(key, exptime).is_some()
+    }
+
+    /// `touch`, returning the class of the touched item (None on a miss).
+    pub fn touch_found(&self, key: &[u8], exptime: u32) -> Option<u8> {
         self.transact(key, |t| {
-            if t.item().is_none() {
-                return false;
-            }
+            let info = t.item()?;
             t.set_exptime(exptime);
             t.mark_fetched();
-            true
+            Some(info.class_id)
         })
     }
+}
+
+fn unfound<S>(status: S) -> Found<S> {
+    Found {
+        status,
+        class_id: None,
+    }
+}
+
+/// incr/decr under the key's bucket locks (see `Store::arith`).
+fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
+    let Some(old) = t.item() else {
+        let Some((initial, flags, exptime)) = opts.create else {
+            return ArithStatus::NotFound;
+        };
+        let digits = initial.to_string();
+        let mut it = match t.alloc(digits.len(), flags, exptime) {
+            Ok(it) => it,
+            Err(_) => return ArithStatus::OutOfMemory,
+        };
+        it.write(0, digits.as_bytes());
+        let cas = t.link(it, LinkOptions::default());
+        return ArithStatus::Value {
+            value: initial,
+            cas,
+        };
+    };
+    if opts.cas != 0 && opts.cas != old.cas {
+        return ArithStatus::Exists;
+    }
+    let mut raw = Vec::with_capacity(old.value_len as usize);
+    t.read_value(&mut raw);
+    let Some(current) = parse_counter(&raw) else {
+        return ArithStatus::NonNumeric;
+    };
+    let value = if incr {
+        current.wrapping_add(delta)
+    } else {
+        current.saturating_sub(delta)
+    };
+    let mut digits = value.to_string().into_bytes();
+    // memcached rewrites a number that fits in place (blanking the rest) and counts no
+    // store; a longer one is a new item, counted in `total_items`.
+    let in_place = digits.len() <= raw.len();
+    if digits.len() < raw.len() {
+        digits.resize(raw.len(), b' ');
+    }
+    let mut it = match t.alloc(digits.len(), old.flags, old.exptime) {
+        Ok(it) => it,
+        Err(_) => return ArithStatus::OutOfMemory,
+    };
+    it.write(0, &digits);
+    let cas = t.link_counted(it, LinkOptions::default(), !in_place);
+    ArithStatus::Value { value, cas }
 }
 
 /// append/prepend `value` to the live item `old` (bucket locks held): a new item with

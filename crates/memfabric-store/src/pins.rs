@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::item;
-use crate::ops::{SetMode, StoreStatus};
+use crate::ops::{Found, SetMode, StoreStatus};
 use crate::store::{AllocError, GetOptions, Inner, ItemInfo, NewItem, Owner, Store};
 use crate::KEY_MAX_LEN;
 
@@ -257,6 +257,22 @@ impl Store {
             return StoreStatus::NotStored;
         }
         self.store_item(mode, item.0, cas)
+    }
+
+    /// `store_pending`, also telling the class of the item that was under the key.
+    pub fn store_pending_found(
+        &self,
+        mode: SetMode,
+        item: PendingItem,
+        cas: u64,
+    ) -> Found<StoreStatus> {
+        if !std::ptr::eq(&*item.0.owner, &**self) {
+            return Found {
+                status: StoreStatus::NotStored,
+                class_id: None,
+            };
+        }
+        self.store_item_found(mode, item.0, cas)
     }
 
     /// Look `key` up (same rules as `get_into`: expiry, flush, `opts.bump`,

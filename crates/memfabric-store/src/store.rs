@@ -370,6 +370,23 @@ impl Store {
         self.inner.memcached_item_size(key_len, value_len, flags)
     }
 
+    /// The slab class a new item of this shape is allocated in (None if none holds it).
+    /// memcached counts a storage command's `cmd_set` against the class of the item
+    /// holding the request's data, whatever the command then does with it.
+    pub fn item_class(&self, key_len: usize, value_len: usize) -> Option<u8> {
+        let inner: &Inner = &self.inner;
+        let max_chunk = inner.slabs.max_chunk();
+        // The same layout as `alloc_item`: a value too large for one chunk is chained
+        // and its head holds the key and the chain table.
+        let head_size = if HDR + key_len + value_len > max_chunk {
+            let nchain = value_len.div_ceil(max_chunk.checked_sub(HDR)?.max(1));
+            (HDR + key_len).next_multiple_of(8) + 8 * nchain
+        } else {
+            HDR + key_len + value_len
+        };
+        inner.slabs.class_for(head_size)
+    }
+
     /// Metadata only (no value copy, no access recorded).
     pub fn peek(&self, key: &[u8]) -> Option<ItemInfo> {
         if key.is_empty() || key.len() > KEY_MAX_LEN {

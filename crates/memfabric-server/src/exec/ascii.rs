@@ -13,10 +13,13 @@ use memfabric_proto::ascii::{
     StoreRequest, Verb, KEY_MAX_LEN, MAX_VERBOSITY_LEVEL,
 };
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, GetOptions, ReassignStatus, SetMode, StoreStatus,
+    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, ReassignStatus,
+    SetMode, StoreStatus,
 };
 
-use super::{ExecCtx, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 /// Per-connection ascii state.
 #[derive(Default)]
@@ -25,6 +28,47 @@ pub struct AsciiState {
     /// (from the last `NeedMore`), so a long multiget line arriving in pieces is scanned
     /// once rather than once per read.
     scanned: usize,
+    /// A retrieval under way: its keys are served from the pending input as they come
+    /// (and as the output drains).
+    get: Option<GetStream>,
+}
+
+impl AsciiState {
+    /// A retrieval is being served.
+    pub fn in_request(&self) -> bool {
+        self.get.is_some()
+    }
+}
+
+/// A `get`/`gets`/`gat`/`gats` whose keys are being served. The input at hand starts at
+/// the next key (the verb and the keys already served were consumed).
+#[derive(Clone, Copy, Debug)]
+struct GetStream {
+    cas: bool,
+    /// `gat`/`gats`: the new exptime.
+    touch: Option<u32>,
+    /// Where the line ends, once its newline has arrived: the bytes of key text left, and
+    /// the bytes after it (a `\r`, text after a NUL, the `\n`) to drop with `END`.
+    end: Option<(usize, usize)>,
+    /// The line (still arriving) had a NUL or a bad key: drop the rest of it.
+    discard: bool,
+}
+
+/// A multiget line still arriving is served key by key once this much of it is
+/// buffered (memcached buffers any length; we keep no more than this of one line).
+pub const GET_STREAM_FROM: usize = 64 << 10;
+/// Storage commands whose data block has not fully arrived and whose value is at least
+/// this long receive it straight into item memory instead of the read buffer.
+pub const RECEIVE_IN_PLACE_FROM: usize = 16 << 10;
+/// Values at least this long are written from item memory (pinned), not copied.
+pub const PIN_VALUES_FROM: usize = 16 << 10;
+
+/// The parts of a storage command line kept while its value arrives.
+pub struct StoreHeader {
+    cmd: StoreCmd,
+    key: Vec<u8>,
+    cas: u64,
+    noreply: bool,
 }
 
 /// Largest slab class id memcached accepts in `lru_crawler crawl` (POWER_LARGEST).
@@ -35,6 +79,8 @@ pub fn limits(ctx: &ExecCtx<'_>) -> Limits {
     let s = &ctx.shared.settings;
     Limits {
         max_line: s.max_line,
+        // Longer multiget lines are served as they arrive (`GET_STREAM_FROM`), so the
+        // parser never sees one this long.
         max_multiget_line: ascii::DEFAULT_MAX_MULTIGET_LINE,
         item_size_max: s.store.item_size_max,
     }
@@ -45,12 +91,36 @@ pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    out: &mut OutQueue,
 ) -> Step {
+    if let Some(g) = sess.ascii.get {
+        return serve_keys(ctx, sess, g, input, 0, out);
+    }
     let limits = limits(ctx);
     match ascii::parse(input, &limits, sess.ascii.scanned) {
         Parse::Incomplete { need, scanned } => {
             sess.ascii.scanned = scanned;
+            if need == 0 && input.len() >= GET_STREAM_FROM {
+                // Only a multiget line may grow this long (the parser closes others).
+                if let Some((cas, verb_len)) = ascii::multiget_prefix(input) {
+                    sess.ascii.scanned = 0;
+                    let g = GetStream {
+                        cas,
+                        touch: None,
+                        end: None,
+                        discard: false,
+                    };
+                    return serve_keys(ctx, sess, g, input, verb_len, out);
+                }
+            }
+            if need >= RECEIVE_IN_PLACE_FROM {
+                if let Some(p) = ascii::pending_store(input, &limits) {
+                    if p.value_len >= RECEIVE_IN_PLACE_FROM {
+                        sess.ascii.scanned = 0;
+                        return receive_value(ctx, sess, p, out.bytes());
+                    }
+                }
+            }
             Step::NeedMore(need)
         }
         Parse::Close(_) => {
@@ -60,7 +130,19 @@ pub fn process_one(
         }
         Parse::Complete { req, len } => {
             sess.ascii.scanned = 0;
-            execute(ctx, sess, req, len, input, out)
+            match req {
+                Request::Get { keys, cas } => {
+                    start_get(ctx, sess, keys, cas, None, len, input, out)
+                }
+                Request::Gat { exptime, keys, cas } => {
+                    let touch = Some(ctx.shared.store.clock().exptime(exptime.into()));
+                    start_get(ctx, sess, keys, cas, touch, len, input, out)
+                }
+                // The meta executor frames its own request (and data block) from the
+                // same input.
+                Request::Meta => super::meta::process_one(ctx, sess, input, out),
+                req => execute(ctx, sess, req, len, input, out.bytes()),
+            }
         }
     }
 }
@@ -83,10 +165,8 @@ fn execute(
     let shared = ctx.shared;
     let store = &shared.store;
     match req {
-        // The meta executor frames its own request (and data block) from the same input.
-        Request::Meta => return super::meta::process_one(ctx, sess, input, out),
-        Request::Get { keys, cas } => get(ctx, keys, cas, None, out),
-        Request::Gat { exptime, keys, cas } => get(ctx, keys, cas, Some(exptime), out),
+        // Served by `process_one`.
+        Request::Meta | Request::Get { .. } | Request::Gat { .. } => {}
         Request::Store(s) => store_value(ctx, &s, out),
         Request::StoreTooLarge {
             cmd,
@@ -104,9 +184,10 @@ fn execute(
             return Step::Done(len + here);
         }
         Request::Delete { key, noreply } => {
-            let line = match store.delete(key, 0) {
+            let found = store.delete_found(key, 0);
+            let line = match found.status {
                 DeleteStatus::Deleted => {
-                    ctx.stats.delete_hits.incr();
+                    ctx.stats.count(ClassStat::DeleteHits, found.class_id);
                     reply::DELETED
                 }
                 // Exists needs a CAS, which the classic delete never gives.
@@ -129,8 +210,10 @@ fn execute(
             noreply,
         } => {
             ctx.stats.cmd_touch.incr();
-            let line = if store.touch(key, store.clock().exptime(exptime.into())) {
-                ctx.stats.touch_hits.incr();
+            let line = if let Some(class) =
+                store.touch_found(key, store.clock().exptime(exptime.into()))
+            {
+                ctx.stats.count(ClassStat::TouchHits, Some(class));
                 reply::TOUCHED
             } else {
                 ctx.stats.touch_misses.incr();
@@ -216,7 +299,10 @@ fn execute(
             ctx.stats.protocol_errors.incr();
             match verb {
                 // memcached counts a set whose data block was bad (it read it).
-                Verb::Store(_) if error == ErrorReply::BadDataChunk => ctx.stats.cmd_set.incr(),
+                // (The request's size is gone by now: counted in the total only.)
+                Verb::Store(_) if error == ErrorReply::BadDataChunk => {
+                    ctx.stats.count(ClassStat::SetCmds, None)
+                }
                 // flush_all is counted, and refused when disabled, before its argument
                 // is parsed.
                 Verb::FlushAll => {
@@ -234,60 +320,227 @@ fn execute(
     Step::Done(len)
 }
 
-/// get, gets, gat, gats: one `VALUE` block per hit, then `END`. A key longer than 250
-/// bytes fails the whole command with nothing but the error (keys before it were
-/// looked up and counted, as in memcached).
+/// get, gets, gat, gats whose whole line is here: one `VALUE` block per hit, then `END`,
+/// produced key by key while the output has room (`serve_keys`).
 ///
-/// Deliberate difference: memcached 1.6.18 then also discards the replies of earlier
-/// pipelined requests that it has not written yet (so how many replies a client gets
-/// depends on timing). We keep them: a client waiting for those replies would hang.
-fn get(ctx: &ExecCtx<'_>, keys: Keys<'_>, cas: bool, touch: Option<i32>, out: &mut Vec<u8>) {
-    let store = &ctx.shared.store;
-    let start = out.len();
-    let opts = GetOptions {
-        touch: touch.map(|e| store.clock().exptime(e.into())),
-        ..GetOptions::default()
+/// A key longer than 250 bytes fails the whole command with nothing but the error (keys
+/// before it are looked up and counted, as in memcached). Deliberate difference:
+/// memcached 1.6.18 then also discards the replies of earlier pipelined requests that it
+/// has not written yet (so how many replies a client gets depends on timing). We keep
+/// them: a client waiting for those replies would hang.
+#[allow(clippy::too_many_arguments)]
+fn start_get(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    keys: Keys<'_>,
+    cas: bool,
+    touch: Option<u32>,
+    line_len: usize,
+    input: &[u8],
+    out: &mut OutQueue,
+) -> Step {
+    // Where the key text stands in the line (the line ends at `line_len`).
+    let text_start = (keys.raw().as_ptr() as usize).saturating_sub(input.as_ptr() as usize);
+    let text_end = text_start + keys.raw().len();
+    if keys.iter().any(|k| k.len() > KEY_MAX_LEN) {
+        let opts = GetOptions {
+            touch,
+            copy_limit: 0,
+            ..GetOptions::default()
+        };
+        let mut scratch = Vec::new();
+        for key in keys.iter().take_while(|k| k.len() <= KEY_MAX_LEN) {
+            scratch.clear();
+            let hit = ctx
+                .shared
+                .store
+                .get_into(key, &opts, &mut scratch, |_, _| {});
+            count_get(ctx, touch.is_some(), hit.map(|i| i.class_id));
+        }
+        ctx.stats.protocol_errors.incr();
+        out.bytes()
+            .extend_from_slice(ErrorReply::BadFormat.as_bytes());
+        return Step::Done(line_len);
+    }
+    let g = GetStream {
+        cas,
+        touch,
+        end: Some((text_end - text_start, line_len - text_end)),
+        discard: false,
     };
-    for key in keys.iter() {
-        if key.len() > KEY_MAX_LEN {
-            out.truncate(start);
-            ctx.stats.protocol_errors.incr();
-            out.extend_from_slice(ErrorReply::BadFormat.as_bytes());
-            return;
-        }
-        let hit = store.get_into(key, &opts, out, |info, out| {
-            write_value_header(
-                out,
-                key,
-                info.flags,
-                info.value_len as usize,
-                cas.then_some(info.cas),
-            )
-        });
-        if hit.is_some() {
-            out.extend_from_slice(b"\r\n");
-        }
-        // gat counts as a touch, not as a get (memcached's touch_cmds).
-        match (touch.is_some(), hit.is_some()) {
-            (false, true) => {
-                ctx.stats.cmd_get.incr();
-                ctx.stats.get_hits.incr();
+    serve_keys(ctx, sess, g, input, text_start, out)
+}
+
+/// Serve the keys of retrieval `g` from `input[pos..]` until the line ends (then `END`),
+/// the input runs out (a line still arriving), or the output is full. Keeps `g` in the
+/// session while the command is unfinished. Each call scans its input once.
+fn serve_keys(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    mut g: GetStream,
+    input: &[u8],
+    mut pos: usize,
+    out: &mut OutQueue,
+) -> Step {
+    if g.end.is_none() {
+        if let Some(nl) = input[pos..].iter().position(|&b| b == b'\n') {
+            let line = &input[pos..pos + nl];
+            // memcached's command text: one trailing `\r` dropped, cut at a NUL.
+            let mut text = line.strip_suffix(b"\r").unwrap_or(line).len();
+            if g.discard {
+                text = 0;
+            } else if let Some(z) = line[..text].iter().position(|&b| b == 0) {
+                text = z;
             }
-            (false, false) => {
-                ctx.stats.cmd_get.incr();
-                ctx.stats.get_misses.incr();
-            }
-            (true, true) => {
-                ctx.stats.cmd_touch.incr();
-                ctx.stats.touch_hits.incr();
-            }
-            (true, false) => {
-                ctx.stats.cmd_touch.incr();
-                ctx.stats.touch_misses.incr();
-            }
+            g.end = Some((text, nl + 1 - text));
         }
     }
-    out.extend_from_slice(reply::END);
+    // Where the key text that can be served now ends; whether the line ends there; and
+    // whether a NUL (after which nothing is part of the command) ends it.
+    let (text_end, nul_cut) = match g.end {
+        Some((text, _)) => (pos + text, false),
+        None if g.discard => (pos, false),
+        None => {
+            let rest = &input[pos..];
+            match rest.iter().position(|&b| b == 0) {
+                Some(z) => (pos + z, true),
+                // Only keys followed by a space are known to be whole.
+                None => (
+                    pos + rest.iter().rposition(|&b| b == b' ').unwrap_or(0),
+                    false,
+                ),
+            }
+        }
+    };
+    let tail = g.end.map(|(_, tail)| tail);
+    while let Some(start) = input[pos..text_end].iter().position(|&b| b != b' ') {
+        let key_start = pos + start;
+        pos = input[key_start..text_end]
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(text_end, |i| key_start + i);
+        let key = &input[key_start..pos];
+        if key.len() > KEY_MAX_LEN {
+            // Only a line served as it arrived gets here (`start_get` checks whole
+            // lines first): what was served is gone, so the error follows it.
+            return bad_streamed_key(ctx, sess, g, text_end, tail, out);
+        }
+        get_one(ctx, key, g.cas, g.touch, out);
+        if super::output_full(ctx.shared, out) {
+            if let Some(t) = tail {
+                g.end = Some((text_end - pos, t));
+            }
+            sess.ascii.get = Some(g);
+            return Step::Yield(pos);
+        }
+    }
+    if let Some(t) = tail {
+        sess.ascii.get = None;
+        out.bytes().extend_from_slice(reply::END);
+        return Step::Done(text_end + t);
+    }
+    g.discard |= nul_cut;
+    pos = if g.discard { input.len() } else { text_end };
+    // A key longer than any key can be, still without its end: the line is bad.
+    if !g.discard && input.len() - pos > KEY_MAX_LEN + 1 {
+        return bad_streamed_key(ctx, sess, g, input.len(), None, out);
+    }
+    sess.ascii.get = Some(g);
+    Step::Waiting(pos)
+}
+
+/// A too-long key in a multiget served as it arrived: the error, and the rest of the
+/// line (up to `text_end`, then its `tail` if the line's end is known) is dropped.
+fn bad_streamed_key(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    mut g: GetStream,
+    text_end: usize,
+    tail: Option<usize>,
+    out: &mut OutQueue,
+) -> Step {
+    ctx.stats.protocol_errors.incr();
+    out.bytes()
+        .extend_from_slice(ErrorReply::BadFormat.as_bytes());
+    match tail {
+        Some(t) => {
+            sess.ascii.get = None;
+            Step::Done(text_end + t)
+        }
+        None => {
+            g.discard = true;
+            sess.ascii.get = Some(g);
+            Step::Waiting(text_end)
+        }
+    }
+}
+
+/// Look one key up and queue its `VALUE` block: small values are copied, large ones
+/// queued pinned and written from item memory.
+fn get_one(ctx: &ExecCtx<'_>, key: &[u8], cas: bool, touch: Option<u32>, out: &mut OutQueue) {
+    let store = &ctx.shared.store;
+    let opts = GetOptions {
+        touch,
+        copy_limit: PIN_VALUES_FROM - 1,
+        ..GetOptions::default()
+    };
+    let mut large = false;
+    let hit = store.get_into(key, &opts, out.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            let len = info.value_len as usize;
+            write_value_header(out, key, info.flags, len, cas.then_some(info.cas));
+        }
+    });
+    let class = hit.map(|i| i.class_id);
+    let hit = match hit {
+        Some(_) if large => {
+            // Pinned by a second look (under the key's lock); the first one recorded the
+            // access. Deleted in between: a miss is a correct answer.
+            let quiet = GetOptions {
+                bump: false,
+                ..GetOptions::default()
+            };
+            match store.get_pinned(key, &quiet) {
+                Some((info, pin)) => {
+                    let len = info.value_len as usize;
+                    write_value_header(out.bytes(), key, info.flags, len, cas.then_some(info.cas));
+                    out.push_pinned(pin);
+                    true
+                }
+                None => false,
+            }
+        }
+        Some(_) => true,
+        None => false,
+    };
+    if hit {
+        out.bytes().extend_from_slice(b"\r\n");
+    }
+    count_get(ctx, touch.is_some(), class.filter(|_| hit));
+}
+
+/// gat counts as a touch, not as a get (memcached's touch_cmds). `hit`: the slab class
+/// of the item found.
+fn count_get(ctx: &ExecCtx<'_>, touch: bool, hit: Option<u8>) {
+    match (touch, hit) {
+        (false, Some(class)) => {
+            ctx.stats.cmd_get.incr();
+            ctx.stats.count(ClassStat::GetHits, Some(class));
+        }
+        (false, None) => {
+            ctx.stats.cmd_get.incr();
+            ctx.stats.get_misses.incr();
+        }
+        (true, Some(class)) => {
+            ctx.stats.cmd_touch.incr();
+            ctx.stats.count(ClassStat::TouchHits, Some(class));
+        }
+        (true, None) => {
+            ctx.stats.cmd_touch.incr();
+            ctx.stats.touch_misses.incr();
+        }
+    }
 }
 
 fn set_mode(cmd: StoreCmd) -> SetMode {
@@ -312,7 +565,80 @@ fn unlink_after_failed_set(ctx: &ExecCtx<'_>, cmd: StoreCmd, key: &[u8]) {
 fn store_value(ctx: &ExecCtx<'_>, s: &StoreRequest<'_>, out: &mut Vec<u8>) {
     let store = &ctx.shared.store;
     let exptime = store.clock().exptime(s.exptime.into());
-    let status = store.store(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
+    let found = store.store_found(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
+    let class = store.item_class(s.key.len(), s.value.len());
+    answer_store(ctx, s.cmd, s.key, s.noreply, found, class, out);
+}
+
+/// A storage command whose large value has not arrived yet: allocate its item now
+/// (memcached does too, so the memory counts in `-m`) and receive the value into it.
+fn receive_value(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    p: ascii::PendingStore<'_>,
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let r = p.req;
+    let exptime = store.clock().exptime(r.exptime.into());
+    match store.alloc_pending(r.key, p.value_len, r.flags, exptime) {
+        Ok(item) => {
+            let header = StoreHeader {
+                cmd: r.cmd,
+                key: r.key.to_vec(),
+                cas: r.cas,
+                noreply: r.noreply,
+            };
+            sess.receiving = Some(Receiving::new(item, b"\r\n", Finish::Ascii(header)));
+        }
+        Err(e) => {
+            // Answered now; the data block is discarded as it arrives.
+            let refused = Found {
+                status: e.into(),
+                class_id: None,
+            };
+            answer_store(ctx, r.cmd, r.key, r.noreply, refused, None, out);
+            sess.swallow = p.value_len + 2;
+        }
+    }
+    Step::Done(p.line_len)
+}
+
+/// The value of a `receive_value` command is here (and `trailer_ok` says whether the
+/// two bytes after it were `\r\n`): store it and answer.
+pub fn finish_store(
+    ctx: &ExecCtx<'_>,
+    h: StoreHeader,
+    item: PendingItem,
+    trailer_ok: bool,
+    out: &mut Vec<u8>,
+) {
+    let store = &ctx.shared.store;
+    let class = store.item_class(h.key.len(), item.value_len());
+    if !trailer_ok {
+        // As for a buffered data block: counted as a set, the item is not stored.
+        ctx.stats.protocol_errors.incr();
+        ctx.stats.count(ClassStat::SetCmds, class);
+        answer(h.noreply, ErrorReply::BadDataChunk.as_bytes(), out);
+        return;
+    }
+    let found = store.store_pending_found(set_mode(h.cmd), item, h.cas);
+    answer_store(ctx, h.cmd, &h.key, h.noreply, found, class, out);
+}
+
+/// Count a storage command's outcome and answer it. memcached counts `cmd_set` in the
+/// class of the request's item (`new_class`) and CAS results in the class of the item
+/// that was under the key.
+fn answer_store(
+    ctx: &ExecCtx<'_>,
+    cmd: StoreCmd,
+    key: &[u8],
+    noreply: bool,
+    found: Found<StoreStatus>,
+    new_class: Option<u8>,
+    out: &mut Vec<u8>,
+) {
+    let status = found.status;
     let line = match status {
         StoreStatus::Stored { .. } => reply::STORED,
         StoreStatus::NotStored => reply::NOT_STORED,
@@ -321,42 +647,42 @@ fn store_value(ctx: &ExecCtx<'_>, s: &StoreRequest<'_>, out: &mut Vec<u8>) {
         StoreStatus::TooLarge => {
             // memcached refuses these before reading the data and does not count a set.
             ctx.stats.store_too_large.incr();
-            unlink_after_failed_set(ctx, s.cmd, s.key);
-            answer(s.noreply, reply::TOO_LARGE, out);
+            unlink_after_failed_set(ctx, cmd, key);
+            answer(noreply, reply::TOO_LARGE, out);
             return;
         }
         StoreStatus::OutOfMemory => {
             ctx.stats.store_no_memory.incr();
-            unlink_after_failed_set(ctx, s.cmd, s.key);
-            answer(s.noreply, reply::OUT_OF_MEMORY_STORING, out);
+            unlink_after_failed_set(ctx, cmd, key);
+            answer(noreply, reply::OUT_OF_MEMORY_STORING, out);
             return;
         }
     };
-    ctx.stats.cmd_set.incr();
-    if s.cmd == StoreCmd::Cas {
+    ctx.stats.count(ClassStat::SetCmds, new_class);
+    if cmd == StoreCmd::Cas {
         match status {
-            StoreStatus::Stored { .. } => ctx.stats.cas_hits.incr(),
-            StoreStatus::Exists => ctx.stats.cas_badval.incr(),
+            StoreStatus::Stored { .. } => ctx.stats.count(ClassStat::CasHits, found.class_id),
+            StoreStatus::Exists => ctx.stats.count(ClassStat::CasBadval, found.class_id),
             StoreStatus::NotFound => ctx.stats.cas_misses.incr(),
             _ => {}
         }
     }
-    answer(s.noreply, line, out);
+    answer(noreply, line, out);
 }
 
 fn arith(ctx: &ExecCtx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
     let (hits, misses) = if incr {
-        (&ctx.stats.incr_hits, &ctx.stats.incr_misses)
+        (ClassStat::IncrHits, &ctx.stats.incr_misses)
     } else {
-        (&ctx.stats.decr_hits, &ctx.stats.decr_misses)
+        (ClassStat::DecrHits, &ctx.stats.decr_misses)
     };
-    match ctx
+    let found = ctx
         .shared
         .store
-        .arith(key, incr, delta, &ArithOptions::default())
-    {
+        .arith_found(key, incr, delta, &ArithOptions::default());
+    match found.status {
         ArithStatus::Value { value, .. } => {
-            hits.incr();
+            ctx.stats.count(hits, found.class_id);
             if !noreply {
                 write_number_line(out, value);
             }

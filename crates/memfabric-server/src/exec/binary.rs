@@ -10,9 +10,13 @@
 use memfabric_proto::binary::{
     self as bp, Command, Frame, FrameError, Request, RequestHeader, Status, StoreHead, StoreOp,
 };
-use memfabric_store::{ArithOptions, ArithStatus, DeleteStatus, GetOptions, SetMode, StoreStatus};
+use memfabric_store::{
+    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, SetMode, StoreStatus,
+};
 
-use super::{ExecCtx, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
@@ -27,7 +31,7 @@ pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Step {
     let frame = match bp::parse_request(input) {
         Ok(frame) => frame,
@@ -38,7 +42,7 @@ pub fn process_one(
         }
         Err(FrameError::Rejected { header, status }) => {
             ctx.stats.protocol_errors.incr();
-            bp::write_error(out, header.opcode, header.opaque, status);
+            bp::write_error(queue.bytes(), header.opcode, header.opaque, status);
             return Step::Close;
         }
     };
@@ -50,18 +54,40 @@ pub fn process_one(
             total,
         } => {
             if head.value_len <= ctx.shared.store.config().item_size_max {
-                // It may fit: buffer it (bounded by the item size limit) and let the
-                // store decide once it is all here.
+                if head.value_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+                    // Large: receive it straight into the item it will become.
+                    return receive_value(ctx, sess, header, &head, total, queue.bytes());
+                }
+                // It may fit: buffer it (bounded by the receive-in-place threshold) and
+                // let the store decide once it is all here.
                 return Step::NeedMore(total);
             }
             // It can never fit: answer now and drop the value as it arrives.
-            reply_too_large(ctx, &header, &head, out);
+            reply_too_large(ctx, &header, &head, queue.bytes());
             consume(sess, input, total as u64)
         }
-        Frame::Request { request, len } => match execute(ctx, &request, out) {
-            Flow::Continue => consume(sess, input, len),
-            Flow::Close => Step::Close,
-        },
+        Frame::Request { request, len } => {
+            let flow = match request.command {
+                // Retrievals may queue a large value pinned; the rest write bytes.
+                Command::Get { key, return_key } => {
+                    get(ctx, &request, key, None, return_key, queue);
+                    Flow::Continue
+                }
+                Command::GetAndTouch {
+                    key,
+                    exptime,
+                    return_key,
+                } => {
+                    get(ctx, &request, key, Some(exptime), return_key, queue);
+                    Flow::Continue
+                }
+                _ => execute(ctx, &request, queue.bytes()),
+            };
+            match flow {
+                Flow::Continue => consume(sess, input, len),
+                Flow::Close => Step::Close,
+            }
+        }
     }
 }
 
@@ -82,12 +108,8 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
     let h = &req.header;
     let quiet = req.quiet();
     match req.command {
-        Command::Get { key, return_key } => get(ctx, h, key, None, return_key, quiet, out),
-        Command::GetAndTouch {
-            key,
-            exptime,
-            return_key,
-        } => get(ctx, h, key, Some(exptime), return_key, quiet, out),
+        // Run by `process_one` with the reply queue.
+        Command::Get { .. } | Command::GetAndTouch { .. } => {}
         Command::Touch { key, exptime } => touch(ctx, h, key, exptime, out),
         Command::Store { head, value } => store(ctx, h, &head, value, quiet, out),
         Command::Delete { key } => delete(ctx, h, key, quiet, out),
@@ -139,50 +161,83 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
     Flow::Continue
 }
 
-/// GET GETQ GETK GETKQ, and with `touch` GAT GATQ GATK GATKQ.
+/// GET GETQ GETK GETKQ, and with `touch` GAT GATQ GATK GATKQ. A large value is queued
+/// pinned and written from item memory.
 fn get(
     ctx: &mut ExecCtx<'_>,
-    h: &RequestHeader,
+    request: &Request<'_>,
     key: &[u8],
     touch: Option<u32>,
     return_key: bool,
-    quiet: bool,
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) {
+    let h = &request.header;
+    let quiet = request.quiet();
     let store = &ctx.shared.store;
     let opts = GetOptions {
         touch: touch.map(|e| store.clock().exptime(i64::from(e))),
         bump: true,
-        ..GetOptions::default()
+        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
     };
     let reply_key: &[u8] = if return_key { key } else { &[] };
     let (op, opaque) = (h.opcode, h.opaque);
+    let mut large = false;
     // The store may call this more than once (a torn read is retried after truncating
     // `out`), so it only writes.
-    let hit = store.get_into(key, &opts, out, |info, out| {
-        bp::write_hit_header(
-            out,
-            op,
-            opaque,
-            info.cas,
-            info.flags,
-            reply_key,
-            info.value_len,
-        )
+    let hit = store.get_into(key, &opts, queue.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            bp::write_hit_header(
+                out,
+                op,
+                opaque,
+                info.cas,
+                info.flags,
+                reply_key,
+                info.value_len,
+            )
+        }
     });
+    let hit = match hit {
+        Some(_) if large => {
+            // Pinned by a second look; the first recorded the access. Deleted in
+            // between: a miss is a correct answer.
+            let quiet_look = GetOptions {
+                bump: false,
+                ..GetOptions::default()
+            };
+            store.get_pinned(key, &quiet_look).map(|(info, pin)| {
+                let out = queue.bytes();
+                bp::write_hit_header(
+                    out,
+                    op,
+                    opaque,
+                    info.cas,
+                    info.flags,
+                    reply_key,
+                    info.value_len,
+                );
+                queue.push_pinned(pin);
+                info
+            })
+        }
+        hit => hit,
+    };
+    let out = queue.bytes();
     let s = ctx.stats;
+    let class = hit.map(|i| i.class_id);
     // memcached counts GAT as a touch, not a get.
     if touch.is_some() {
         s.cmd_touch.incr();
         if hit.is_some() {
-            s.touch_hits.incr()
+            s.count(ClassStat::TouchHits, class)
         } else {
             s.touch_misses.incr()
         }
     } else {
         s.cmd_get.incr();
         if hit.is_some() {
-            s.get_hits.incr()
+            s.count(ClassStat::GetHits, class)
         } else {
             s.get_misses.incr()
         }
@@ -211,7 +266,7 @@ fn touch(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], exptime: u32, out
     ctx.stats.cmd_touch.incr();
     match hit {
         Some(info) => {
-            ctx.stats.touch_hits.incr();
+            ctx.stats.count(ClassStat::TouchHits, Some(info.class_id));
             bp::write_hit_header(out, h.opcode, h.opaque, info.cas, info.flags, &[], 0);
         }
         None => {
@@ -241,6 +296,16 @@ fn forget_on_failed_set(ctx: &ExecCtx<'_>, head: &StoreHead<'_>) {
     }
 }
 
+fn set_mode(op: StoreOp) -> SetMode {
+    match op {
+        StoreOp::Set => SetMode::Set,
+        StoreOp::Add => SetMode::Add,
+        StoreOp::Replace => SetMode::Replace,
+        StoreOp::Append => SetMode::Append,
+        StoreOp::Prepend => SetMode::Prepend,
+    }
+}
+
 fn store(
     ctx: &mut ExecCtx<'_>,
     h: &RequestHeader,
@@ -250,29 +315,103 @@ fn store(
     out: &mut Vec<u8>,
 ) {
     let store = &ctx.shared.store;
-    let mode = match head.op {
-        StoreOp::Set => SetMode::Set,
-        StoreOp::Add => SetMode::Add,
-        StoreOp::Replace => SetMode::Replace,
-        StoreOp::Append => SetMode::Append,
-        StoreOp::Prepend => SetMode::Prepend,
-    };
-    // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
-    let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
     // The wire exptime is unsigned: memcached never sees a negative one here.
     let exptime = store.clock().exptime(i64::from(head.exptime));
-    let status = store.store(mode, head.key, value, head.flags, exptime, h.cas);
+    let found = store.store_found(
+        set_mode(head.op),
+        head.key,
+        value,
+        head.flags,
+        exptime,
+        h.cas,
+    );
+    let class = store.item_class(head.key.len(), value.len());
+    answer_store(ctx, h, head, found, class, quiet, out);
+}
+
+/// The parts of a storage request kept while its value arrives.
+pub struct StoreHeader {
+    header: RequestHeader,
+    op: StoreOp,
+    key: Vec<u8>,
+}
+
+/// A storage request whose large value has not arrived yet: allocate its item now (so
+/// the memory counts in `-m`, as memcached's does) and receive the value into it.
+fn receive_value(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    header: RequestHeader,
+    head: &StoreHead<'_>,
+    total: usize,
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let exptime = store.clock().exptime(i64::from(head.exptime));
+    let before_value = total - head.value_len;
+    match store.alloc_pending(head.key, head.value_len, head.flags, exptime) {
+        Ok(item) => {
+            let pending = StoreHeader {
+                header,
+                op: head.op,
+                key: head.key.to_vec(),
+            };
+            sess.receiving = Some(Receiving::new(item, b"", Finish::Binary(pending)));
+            Step::Done(before_value)
+        }
+        Err(e) => {
+            // Answered now; the value is discarded as it arrives.
+            let refused = Found {
+                status: e.into(),
+                class_id: None,
+            };
+            answer_store(ctx, &header, head, refused, None, header.quiet(), out);
+            sess.swallow = head.value_len;
+            Step::Done(before_value)
+        }
+    }
+}
+
+/// The value of a `receive_value` request is here: store it and answer.
+pub fn finish_store(ctx: &mut ExecCtx<'_>, p: StoreHeader, item: PendingItem, out: &mut Vec<u8>) {
+    let store = &ctx.shared.store;
+    let class = store.item_class(p.key.len(), item.value_len());
+    let found = store.store_pending_found(set_mode(p.op), item, p.header.cas);
+    let head = StoreHead {
+        op: p.op,
+        key: &p.key,
+        flags: 0,
+        exptime: 0,
+        value_len: 0,
+    };
+    answer_store(ctx, &p.header, &head, found, class, p.header.quiet(), out);
+}
+
+/// Count a storage request's outcome and answer it. `new_class`: the slab class of the
+/// request's item (memcached counts `cmd_set` there, CAS results in the old item's).
+fn answer_store(
+    ctx: &mut ExecCtx<'_>,
+    h: &RequestHeader,
+    head: &StoreHead<'_>,
+    found: Found<StoreStatus>,
+    new_class: Option<u8>,
+    quiet: bool,
+    out: &mut Vec<u8>,
+) {
+    let status = found.status;
+    // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
+    let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
     let s = ctx.stats;
     // memcached counts a set once the item is allocated, whatever happens next. Its
     // binary path does not count store_too_large / store_no_memory (ascii does).
     if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
-        s.cmd_set.incr();
+        s.count(ClassStat::SetCmds, new_class);
     }
     let (op, opaque) = (h.opcode, h.opaque);
     match status {
         StoreStatus::Stored { cas } => {
             if is_cas {
-                s.cas_hits.incr();
+                s.count(ClassStat::CasHits, found.class_id);
             }
             if !quiet {
                 bp::write_ok(out, op, opaque, cas);
@@ -280,7 +419,7 @@ fn store(
         }
         StoreStatus::Exists => {
             if is_cas {
-                s.cas_badval.incr();
+                s.count(ClassStat::CasBadval, found.class_id);
             }
             bp::write_error(out, op, opaque, Status::KeyExists);
         }
@@ -309,9 +448,10 @@ fn store(
 }
 
 fn delete(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], quiet: bool, out: &mut Vec<u8>) {
-    match ctx.shared.store.delete(key, h.cas) {
+    let found = ctx.shared.store.delete_found(key, h.cas);
+    match found.status {
         DeleteStatus::Deleted => {
-            ctx.stats.delete_hits.incr();
+            ctx.stats.count(ClassStat::DeleteHits, found.class_id);
             if !quiet {
                 bp::write_ok(out, h.opcode, h.opaque, 0);
             }
@@ -345,7 +485,8 @@ fn arith(
     };
     // Two steps so that the counters match memcached: a hit counts as a hit, a miss that
     // creates the item counts as neither, a miss that may not create counts as a miss.
-    let (status, created) = match store.arith(key, incr, delta, &first) {
+    let found = store.arith_found(key, incr, delta, &first);
+    let (status, created) = match found.status {
         ArithStatus::NotFound if exptime != bp::ARITH_NO_CREATE => {
             let create = ArithOptions {
                 // memcached ignores the CAS when it creates the item.
@@ -359,11 +500,12 @@ fn arith(
     match status {
         ArithStatus::Value { value, cas } => {
             if !created {
-                if incr {
-                    s.incr_hits.incr()
+                let what = if incr {
+                    ClassStat::IncrHits
                 } else {
-                    s.decr_hits.incr()
-                }
+                    ClassStat::DecrHits
+                };
+                s.count(what, found.class_id)
             }
             if !quiet {
                 bp::write_counter(out, op, opaque, cas, value);

@@ -14,10 +14,12 @@ use memfabric_proto::meta::{
 };
 use memfabric_store::{
     AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, GetOptions, ItemInfo, LinkOptions,
-    NewItem, SetMode, StoreStatus, Txn,
+    NewItem, PendingItem, SetMode, StoreStatus, Txn,
 };
 
-use super::{ExecCtx, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::outqueue::OutQueue;
+use crate::stats::ClassStat;
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
@@ -32,7 +34,7 @@ pub fn process_one(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Step {
     let Some((line, line_len)) = wire::split_line(input) else {
         return Step::NeedMore(0);
@@ -41,17 +43,19 @@ pub fn process_one(
         Ok(r) => r,
         Err(e) => {
             ctx.stats.protocol_errors.incr();
-            wire::push_error(out, e.error);
+            wire::push_error(queue.bytes(), e.error);
             // A rejected `ms` whose length was understood: its data block follows and
             // must not be read as commands.
             sess.swallow = e.swallow;
             return Step::Done(line_len);
         }
     };
+    let out = queue.bytes();
     match req.command {
         MetaCommand::Noop => out.extend_from_slice(wire::NOOP_REPLY),
         MetaCommand::Debug => debug(ctx, &req, out),
-        MetaCommand::Get => get(ctx, &req, out),
+        // A retrieval may queue a large value pinned.
+        MetaCommand::Get => get(ctx, &req, queue),
         MetaCommand::Set => return set(ctx, sess, &req, input, line_len, out),
         MetaCommand::Delete => delete(ctx, &req, out),
         MetaCommand::Arith => arith(ctx, &req, out),
@@ -234,27 +238,37 @@ fn push_echo_flags(req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 }
 
 enum MgOutcome {
-    Hit { touched: bool },
+    /// `class`: the item's slab class (per-class stats).
+    Hit {
+        touched: bool,
+        class: u8,
+    },
     Miss,
     Error,
 }
 
-fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
+fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, queue: &mut OutQueue) {
     let f = &req.flags;
     let outcome = if f.value && f.vivify.is_none() && f.recache.is_none() && f.ttl.is_none() {
-        mg_lockless(ctx, req, out).unwrap_or_else(|| mg_locked(ctx, req, out))
+        mg_lockless(ctx, req, queue).unwrap_or_else(|| mg_locked(ctx, req, queue.bytes()))
     } else {
-        mg_locked(ctx, req, out)
+        mg_locked(ctx, req, queue.bytes())
     };
     let s = ctx.stats;
     match outcome {
-        MgOutcome::Hit { touched: true } => {
+        MgOutcome::Hit {
+            touched: true,
+            class,
+        } => {
             s.cmd_touch.incr();
-            s.touch_hits.incr();
+            s.count(ClassStat::TouchHits, Some(class));
         }
-        MgOutcome::Hit { touched: false } => {
+        MgOutcome::Hit {
+            touched: false,
+            class,
+        } => {
             s.cmd_get.incr();
-            s.get_hits.incr();
+            s.count(ClassStat::GetHits, Some(class));
         }
         MgOutcome::Miss => {
             s.cmd_get.incr();
@@ -267,10 +281,11 @@ fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 /// The common `mg <key> v ...`: one optimistic read, no lock. `None` when the item turns
 /// out to be stale with no win token handed out yet (handing one out changes the item,
 /// so the locked path redoes the request), or for an over-long opaque.
+/// A large value is queued pinned and written from item memory.
 fn mg_lockless(
     ctx: &mut ExecCtx<'_>,
     req: &MetaRequest<'_>,
-    out: &mut Vec<u8>,
+    queue: &mut OutQueue,
 ) -> Option<MgOutcome> {
     if req.flags.opaque_too_long() {
         // Rare: whether it counts as a miss depends on the lookup; let the locked path
@@ -279,27 +294,59 @@ fn mg_lockless(
     }
     let store = &ctx.shared.store;
     let clock = store.clock();
-    let start = out.len();
+    let start = queue.mark();
     let opts = GetOptions {
         touch: None,
         bump: !req.flags.no_update,
-        ..GetOptions::default()
+        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
     };
-    let hit = store.get_into(&req.key, &opts, out, |info, out| {
-        // Without T/N/R and with the opaque checked, this cannot fail.
-        let _ = mg_hit_line(clock, req, info, false, out);
+    let mut large = false;
+    let hit = store.get_into(&req.key, &opts, queue.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            // Without T/N/R and with the opaque checked, this cannot fail.
+            let _ = mg_hit_line(clock, req, info, false, out);
+        }
     });
+    let stale_unclaimed = |info: &ItemInfo| info.stale && !info.token_sent;
     match hit {
-        Some(info) if info.stale && !info.token_sent => {
-            out.truncate(start);
+        Some(info) if stale_unclaimed(&info) => {
+            queue.truncate(start);
             None
         }
-        Some(_) => {
-            out.extend_from_slice(wire::CRLF);
-            Some(MgOutcome::Hit { touched: false })
+        Some(_) if large => {
+            // Pinned by a second look; the first recorded the access. Deleted in
+            // between: a miss is a correct answer.
+            let quiet = GetOptions {
+                bump: false,
+                ..GetOptions::default()
+            };
+            match store.get_pinned(&req.key, &quiet) {
+                Some((info, _)) if stale_unclaimed(&info) => None,
+                Some((info, pin)) => {
+                    let _ = mg_hit_line(clock, req, &info, false, queue.bytes());
+                    queue.push_pinned(pin);
+                    queue.bytes().extend_from_slice(wire::CRLF);
+                    Some(MgOutcome::Hit {
+                        touched: false,
+                        class: info.class_id,
+                    })
+                }
+                None => {
+                    mg_miss(req, queue.bytes());
+                    Some(MgOutcome::Miss)
+                }
+            }
+        }
+        Some(info) => {
+            queue.bytes().extend_from_slice(wire::CRLF);
+            Some(MgOutcome::Hit {
+                touched: false,
+                class: info.class_id,
+            })
         }
         None => {
-            mg_miss(req, out);
+            mg_miss(req, queue.bytes());
             Some(MgOutcome::Miss)
         }
     }
@@ -344,6 +391,7 @@ fn mg_locked(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) ->
                 }
                 MgOutcome::Hit {
                     touched: hit.touched,
+                    class: info.class_id,
                 }
             }
             Err((e, exptime)) => {
@@ -383,10 +431,16 @@ fn set(
     }
     let total = line_len + data_len + 2;
     if input.len() < total {
+        if data_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+            return receive_value(ctx, sess, req, &input[..line_len], out);
+        }
         return Step::NeedMore(total);
     }
     let data = &input[line_len..line_len + data_len];
-    ctx.stats.cmd_set.incr();
+    ctx.stats.count(
+        ClassStat::SetCmds,
+        store.item_class(req.key.len(), data_len),
+    );
     if &input[line_len + data_len..total] != b"\r\n" {
         out.extend_from_slice(BAD_CHUNK);
         return Step::Done(total);
@@ -452,6 +506,70 @@ fn set(
     }
     out.extend_from_slice(wire::CRLF);
     Step::Done(total)
+}
+
+/// An `ms` whose large value has not arrived: it is received into item memory (so it
+/// counts in `-m`, as memcached's half-read items do) instead of the read buffer, and
+/// run through `set` once it is complete (`finish_store`).
+fn receive_value(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    req: &MetaRequest<'_>,
+    line: &[u8],
+    out: &mut Vec<u8>,
+) -> Step {
+    let store = &ctx.shared.store;
+    let f = &req.flags;
+    let exptime = f.ttl.map_or(0, |t| abs_exptime(store.clock(), t));
+    match store.alloc_pending(&req.key, req.data_len, f.client_flags, exptime) {
+        Ok(item) => {
+            let pending = StoreHeader {
+                line: line.to_vec(),
+            };
+            sess.receiving = Some(Receiving::new(item, b"\r\n", Finish::Meta(pending)));
+        }
+        Err(_) => {
+            // As `set` answers an item it cannot allocate; the data is discarded as it
+            // arrives.
+            ctx.stats.count(
+                ClassStat::SetCmds,
+                store.item_class(req.key.len(), req.data_len),
+            );
+            ctx.stats.store_no_memory.incr();
+            drop_after_failed_store(ctx, req);
+            out.extend_from_slice(NO_MEMORY);
+            sess.swallow = req.data_len + 2;
+        }
+    }
+    Step::Done(line.len())
+}
+
+/// An `ms` line kept while its value arrives.
+pub struct StoreHeader {
+    line: Vec<u8>,
+}
+
+/// The value of a `receive_value` request is here: run the `ms` on it. The value is
+/// copied out of the pending item (and the item freed) first, so the store's own rules
+/// for every mode and flag apply unchanged; the copy lives only for this call.
+pub fn finish_store(
+    ctx: &mut ExecCtx<'_>,
+    h: StoreHeader,
+    mut item: PendingItem,
+    trailer: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let mut input = h.line;
+    input.reserve(item.value_len() + trailer.len());
+    for piece in item.value_slices_mut() {
+        input.extend_from_slice(piece);
+    }
+    drop(item);
+    input.extend_from_slice(trailer);
+    let mut sess = Session::default();
+    let mut queue = OutQueue::new();
+    let _ = process_one(ctx, &mut sess, &input, &mut queue);
+    out.extend_from_slice(&queue.take_vec());
 }
 
 /// memcached unlinks the old value when a store fails for size or memory, so that a
@@ -553,7 +671,7 @@ fn set_with_cas(
             StoreMode::Set | StoreMode::Replace => match res {
                 CasRes::Match => match fill(t, f.client_flags, exptime, &[data]) {
                     Ok(item) => {
-                        stats.cas_hits.incr();
+                        stats.count(ClassStat::CasHits, Some(old.class_id));
                         StoreStatus::Stored {
                             cas: t.link(item, LinkOptions::default()),
                         }
@@ -564,7 +682,7 @@ fn set_with_cas(
                     // The stale value keeps the old TTL and any win token already out.
                     match fill(t, f.client_flags, old.exptime, &[data]) {
                         Ok(item) => {
-                            stats.cas_hits.incr();
+                            stats.count(ClassStat::CasHits, Some(old.class_id));
                             let opts = LinkOptions {
                                 explicit_cas: None,
                                 stale: true,
@@ -578,7 +696,7 @@ fn set_with_cas(
                     }
                 }
                 CasRes::None | CasRes::BadVal => {
-                    stats.cas_badval.incr();
+                    stats.count(ClassStat::CasBadval, Some(old.class_id));
                     StoreStatus::Exists
                 }
             },
@@ -593,9 +711,10 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let f = &req.flags;
     let stats = ctx.stats;
     let code = if f.cas.is_none() && !f.invalidate {
-        match store.delete(&req.key, 0) {
+        let found = store.delete_found(&req.key, 0);
+        match found.status {
             DeleteStatus::Deleted => {
-                stats.delete_hits.incr();
+                stats.count(ClassStat::DeleteHits, found.class_id);
                 wire::HD
             }
             DeleteStatus::NotFound | DeleteStatus::Exists => {
@@ -625,7 +744,7 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 t.bump_cas(None);
             } else {
                 t.unlink();
-                stats.delete_hits.incr();
+                stats.count(ClassStat::DeleteHits, Some(item.class_id));
             }
             wire::HD
         })
@@ -657,12 +776,13 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let stats = ctx.stats;
     // Parsing validated the mode.
     let incr = f.arith_mode().unwrap_or(ArithMode::Incr) == ArithMode::Incr;
-    let count_hit = || {
-        if incr {
-            stats.incr_hits.incr()
+    let count_hit = |class: Option<u8>| {
+        let what = if incr {
+            ClassStat::IncrHits
         } else {
-            stats.decr_hits.incr()
-        }
+            ClassStat::DecrHits
+        };
+        stats.count(what, class)
     };
     let count_miss = || {
         if incr {
@@ -680,9 +800,10 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             cas: f.cas.unwrap_or(0),
             create: None,
         };
-        match store.arith(&req.key, incr, f.delta, &opts) {
+        let found = store.arith_found(&req.key, incr, f.delta, &opts);
+        match found.status {
             ArithStatus::Value { value, cas } => {
-                count_hit();
+                count_hit(found.class_id);
                 let done = ArithDone::Value {
                     value,
                     cas,
@@ -703,10 +824,11 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         }
     } else {
         store.transact(&req.key, |t| {
+            let class = t.item().map(|i| i.class_id);
             let done = ma_locked(t, req, incr);
             if let ArithDone::Value { created, .. } = done {
                 if !created {
-                    count_hit();
+                    count_hit(class);
                 }
                 let Some(info) = t.item() else {
                     return done;

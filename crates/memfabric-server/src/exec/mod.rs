@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use memfabric_store::Store;
+use memfabric_store::{PendingItem, Store};
+
+use crate::outqueue::OutQueue;
 
 use crate::settings::{ProtocolChoice, Settings};
 use crate::stats::ThreadStats;
@@ -45,6 +47,8 @@ pub struct Shared {
     pub shutdown_waker: OnceLock<mio::Waker>,
     /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
     pub fabric: Option<crate::fabric::FabricShared>,
+    /// What connections hold now (`stats bounds`).
+    pub gauges: Arc<crate::bounds::Gauges>,
 }
 
 impl Shared {
@@ -66,6 +70,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             shutdown_waker: OnceLock::new(),
             fabric: None,
+            gauges: Default::default(),
         }
     }
 
@@ -126,8 +131,90 @@ pub struct Session {
     pub proto: Option<Proto>,
     /// Bytes of input still to be discarded (data of a rejected storage command).
     pub swallow: usize,
+    /// A large value arriving straight into item memory.
+    pub receiving: Option<Receiving>,
     pub ascii: ascii::AsciiState,
     pub binary: binary::BinaryState,
+}
+
+impl Session {
+    /// A request is part way through (a multiget being served, a value arriving).
+    pub fn in_request(&self) -> bool {
+        self.receiving.is_some() || self.ascii.in_request()
+    }
+
+    /// Values being received into item memory (0 or 1).
+    pub fn receiving_values(&self) -> usize {
+        usize::from(self.receiving.is_some())
+    }
+
+    /// Bytes of item memory held for values still arriving (counted in `-m`).
+    pub fn receiving_bytes(&self) -> usize {
+        self.receiving.as_ref().map_or(0, |r| r.item.value_len())
+    }
+}
+
+/// A storage command's value being received straight into the item it will become
+/// (allocated from the store, so it counts in `-m` like memcached's half-read items),
+/// instead of being buffered whole in the connection. The item is freed if the
+/// connection dies first.
+pub struct Receiving {
+    item: PendingItem,
+    /// Value bytes written so far.
+    filled: usize,
+    /// Bytes that must follow the value (ascii's `\r\n`), and how many arrived.
+    trailer: &'static [u8],
+    trailer_seen: usize,
+    trailer_ok: bool,
+    /// The trailer bytes as they arrived.
+    trailer_got: [u8; 2],
+    /// What to do with the item once it is complete.
+    finish: Finish,
+}
+
+/// How a protocol completes a received value.
+pub enum Finish {
+    Ascii(ascii::StoreHeader),
+    Binary(binary::StoreHeader),
+    Meta(meta::StoreHeader),
+}
+
+impl Receiving {
+    pub fn new(item: PendingItem, trailer: &'static [u8], finish: Finish) -> Receiving {
+        Receiving {
+            item,
+            filled: 0,
+            trailer,
+            trailer_seen: 0,
+            trailer_ok: true,
+            trailer_got: [0; 2],
+            finish,
+        }
+    }
+
+    /// Take value (then trailer) bytes from `input`; returns how many were used.
+    fn take(&mut self, input: &[u8]) -> usize {
+        let want = self.item.value_len() - self.filled;
+        let n = want.min(input.len());
+        self.item.write(self.filled, &input[..n]);
+        self.filled += n;
+        let mut used = n;
+        while used < input.len() && self.trailer_seen < self.trailer.len() {
+            if input[used] != self.trailer[self.trailer_seen] {
+                self.trailer_ok = false;
+            }
+            if let Some(b) = self.trailer_got.get_mut(self.trailer_seen) {
+                *b = input[used];
+            }
+            self.trailer_seen += 1;
+            used += 1;
+        }
+        used
+    }
+
+    fn complete(&self) -> bool {
+        self.filled == self.item.value_len() && self.trailer_seen == self.trailer.len()
+    }
 }
 
 /// Outcome of one `process_one` call.
@@ -141,6 +228,13 @@ pub enum Step {
     NeedMore(usize),
     /// Send what is in `out`, then close the connection. Input is ignored.
     Close,
+    /// The request is under way but not finished: this many bytes of input were used,
+    /// and it continues (from the session's state) once the output has drained (a
+    /// multiget that reached the output cap).
+    Yield(usize),
+    /// The request is under way and needs more input: this many bytes were used (a
+    /// multiget line served as it arrives).
+    Waiting(usize),
 }
 
 /// Result of `process`.
@@ -158,10 +252,16 @@ pub struct Progress {
     pub yielded: bool,
 }
 
-/// Stop running requests once this much reply data is queued, so that a client that
-/// pipelines without reading cannot make the server buffer without bound.
-pub fn output_high_water(shared: &Shared) -> usize {
-    shared.settings.max_pending_output
+/// Copied reply bytes a connection may queue before it stops running requests (pinned
+/// values count only toward `max_pending_output`: their memory is item memory).
+pub const MAX_COPIED_OUTPUT: usize = 256 << 10;
+
+/// Has `out` reached the connection's output cap? Checked between requests and between
+/// the keys of a multiget, so that a client that does not read its replies cannot make
+/// the server buffer without bound (docs/connections.md).
+pub fn output_full(shared: &Shared, out: &OutQueue) -> bool {
+    out.len() >= shared.settings.max_pending_output
+        || out.len() - out.pinned_bytes() >= MAX_COPIED_OUTPUT
 }
 
 /// Run every complete request in `input`, appending replies to `out`.
@@ -171,11 +271,10 @@ pub fn process(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
     input: &[u8],
-    out: &mut Vec<u8>,
+    out: &mut OutQueue,
     max_requests: usize,
 ) -> Progress {
     let mut progress = Progress::default();
-    let high_water = output_high_water(ctx.shared);
     let mut handled = 0;
     while progress.consumed < input.len() {
         let rest = &input[progress.consumed..];
@@ -185,7 +284,17 @@ pub fn process(
             progress.consumed += n;
             continue;
         }
-        if handled >= max_requests || out.len() >= high_water {
+        if let Some(r) = sess.receiving.as_mut() {
+            progress.consumed += r.take(rest);
+            if r.complete() {
+                if let Some(r) = sess.receiving.take() {
+                    finish_receiving(ctx, r, out);
+                }
+                handled += 1;
+            }
+            continue;
+        }
+        if handled >= max_requests || output_full(ctx.shared, out) {
             progress.yielded = true;
             break;
         }
@@ -211,6 +320,15 @@ pub fn process(
                 progress.consumed += n;
                 handled += 1;
             }
+            Step::Yield(n) => {
+                progress.consumed += n;
+                progress.yielded = true;
+                break;
+            }
+            Step::Waiting(n) => {
+                progress.consumed += n;
+                break;
+            }
             Step::NeedMore(n) => {
                 progress.need = n;
                 break;
@@ -221,5 +339,20 @@ pub fn process(
             }
         }
     }
+    if sess.receiving.is_some() {
+        progress.need = 0;
+    }
     progress
+}
+
+/// A received value is complete: store it and answer as its protocol does.
+fn finish_receiving(ctx: &mut ExecCtx<'_>, r: Receiving, out: &mut OutQueue) {
+    match r.finish {
+        Finish::Ascii(h) => ascii::finish_store(ctx, h, r.item, r.trailer_ok, out.bytes()),
+        Finish::Binary(h) => binary::finish_store(ctx, h, r.item, out.bytes()),
+        Finish::Meta(h) => {
+            let trailer = &r.trailer_got[..r.trailer_seen];
+            meta::finish_store(ctx, h, r.item, trailer, out.bytes())
+        }
+    }
 }

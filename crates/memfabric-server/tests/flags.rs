@@ -1,0 +1,343 @@
+//! The `memfabricd` binary's command line and set-up, end to end: flags it cannot honour
+//! stop it before it listens, `-p -1 -U -1` with `MEMCACHED_PORT_FILENAME` reports real
+//! ports as memcached does, and logs written to a pipe are plain text.
+//!
+//! Every server runs on 127.0.0.1 (ephemeral or free ports) inside a guard whose Drop
+//! kills and reaps it, also when an assertion fails. No assertion is about time: waits are
+//! bounded only so that a broken server fails the test instead of hanging it.
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
+const MEMCACHED: &str = "/usr/bin/memcached";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A started server process; killed and reaped on drop.
+struct Guard {
+    child: Child,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Guard {
+    fn spawn(cmd: &mut Command) -> Guard {
+        Guard {
+            child: cmd.spawn().expect("spawn server"),
+        }
+    }
+
+    /// The exit status, once it has exited (a server still running after `WAIT` fails).
+    fn exit_status(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return st;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "the server kept running; it should have refused to start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
+    l.local_addr().expect("probe addr").port()
+}
+
+/// A fresh path in the temp directory (removed first, with its `.lck`).
+fn temp_path(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("memfabric-flags-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    let _ = std::fs::remove_file(lck(&p));
+    p
+}
+
+fn lck(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(".lck");
+    PathBuf::from(s)
+}
+
+/// Wait until `path` exists and return its text.
+fn wait_for_file(path: &Path, server: &mut Guard) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return text;
+        }
+        if let Some(st) = server.child.try_wait().expect("try_wait") {
+            panic!("server exited ({st}) before writing {}", path.display());
+        }
+        assert!(start.elapsed() < WAIT, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn tcp_version(port: u16) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to reported port");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(b"version\r\n").expect("send");
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 256];
+    while !reply.ends_with(b"\r\n") {
+        let n = s.read(&mut buf).expect("read version");
+        assert!(n > 0, "connection closed before the version line");
+        reply.extend_from_slice(&buf[..n]);
+    }
+    reply
+}
+
+fn udp_version(port: u16) -> Vec<u8> {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    // The 8-byte UDP frame header: request id 7, sequence 0, one datagram.
+    let mut req = vec![0, 7, 0, 0, 0, 1, 0, 0];
+    req.extend_from_slice(b"version\r\n");
+    s.send_to(&req, ("127.0.0.1", port)).expect("udp send");
+    let mut buf = [0u8; 512];
+    let n = s.recv(&mut buf).expect("udp reply");
+    assert_eq!(&buf[..8], &[0, 7, 0, 0, 0, 1, 0, 0], "UDP frame header");
+    buf[8..n].to_vec()
+}
+
+/// The lines of a port file with each number replaced by `N`: its shape.
+fn shape(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| match l.rsplit_once(": ") {
+            Some((head, port)) if port.parse::<u16>().is_ok() => format!("{head}: N"),
+            _ => l.to_string(),
+        })
+        .collect()
+}
+
+/// (protocol, family, port) for each line of a port file.
+fn ports(text: &str) -> Vec<(String, String, u16)> {
+    text.lines()
+        .map(|l| {
+            let (head, port) = l.split_once(": ").expect("`PROTO FAMILY: port` line");
+            let (proto, family) = head.split_once(' ').expect("`PROTO FAMILY`");
+            let port = port.parse().expect("a port number");
+            (proto.to_string(), family.to_string(), port)
+        })
+        .collect()
+}
+
+#[test]
+fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
+    let auth = temp_path("auth");
+    let mem = temp_path("memfile");
+    let auth_s = auth.to_str().expect("utf-8 temp path");
+    let mem_s = mem.to_str().expect("utf-8 temp path");
+    let cases: &[(&[&str], &str)] = &[
+        (&["-S"], "-S"),
+        (&["-Z"], "-Z"),
+        (&["-Y", auth_s], "-Y"),
+        (&["-e", mem_s], "-e"),
+        (&["-o", "ext_path=/tmp/memfabric-flags-ext:64m"], "ext_path"),
+        (&["-o", "modern,ext_item_size=512"], "ext_item_size"),
+        (&["-o", "ssl_chain_cert=/tmp/cert.pem"], "ssl_chain_cert"),
+        (&["-o", "ssl_session_cache"], "ssl_session_cache"),
+    ];
+    for (flags, name) in cases {
+        let port = free_port();
+        let mut args = vec!["-p".to_string(), port.to_string()];
+        args.extend(["-l", "127.0.0.1", "-U", "0", "--ucx-port", "0"].map(String::from));
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let mut g = Guard::spawn(
+            Command::new(BIN)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        let status = g.exit_status();
+        let mut err = String::new();
+        g.child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read stderr");
+        assert_eq!(status.code(), Some(64), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: one line, got {err:?}");
+        assert!(
+            err.contains(name),
+            "{flags:?}: the line names the flag: {err}"
+        );
+        assert!(
+            err.contains("refusing to start"),
+            "{flags:?}: says why: {err}"
+        );
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "{flags:?}: something listens on {port}"
+        );
+    }
+    assert!(!mem.exists(), "-e must not create its memory file");
+}
+
+#[test]
+fn unknown_extended_option_exits_1_with_memcacheds_message() {
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", "0", "-U", "0", "--ucx-port", "0"])
+            .args(["-o", "modern,bogus_option"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let status = g.exit_status();
+    let mut err = String::new();
+    g.child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(err, "Illegal suboption \"bogus_option\"\n");
+}
+
+#[test]
+fn unknown_flags_and_missing_values_exit_1_as_memcached_does() {
+    for args in [&["-j"][..], &["--bogus"][..], &["-p"][..]] {
+        let mut g = Guard::spawn(
+            Command::new(BIN)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        assert_eq!(g.exit_status().code(), Some(1), "{args:?}");
+    }
+}
+
+#[test]
+fn ephemeral_ports_are_reported_in_memcached_port_filename_and_answer_version() {
+    let file = temp_path("ports");
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", "-1", "-U", "-1", "-l", "127.0.0.1", "--ucx-port", "0"])
+            .env("MEMCACHED_PORT_FILENAME", &file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let text = wait_for_file(&file, &mut g);
+    assert_eq!(shape(&text), ["TCP INET: N", "UDP INET: N"], "{text:?}");
+    assert!(!lck(&file).exists(), "the .lck file is renamed into place");
+    let p = ports(&text);
+    assert!(p.iter().all(|(_, _, port)| *port != 0), "{text:?}");
+    assert_eq!(tcp_version(p[0].2), b"VERSION 1.6.18\r\n");
+    assert_eq!(udp_version(p[1].2), b"VERSION 1.6.18\r\n");
+    drop(g);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn port_file_has_the_lines_memcached_writes_for_the_same_flags() {
+    // Without -l: IPv4 and (where the host has it) IPv6, each with its own ephemeral port.
+    let root_flags: &[&str] = if is_root() { &["-u", "root"] } else { &[] };
+    let mut shapes = Vec::new();
+    for bin in [MEMCACHED, BIN] {
+        let file = temp_path(if bin == BIN { "mf-ports" } else { "mc-ports" });
+        let mut cmd = Command::new(bin);
+        cmd.args(["-p", "-1", "-U", "-1"])
+            .args(root_flags)
+            .env("MEMCACHED_PORT_FILENAME", &file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if bin == BIN {
+            cmd.args(["--ucx-port", "0"]);
+        }
+        let mut g = Guard::spawn(&mut cmd);
+        let text = wait_for_file(&file, &mut g);
+        for (proto, family, port) in ports(&text) {
+            if proto == "TCP" && family == "INET" {
+                assert_eq!(tcp_version(port), b"VERSION 1.6.18\r\n", "{bin}");
+            }
+            if proto == "UDP" && family == "INET" {
+                assert_eq!(udp_version(port), b"VERSION 1.6.18\r\n", "{bin}");
+            }
+        }
+        shapes.push(shape(&text));
+        drop(g);
+        let _ = std::fs::remove_file(&file);
+    }
+    assert_eq!(shapes[0], shapes[1], "memcached's lines, then memfabricd's");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn logs_written_to_a_pipe_carry_no_escape_bytes() {
+    // -v logs the start-up line (its timestamp and level are what a terminal sees
+    // coloured); -t 65 adds memcached's warning about many threads.
+    let port = free_port().to_string();
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", &port, "-U", "0", "-l", "127.0.0.1", "--ucx-port", "0"])
+            .args(["-v", "-t", "65"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let stderr = g.child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).split(b'\n') {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &Vec<u8>| String::from_utf8_lossy(l).contains("ready"))
+    {
+        match rx.recv_timeout(WAIT) {
+            Ok(l) => lines.push(l),
+            Err(e) => panic!("no start-up line ({e}); got {lines:?}"),
+        }
+    }
+    drop(g);
+    let text: Vec<String> = lines
+        .iter()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect();
+    assert!(
+        text.iter()
+            .any(|l| l.contains("WARN") && l.contains("worker threads")),
+        "{text:?}"
+    );
+    for l in &lines {
+        assert!(
+            !l.contains(&0x1b),
+            "ESC in a log line: {:?}",
+            String::from_utf8_lossy(l)
+        );
+    }
+}
