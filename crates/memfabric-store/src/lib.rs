@@ -9,7 +9,7 @@
 //! seqlock version and seven slots each; see `docs/store.md` for the byte layouts and
 //! the concurrency protocol. The index mapping ends with a control block (`remote`) that
 //! tells one-sided readers the geometry, the flush state and the store's clock; readers
-//! report what they read with `Store::note_remote_access`, so CLOCK eviction sees it.
+//! report what they read with `Store::note_remote_access`, so eviction sees it.
 //!
 //! The store knows nothing of sockets or protocols: it offers memcached's storage
 //! semantics (`ops`) and a small transaction API (`Txn`) for protocol features that need

@@ -1,8 +1,11 @@
 //! The store's own background work: the expiry sweeper and the slab automover.
 //!
-//! Sweeper: walks each class's chunks a slice at a time and removes expired or flushed
-//! items (memcached's LRU crawler), so memory held by dead items returns without waiting
-//! for a reader or for eviction to trip over it.
+//! Sweeper: every page records when its first linked item may die (smallest exptime, or
+//! a flush time; `Slabs::page_due`). Each tick the sweeper scans the pages that are due
+//! and removes their expired or flushed items, so `curr_items`/`bytes` are right within
+//! a tick of a mass expiry or a `flush_all` (memcached's LRU maintainer reclaims them
+//! within about a second; measured, see docs/store.md), and memory held by dead items
+//! returns without waiting for a reader or for eviction to trip over it.
 //!
 //! Automover: every second, compares evictions per class. When a class keeps evicting
 //! (three windows in a row) while another has not evicted at all in those windows and
@@ -17,8 +20,9 @@ use crate::index;
 use crate::item;
 use crate::store::Inner;
 
-/// Chunks the sweeper inspects per class per pass.
-const SWEEP_SLICE: usize = 4096;
+/// Pages the sweeper visits per tick at most (a tick is at most 250 ms; 64 pages of the
+/// smallest class hold ~760k items).
+const SWEEP_PAGES_PER_TICK: usize = 64;
 /// Evicting windows in a row before a class receives a page.
 const AUTOMOVE_WINDOWS: u32 = 3;
 
@@ -27,18 +31,19 @@ impl Inner {
         let mut streak = vec![0u32; self.slabs.classes.len()];
         let mut quiet = vec![0u32; self.slabs.classes.len()];
         let mut last_move_check = Instant::now();
+        let mut more = false;
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
-            self.wait_for_work(Duration::from_millis(250));
+            // With due pages left over, come back soon (not at once: a workload whose
+            // items keep expiring must not turn this thread into a busy loop).
+            self.wait_for_work(Duration::from_millis(if more { 10 } else { 250 }));
             if self.is_shutting_down() {
                 break;
             }
             self.refresh_remote_clock(self.clock.now());
-            if self.cfg.background_sweeper {
-                for class in 1..self.slabs.classes.len() as u8 {
-                    self.sweep_slice(class);
-                }
-            }
+            // A mass expiry or a flush can leave more than one budget of due pages.
+            more = self.cfg.background_sweeper && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
+            self.compact_queues(false);
             if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
                 last_move_check = Instant::now();
                 self.automove_tick(&mut streak, &mut quiet);
@@ -58,40 +63,73 @@ impl Inner {
         *woken = false;
     }
 
-    /// Remove dead items from the next slice of `class`'s chunks.
-    fn sweep_slice(&self, class: u8) {
-        let ci = self.slabs.classes[class as usize];
+    /// Reclaim the dead items of pages that are due (`Slabs::page_due`), visiting at
+    /// most `max_pages` pages, fairly across calls. Returns the items reclaimed and
+    /// whether due pages were left for the next call.
+    pub(crate) fn sweep_due(&self, max_pages: usize) -> (usize, bool) {
         let now = self.clock.now();
+        let n = self.slabs.page_due.len();
+        let start = self.sweep_cursor().load(Ordering::Relaxed) % n.max(1);
+        let (mut visited, mut reclaimed) = (0, 0);
+        for i in 0..n {
+            let p = (start + i) % n;
+            if self.slabs.page_due[p].load(Ordering::Acquire) > now {
+                continue;
+            }
+            if visited == max_pages {
+                self.sweep_cursor().store(p, Ordering::Relaxed);
+                return (reclaimed, true);
+            }
+            reclaimed += self.sweep_page(p, now);
+            visited += 1;
+        }
+        (reclaimed, false)
+    }
+
+    /// Remove every dead item linked in `page` and record when the next one dies.
+    /// Reads chunk states without the class lock: a chunk found dead is removed by
+    /// `remove_at_location`, which re-checks under the key's bucket locks.
+    fn sweep_page(&self, page: usize, now: u32) -> usize {
+        let due = &self.slabs.page_due[page];
+        due.swap(u32::MAX, Ordering::AcqRel);
+        // Pairs with the fence in `Slabs::note_due`: an item whose due time this reset
+        // erased is seen by the scan below.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let class = self.slabs.page_class[page].load(Ordering::Acquire);
+        if class == 0 {
+            return 0;
+        }
+        let ci = self.slabs.classes[class as usize];
+        let ft = self.index.flush_time().load(Ordering::Relaxed);
+        let mut next = u32::MAX;
         let mut dead = Vec::new();
-        {
-            let mut st = self.slabs.lock(class);
-            if st.pages.is_empty() {
-                return;
+        for i in 0..ci.per_page {
+            let off = self.slabs.chunk_off(&ci, page as u32, i);
+            if item::state(&self.arena, off) != item::LINKED {
+                continue;
             }
-            for _ in 0..SWEEP_SLICE.min(st.pages.len() * ci.per_page) {
-                if st.sweep_page >= st.pages.len() {
-                    st.sweep_page = 0;
-                    st.sweep_chunk = 0;
-                }
-                let off = self
-                    .slabs
-                    .chunk_off(&ci, st.pages[st.sweep_page], st.sweep_chunk);
-                st.sweep_chunk += 1;
-                if st.sweep_chunk >= ci.per_page {
-                    st.sweep_chunk = 0;
-                    st.sweep_page += 1;
-                }
-                if item::state(&self.arena, off) == item::LINKED {
-                    let h = item::read_header(&self.arena, off);
-                    if self.is_dead(&h, now) {
-                        dead.push(off);
-                    }
-                }
+            let h = item::read_header(&self.arena, off);
+            if self.is_dead(&h, now) {
+                dead.push(off);
+                continue;
+            }
+            if h.exptime != 0 {
+                next = next.min(h.exptime);
+            }
+            if ft > now && h.time <= ft {
+                next = next.min(ft);
             }
         }
-        for off in dead {
-            self.remove_at_location(off, true);
+        if self.slabs.page_class[page].load(Ordering::Acquire) != class {
+            // Re-carved while we looked: look again next time.
+            next = now;
         }
+        if next != u32::MAX {
+            due.fetch_min(next, Ordering::AcqRel);
+        }
+        dead.into_iter()
+            .filter(|&off| self.remove_at_location(off, true))
+            .count()
     }
 
     fn automove_tick(&self, streak: &mut [u32], quiet: &mut [u32]) {
@@ -155,12 +193,6 @@ impl Inner {
             }
             let Some((pos, p)) = chosen else { return false };
             st.pages.remove(pos);
-            if st.hand_page > pos {
-                st.hand_page -= 1;
-            }
-            if st.sweep_page > pos {
-                st.sweep_page -= 1;
-            }
             self.slabs.page_draining[p as usize].store(true, Ordering::Release);
             let lo = p as usize * self.slabs.page_size;
             let hi = lo + self.slabs.page_size;

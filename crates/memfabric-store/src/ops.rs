@@ -308,8 +308,10 @@ fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) ->
         current.saturating_sub(delta)
     };
     let mut digits = value.to_string().into_bytes();
+    // memcached rewrites a number that fits in place (blanking the rest) and counts no
+    // store; a longer one is a new item, counted in `total_items`.
+    let in_place = digits.len() <= raw.len();
     if digits.len() < raw.len() {
-        // memcached rewrites the number in place and blanks the rest.
         digits.resize(raw.len(), b' ');
     }
     let mut it = match t.alloc(digits.len(), old.flags, old.exptime) {
@@ -317,7 +319,7 @@ fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) ->
         Err(_) => return ArithStatus::OutOfMemory,
     };
     it.write(0, &digits);
-    let cas = t.link(it, LinkOptions::default());
+    let cas = t.link_counted(it, LinkOptions::default(), !in_place);
     ArithStatus::Value { value, cas }
 }
 

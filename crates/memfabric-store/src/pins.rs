@@ -12,7 +12,7 @@
 //! item is only freed after it was unlinked under the same locks. So once an item is
 //! unlinked its pin count can only fall, and `defer_free` (called by whoever frees it)
 //! decides race-free between "free now" and "the last unpin frees it". The chunks of a
-//! pinned-and-unlinked item stay UNLINKED / CHAINED, which every reuse path (CLOCK hand,
+//! pinned-and-unlinked item stay UNLINKED / CHAINED, which every reuse path (evictor,
 //! sweeper, page mover) already leaves alone; page moves also skip pages that hold a
 //! pinned chunk (`page_pinned`) and give a page back if a pin appears while it drains.
 //! With no pin in the store, each check costs one relaxed load of `active`.

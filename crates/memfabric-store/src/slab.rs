@@ -5,7 +5,8 @@
 //! demand; like memcached, a class that has no page yet may take one even when the memory
 //! limit is reached (so every item size can be stored once memory is full), which is why
 //! the arena reserves one extra page per class.
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::item::HDR;
@@ -28,12 +29,57 @@ pub struct ClassState {
     pub pages: Vec<u32>,
     /// Free chunk offsets (a stack: the most recently freed chunk is reused first).
     pub free: Vec<usize>,
-    /// CLOCK hand: position in `pages` and chunk index within that page.
-    pub hand_page: usize,
-    pub hand_chunk: usize,
-    /// Sweeper cursor, same shape.
-    pub sweep_page: usize,
-    pub sweep_chunk: usize,
+    /// Eviction queue: the class's items in the order they were linked (`QueueEntry`).
+    /// Eviction takes the front; an item read since it was queued goes to the back
+    /// once instead (second chance). Entries of items since freed, replaced or moved
+    /// are stale and skipped; the maintenance thread drops them when too many have
+    /// accumulated (`Inner::compact_queues`).
+    pub queue: VecDeque<QueueEntry>,
+    /// Entries taken from the front of `queue` so far (compaction reconciles with it).
+    pub popped: u64,
+    /// Live entries the last compaction kept.
+    pub kept: usize,
+}
+
+/// One entry of a class's eviction queue, packed in 8 bytes: the arena offset of a chunk
+/// of the class (/8, 40 bits) and the low 24 bits of the CAS its item was linked with.
+/// The chunk is the item's head, or for a chained item the first of its chunks in this
+/// class. An entry is current while that chunk still belongs to an item linked with
+/// that CAS: a chunk reused for a newer item has a new entry further back, so the old
+/// one cannot make the newer item jump the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueEntry(u64);
+
+impl QueueEntry {
+    pub fn new(off: usize, cas: u64) -> QueueEntry {
+        QueueEntry((((off as u64) >> 3) << 24) | (cas & 0xff_ffff))
+    }
+
+    pub fn off(self) -> usize {
+        ((self.0 >> 24) << 3) as usize
+    }
+
+    /// Does this entry name an item linked with `cas`?
+    pub fn cas_matches(self, cas: u64) -> bool {
+        self.0 & 0xff_ffff == cas & 0xff_ffff
+    }
+}
+
+impl ClassState {
+    /// Take the front entry of the eviction queue.
+    pub fn pop_entry(&mut self) -> Option<QueueEntry> {
+        let e = self.queue.pop_front()?;
+        self.popped += 1;
+        Some(e)
+    }
+
+    /// Queue length at which stale entries are compacted away: a quarter of the class's
+    /// chunks (+ 1024) more than it holds, so a compaction costs a few entry checks per
+    /// link and the queue stays below 1.25 entries per chunk + 1024.
+    pub fn compact_threshold(&self, per_page: usize) -> usize {
+        let chunks = self.pages.len() * per_page;
+        self.kept.max(chunks) + chunks / 4 + 1024
+    }
 }
 
 /// Per-class counters (`stats items`), updated with relaxed atomics from any thread.
@@ -69,6 +115,10 @@ pub struct Slabs {
     pub page_class: Vec<AtomicU8>,
     /// Page is being emptied for a move: frees into it are not reused.
     pub page_draining: Vec<AtomicBool>,
+    /// Earliest time (unix seconds) at which an item linked in the page may die: the
+    /// smallest exptime linked into it since the sweeper last looked, or a flush time
+    /// (`u32::MAX` = nothing to do). The sweeper visits only pages that are due.
+    pub page_due: Vec<AtomicU32>,
     /// Unassigned pages.
     pool: Mutex<Vec<u32>>,
     pub pages_used: AtomicU64,
@@ -128,6 +178,7 @@ impl Slabs {
             classes,
             page_class: (0..total_pages).map(|_| AtomicU8::new(0)).collect(),
             page_draining: (0..total_pages).map(|_| AtomicBool::new(false)).collect(),
+            page_due: (0..total_pages).map(|_| AtomicU32::new(u32::MAX)).collect(),
             pool: Mutex::new((0..total_pages as u32).rev().collect()),
             pages_used: AtomicU64::new(0),
         }
@@ -177,6 +228,26 @@ impl Slabs {
         off / self.page_size
     }
 
+    /// Something in the page at `off` dies at `at` (its header already says so): make
+    /// the page due for the sweeper then. The fence pairs with the one after the
+    /// sweeper's `swap` (`Inner::sweep_page`): either this load sees the sweeper's reset
+    /// and lowers it again, or the sweeper's scan sees the header.
+    pub fn note_due(&self, off: usize, at: u32) {
+        if let Some(d) = self.page_due.get(self.page_of(off)) {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if d.load(Ordering::Relaxed) > at {
+                d.fetch_min(at, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Make every page due at `at` (a flush: any item may die then).
+    pub fn all_due(&self, at: u32) {
+        for d in &self.page_due {
+            d.fetch_min(at, Ordering::AcqRel);
+        }
+    }
+
     /// Class owning the chunk at `off` (0 if none).
     pub fn class_of(&self, off: usize) -> u8 {
         self.page_class
@@ -214,6 +285,14 @@ mod tests {
         assert_eq!(sl.class_for(89), Some(2));
         assert_eq!(sl.class_for(512 * 1024), Some((sl.classes.len() - 1) as u8));
         assert_eq!(sl.class_for(512 * 1024 + 1), None);
+    }
+
+    #[test]
+    fn queue_entries_round_trip_offset_and_cas_bits() {
+        let e = QueueEntry::new(8 * 123_456_789_012, 0x1234_5678_9abc);
+        assert_eq!(e.off(), 8 * 123_456_789_012);
+        assert!(e.cas_matches(0x1234_5678_9abc));
+        assert!(!e.cas_matches(0x1234_5678_9abd));
     }
 
     #[test]

@@ -115,6 +115,8 @@ pub struct Inner {
     pub(crate) pins: Pins,
     next_cas: AtomicU64,
     pub(crate) c: Counters,
+    sweep_cursor: AtomicUsize,
+    compacting: Mutex<()>,
     shutdown: AtomicBool,
     wake: (Mutex<bool>, Condvar),
 }
@@ -145,11 +147,15 @@ pub(crate) struct Counters {
 enum Removal {
     /// Deleted or replaced by a client.
     Client,
-    /// Dead (expired or flushed) and found lazily.
+    /// Dead (expired or flushed) and found by a lookup of its key (any command): the
+    /// lookup counts `get_expired` / `get_flushed`, as memcached's `do_item_get` does;
+    /// nothing else counts it.
+    Lookup,
+    /// Dead and found while looking for memory (the evictor, a full index bucket), or by
+    /// the background sweeper: `reclaimed` (and `expired_unfetched` if never fetched),
+    /// as memcached counts what its LRU tail pulls reclaim.
     Reclaimed,
-    /// Dead and found by the background sweeper.
-    Swept,
-    /// Evicted for space by the CLOCK hand.
+    /// Evicted for space from the front of its class's queue.
     Evicted,
     /// Evicted because both index buckets of a new key were full.
     IndexFull,
@@ -203,14 +209,7 @@ impl Store {
             Some(alloc) => Arena::with_memory(arena_len, alloc)?,
             None => Arena::new(arena_len)?,
         };
-        let power = match cfg.hashpower {
-            Some(p) => (p as u32).clamp(4, 32),
-            None => {
-                let slots = (limit_pages * cfg.page_size) / sizes[0];
-                let buckets = slots.div_ceil(index::SLOTS).max(1024);
-                buckets.next_power_of_two().trailing_zeros()
-            }
-        };
+        let power = index_power(&slabs, cfg.hashpower);
         let seed = {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -232,6 +231,8 @@ impl Store {
             pins: Pins::new(total_pages, cfg.page_size),
             next_cas: AtomicU64::new(0),
             c: Counters::default(),
+            sweep_cursor: AtomicUsize::new(0),
+            compacting: Mutex::new(()),
             shutdown: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
@@ -296,11 +297,7 @@ impl Store {
                 }
                 ReadOutcome::Miss => return None,
                 ReadOutcome::Dead(off, flushed) => {
-                    if flushed {
-                        self.c.get_flushed.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.c.get_expired.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.count_dead_lookup(flushed);
                     self.reclaim_if_dead(&kh, off);
                     return None;
                 }
@@ -448,13 +445,25 @@ impl Store {
             Some(t) if t > now => {
                 // memcached: items stored before the flush time die when it comes.
                 self.index.flush_time().store(t - 1, Ordering::SeqCst);
+                self.slabs.all_due(t - 1);
             }
             _ => {
                 let c = self.next_cas.fetch_add(1, Ordering::SeqCst) + 1;
                 self.index.flush_cas().store(c, Ordering::SeqCst);
                 self.index.flush_time().store(0, Ordering::SeqCst);
+                self.slabs.all_due(now);
+                // Reclaim at once, as memcached's LRU maintainer does (within a second).
+                self.wake_maintenance();
             }
         }
+    }
+
+    /// Reclaim every dead (expired or flushed) item now, as the maintenance thread does
+    /// in the background within a tick of their death (memcached's LRU maintainer does
+    /// the same within about a second). Returns how many items it removed; they count
+    /// as `reclaimed` (and `expired_unfetched` if never fetched).
+    pub fn reclaim_dead(&self) -> usize {
+        self.inner.sweep_due(usize::MAX).0
     }
 
     /// The xxh3-64 seed of the index hash (also in the control block).
@@ -681,6 +690,28 @@ impl Store {
     }
 }
 
+/// A new key stays in its first bucket while that has this many empty slots.
+const FIRST_BUCKET_SPARE: usize = 3;
+
+/// log2 of the index's buckets: enough that the index is never what evicts. The most
+/// items the store can ever hold is every chunk of the smallest class in the largest
+/// memory limit (`cache_memlimit` may double the start limit) plus its reserve page;
+/// the index gets at least 9/4 as many slots (a load of at most 0.44), and `free_slot`
+/// balances the two buckets of a key. A simulation of that rule at 0.42 and 0.45 with
+/// ten replacements per item overflowed a bucket pair 0 and 1 times in 30M inserts
+/// (docs/store.md). The geometry is published to one-sided readers, so it is fixed at
+/// start. `-o hashpower=N` is a lower bound, as in memcached.
+fn index_power(slabs: &Slabs, hashpower: Option<u8>) -> u32 {
+    let smallest = slabs.classes.get(1).map_or(1, |c| c.per_page.max(1));
+    let max_items = (slabs.max_limit_pages + 1).saturating_mul(smallest);
+    let buckets = max_items
+        .saturating_mul(9)
+        .div_ceil(4 * index::SLOTS)
+        .clamp(1024, 1 << 32);
+    let auto = buckets.next_power_of_two().trailing_zeros();
+    auto.max(hashpower.map_or(0, |p| (p as u32).clamp(4, 32)))
+}
+
 /// Bounded optimistic attempts before a read takes the key's lock.
 const OPTIMISTIC_TRIES: usize = 64;
 
@@ -695,6 +726,17 @@ enum ReadOutcome {
 impl Inner {
     fn next_cas(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A lookup of a key found its item dead (memcached's `do_item_get` counts this for
+    /// every command that looks a key up, stores included).
+    fn count_dead_lookup(&self, flushed: bool) {
+        let c = if flushed {
+            &self.c.get_flushed
+        } else {
+            &self.c.get_expired
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Is an item with this header dead (expired or flushed) at `now`?
@@ -958,7 +1000,7 @@ impl Inner {
         if let Some((b, i)) = self.slot_pointing_at(kh, off) {
             let h = item::read_header(&self.arena, off);
             if h.state == item::LINKED && self.dead(&h, self.clock.now()).is_some() {
-                self.unlink_at(b, i, off, Removal::Reclaimed);
+                self.unlink_at(b, i, off, Removal::Lookup);
                 freed = Some(off);
             }
         }
@@ -989,17 +1031,13 @@ impl Inner {
         let k = &self.slabs.counters[h.class as usize];
         let fetched = h.iflags & item::F_FETCHED != 0;
         match why {
-            Removal::Client => {}
-            Removal::Reclaimed | Removal::Swept => {
+            Removal::Client | Removal::Lookup => {}
+            Removal::Reclaimed => {
                 self.c.reclaimed.fetch_add(1, Ordering::Relaxed);
                 k.reclaimed.fetch_add(1, Ordering::Relaxed);
                 if !fetched {
                     self.c.expired_unfetched.fetch_add(1, Ordering::Relaxed);
                     k.expired_unfetched.fetch_add(1, Ordering::Relaxed);
-                }
-                if why == Removal::Swept {
-                    self.c.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
-                    k.crawler_reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Removal::Evicted | Removal::IndexFull | Removal::PageMove => {
@@ -1037,13 +1075,19 @@ impl Inner {
     }
 
     /// Link the filled item `off` into slot (b, i) (bucket lock held).
-    fn link_at(&self, b: usize, i: usize, off: usize, tag: u16) {
+    fn link_at(&self, b: usize, i: usize, off: usize, tag: u16, stored: bool) {
         let h = item::read_header(&self.arena, off);
         item::set_state(&self.arena, off, item::LINKED);
         let class = self.slabs.class_of(off);
         self.index
             .set_slot(b, i, Some(index::Slot { tag, class, off }));
-        self.c.total_items.fetch_add(1, Ordering::Relaxed);
+        if stored {
+            self.c.total_items.fetch_add(1, Ordering::Relaxed);
+        }
+        if h.exptime != 0 {
+            self.slabs.note_due(off, h.exptime);
+        }
+        self.queue_push(off, &h);
         self.account(&h, 1);
     }
 
@@ -1215,6 +1259,11 @@ impl Inner {
         &self.shutdown
     }
 
+    /// Where the sweeper continues when its last pass ran out of budget.
+    pub(crate) fn sweep_cursor(&self) -> &AtomicUsize {
+        &self.sweep_cursor
+    }
+
     pub(crate) fn is_dead(&self, h: &Header, now: u32) -> bool {
         self.dead(h, now).is_some()
     }
@@ -1225,10 +1274,10 @@ impl Inner {
 
     /// Remove the item at `off` if it is still linked (and, for the sweeper, still dead),
     /// waiting for its bucket locks. Call with no class lock held.
-    pub(crate) fn remove_at_location(&self, off: usize, swept: bool) {
+    pub(crate) fn remove_at_location(&self, off: usize, swept: bool) -> bool {
         let a = &self.arena;
         let Some(kh) = self.key_hash_at(off) else {
-            return;
+            return false;
         };
         self.index.lock_pair(&kh);
         let mut removed = false;
@@ -1240,7 +1289,7 @@ impl Inner {
                     i,
                     off,
                     if swept {
-                        Removal::Swept
+                        Removal::Reclaimed
                     } else {
                         Removal::PageMove
                     },
@@ -1252,6 +1301,7 @@ impl Inner {
         if removed {
             self.free_item(off);
         }
+        removed
     }
 
     pub(crate) fn carve_page(&self, ci: &ClassInfo, st: &mut ClassState, page: u32) {
@@ -1273,68 +1323,43 @@ impl Inner {
         st.pages.push(page);
     }
 
-    /// CLOCK over the class's chunks (class lock held): skip referenced items (clearing
-    /// the bit), reclaim dead ones, evict the first cold one. Buckets are only try-locked
-    /// here, so a thread that holds a bucket lock and allocates can never deadlock with
-    /// an evictor. Chunks of other classes freed on the way go to `deferred`.
+    /// Evict from the front of the class's queue (class lock held): skip stale entries,
+    /// give an item read since it was queued a second chance (back of the queue, bit
+    /// cleared), reclaim a dead item, evict the first cold one. Buckets are only
+    /// try-locked here, so a thread that holds a bucket lock and allocates can never
+    /// deadlock with an evictor. Chunks of other classes freed on the way go to
+    /// `deferred`.
     fn evict_one(
         &self,
         ci: &ClassInfo,
         st: &mut ClassState,
         deferred: &mut Vec<usize>,
     ) -> Option<usize> {
-        let total = st.pages.len() * ci.per_page;
-        if total == 0 {
-            return None;
-        }
         let a = &self.arena;
         let now = self.clock.now();
-        for _ in 0..(2 * total + 2).min(1 << 20) {
-            if st.hand_page >= st.pages.len() {
-                st.hand_page = 0;
-                st.hand_chunk = 0;
+        // Every entry at most twice (once more after a second chance), then give up:
+        // with everything pinned or locked the allocation fails instead of spinning.
+        for _ in 0..2 * st.queue.len() + 2 {
+            let e = st.pop_entry()?;
+            let Some((victim, h)) = self.queued_item(ci, e) else {
+                continue;
+            };
+            let off = e.off();
+            let dead = self.dead(&h, now).is_some();
+            if !dead && h.iflags & item::F_REFERENCED != 0 {
+                a.u8_at(victim + item::OFF_IFLAGS)
+                    .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
+                st.queue.push_back(e);
+                continue;
             }
-            let off = self
-                .slabs
-                .chunk_off(ci, st.pages[st.hand_page], st.hand_chunk);
-            st.hand_chunk += 1;
-            if st.hand_chunk >= ci.per_page {
-                st.hand_chunk = 0;
-                st.hand_page += 1;
-            }
-            let (victim, why) = match item::state(a, off) {
-                item::LINKED => {
-                    let h = item::read_header(a, off);
-                    let dead = self.dead(&h, now).is_some();
-                    if !dead && h.iflags & item::F_REFERENCED != 0 {
-                        a.u8_at(off + item::OFF_IFLAGS)
-                            .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
-                        continue;
-                    }
-                    (
-                        off,
-                        if dead {
-                            Removal::Reclaimed
-                        } else {
-                            Removal::Evicted
-                        },
-                    )
-                }
-                item::CHAINED => {
-                    // Part of a large item: evict the item that owns it.
-                    let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
-                    if !head.is_multiple_of(8)
-                        || head + HDR > a.len()
-                        || item::state(a, head) != item::LINKED
-                    {
-                        continue;
-                    }
-                    (head, Removal::Evicted)
-                }
-                _ => continue,
+            let why = if dead {
+                Removal::Reclaimed
+            } else {
+                Removal::Evicted
             };
             // A pinned item is being sent from: leave it (and its memory) alone.
             if self.pins.is_pinned(victim) || !self.unlink_by_location(victim, why) {
+                st.queue.push_back(e);
                 continue;
             }
             // Pinned between the check and the unlink: its last unpin frees it.
@@ -1364,6 +1389,98 @@ impl Inner {
             }
         }
         None
+    }
+
+    /// The linked item a queue entry of class `ci` names, with its head's header, or
+    /// None if the entry is stale (chunk freed, reused, re-carved; item replaced).
+    fn queued_item(&self, ci: &ClassInfo, e: QueueEntry) -> Option<(usize, Header)> {
+        let a = &self.arena;
+        let off = e.off();
+        if off >= a.len()
+            || self.slabs.class_of(off) != ci.id
+            || !(off % self.slabs.page_size).is_multiple_of(ci.size)
+        {
+            return None;
+        }
+        let head = match item::state(a, off) {
+            item::LINKED => off,
+            // Part of a large item: the entry stands for the item that owns it.
+            item::CHAINED => {
+                let head = a.u64_at(off + item::OFF_CAS).load(Ordering::Relaxed) as usize;
+                if !head.is_multiple_of(8)
+                    || head + HDR > a.len()
+                    || item::state(a, head) != item::LINKED
+                {
+                    return None;
+                }
+                head
+            }
+            _ => return None,
+        };
+        let h = item::read_header(a, head);
+        (e.cas_matches(h.cas) && (head != off || h.class == ci.id)).then_some((head, h))
+    }
+
+    /// Queue a just-linked (or re-CASed) item for eviction: its head in the head's
+    /// class, and for a chained item its first chunk in each class of its chain. Takes
+    /// class locks (bucket lock -> class lock is the allowed order).
+    fn queue_push(&self, head: usize, h: &Header) {
+        let mut done: [u8; 3] = [0; 3];
+        for c in self.item_chunks(head) {
+            let class = self.slabs.class_of(c);
+            if class == 0 || done.contains(&class) {
+                continue;
+            }
+            if let Some(slot) = done.iter_mut().find(|d| **d == 0) {
+                *slot = class;
+            }
+            self.slabs
+                .lock(class)
+                .queue
+                .push_back(QueueEntry::new(c, h.cas));
+        }
+    }
+
+    /// Drop the stale entries of every class queue past its threshold (maintenance
+    /// thread). The checks run without the class lock, on a copy: writers and evictors
+    /// go on meanwhile, and since they only pop the front and push the back, the queue
+    /// afterwards is the copy minus what was popped, then what was pushed. (An entry
+    /// once stale stays stale: its chunk's item was unlinked or re-CASed, and a newer
+    /// entry names whatever the chunk holds now.) `force`: every queue, past its
+    /// threshold or not. Returns the entries dropped.
+    pub(crate) fn compact_queues(&self, force: bool) -> usize {
+        // One compaction at a time: a second one would reconcile against a queue whose
+        // middle the first has changed.
+        let _one = self.compacting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dropped = 0;
+        for ci in &self.slabs.classes[1..] {
+            let (copy, popped) = {
+                let st = self.slabs.lock(ci.id);
+                if st.queue.is_empty()
+                    || (!force && st.queue.len() < st.compact_threshold(ci.per_page))
+                {
+                    continue;
+                }
+                (st.queue.iter().copied().collect::<Vec<_>>(), st.popped)
+            };
+            let live: Vec<bool> = copy
+                .iter()
+                .map(|&e| self.queued_item(ci, e).is_some())
+                .collect();
+            let mut st = self.slabs.lock(ci.id);
+            let gone = ((st.popped - popped) as usize).min(copy.len());
+            let newer = st.queue.split_off(copy.len() - gone);
+            let mut queue: VecDeque<QueueEntry> = copy[gone..]
+                .iter()
+                .zip(&live[gone..])
+                .filter_map(|(&e, &ok)| ok.then_some(e))
+                .collect();
+            dropped += copy.len() - gone - queue.len();
+            st.kept = queue.len();
+            queue.extend(newer);
+            st.queue = queue;
+        }
+        dropped
     }
 
     /// The value of an item as (arena offset, length) pieces in value order: one for a
@@ -1465,27 +1582,18 @@ impl Inner {
     }
 
     fn oldest_age(&self, class: u8, now: u32) -> u64 {
-        // Sample the chunks under the CLOCK hand: they are the next eviction candidates.
+        // The first current entries of the queue: the next eviction candidates.
         let ci = self.slabs.classes[class as usize];
         let st = self.slabs.lock(class);
-        if st.pages.is_empty() {
-            return 0;
-        }
-        let mut oldest = now;
-        let (mut p, mut c) = (st.hand_page % st.pages.len(), st.hand_chunk);
-        for _ in 0..64.min(st.pages.len() * ci.per_page) {
-            let off = self.slabs.chunk_off(&ci, st.pages[p], c);
-            if item::state(&self.arena, off) == item::LINKED {
-                let h = item::read_header(&self.arena, off);
-                oldest = oldest.min(h.atime.max(h.time));
-            }
-            c += 1;
-            if c >= ci.per_page {
-                c = 0;
-                p = (p + 1) % st.pages.len();
-            }
-        }
-        (now - oldest) as u64
+        let oldest = st
+            .queue
+            .iter()
+            .take(64)
+            .filter_map(|&e| self.queued_item(&ci, e))
+            .map(|(_, h)| h.atime.max(h.time))
+            .min()
+            .unwrap_or(now);
+        now.saturating_sub(oldest) as u64
     }
 
     pub(crate) fn wake_maintenance(&self) {
@@ -1626,8 +1734,9 @@ impl<'s> Txn<'s> {
                 if h.key_len as usize != self.key_len || !a.eq(item::key_off(s.off), self.key()) {
                     continue;
                 }
-                if inner.dead(&h, now).is_some() {
-                    inner.unlink_at(b, i, s.off, Removal::Reclaimed);
+                if let Some(flushed) = inner.dead(&h, now) {
+                    inner.count_dead_lookup(flushed);
+                    inner.unlink_at(b, i, s.off, Removal::Lookup);
                     self.to_free.push(s.off);
                     return None;
                 }
@@ -1695,7 +1804,18 @@ impl<'s> Txn<'s> {
     }
 
     /// Link `item`, replacing the current one. Returns its CAS.
-    pub fn link(&mut self, mut item: NewItem<'s>, opts: LinkOptions) -> u64 {
+    pub fn link(&mut self, item: NewItem<'s>, opts: LinkOptions) -> u64 {
+        self.link_counted(item, opts, true)
+    }
+
+    /// `link`, counting the item in `total_items` only if `stored` (memcached counts
+    /// stores; an `incr`/`decr` it does in place is not one).
+    pub(crate) fn link_counted(
+        &mut self,
+        mut item: NewItem<'s>,
+        opts: LinkOptions,
+        stored: bool,
+    ) -> u64 {
         let inner = self.inner;
         let a = &inner.arena;
         let off = item.off;
@@ -1724,7 +1844,7 @@ impl<'s> Txn<'s> {
             }
             None => self.free_slot(),
         };
-        inner.link_at(b, i, off, self.kh.tag);
+        inner.link_at(b, i, off, self.kh.tag, stored);
         self.cur = Some((b, i, off));
         if inner.cfg.use_cas {
             cas
@@ -1733,16 +1853,23 @@ impl<'s> Txn<'s> {
         }
     }
 
-    /// An empty slot in either candidate bucket, evicting the coldest occupant of the
-    /// two buckets when both are full.
+    /// An empty slot for a new key: in its first bucket while that has at least
+    /// `FIRST_BUCKET_SPARE` empty slots (a lookup reads the first bucket first, so a hit
+    /// there costs one bucket read), else in the emptier of the two (two choices keep
+    /// the buckets even: see `index_power`). When both are full, the coldest occupant of
+    /// the two buckets is evicted.
     fn free_slot(&mut self) -> (usize, usize) {
         let inner = self.inner;
-        for b in [self.kh.b1, self.kh.b2] {
-            for i in 0..index::SLOTS {
-                if inner.index.slot(b, i).is_none() {
-                    return (b, i);
-                }
-            }
+        let empty = |b: usize| (0..index::SLOTS).filter(move |&i| inner.index.slot(b, i).is_none());
+        let (b1, b2) = (self.kh.b1, self.kh.b2);
+        let free1 = empty(b1).count();
+        let b = if free1 < FIRST_BUCKET_SPARE && empty(b2).count() > free1 {
+            b2
+        } else {
+            b1
+        };
+        if let Some(i) = empty(b).next() {
+            return (b, i);
         }
         let a = &inner.arena;
         let mut best: Option<(usize, usize, usize, (bool, u32))> = None;
@@ -1799,6 +1926,9 @@ impl<'s> Txn<'s> {
             a.u32_at(off + item::OFF_EXPTIME)
                 .store(exptime, Ordering::Relaxed)
         });
+        if let (Some((_, _, off)), true) = (self.cur, exptime != 0) {
+            self.inner.slabs.note_due(off, exptime);
+        }
     }
 
     /// Set or clear the meta-protocol stale / token-sent marks in place.
@@ -1836,6 +1966,12 @@ impl<'s> Txn<'s> {
         }
         let cas = explicit.unwrap_or_else(|| self.inner.next_cas());
         self.modify(|a, off| a.u64_at(off + item::OFF_CAS).store(cas, Ordering::Relaxed));
+        // The queue entry names the item by its CAS: queue it again (at the back, as
+        // memcached bumps an item it modifies).
+        if let Some((_, _, off)) = self.cur {
+            let h = item::read_header(&self.inner.arena, off);
+            self.inner.queue_push(off, &h);
+        }
         if self.inner.cfg.use_cas {
             cas
         } else {
@@ -1954,13 +2090,99 @@ impl Grace {
     }
 }
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::arena::{Allocate, Arena};
 use crate::index::{self, Index, KeyHash};
 use crate::item::{self, Header, HDR};
 use crate::pins::Pins;
-use crate::slab::{self, ClassInfo, ClassState, Slabs};
+use crate::slab::{self, ClassInfo, ClassState, QueueEntry, Slabs};
 use crate::stats::{ItemClassStats, SlabClassStats, StoreStats};
 use crate::KEY_MAX_LEN;
+
+#[cfg(test)]
+mod tests {
+    use crate::{SetMode, Store, StoreConfig};
+
+    #[test]
+    fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
+        let s = Store::new(StoreConfig {
+            memory_limit: 4 << 20,
+            background_sweeper: false,
+            slab_automove: false,
+            ..StoreConfig::default()
+        })
+        .unwrap();
+        for round in 0..2000 {
+            for k in 0..100 {
+                let v = format!("{round}");
+                s.store(
+                    SetMode::Set,
+                    format!("k{k}").as_bytes(),
+                    v.as_bytes(),
+                    0,
+                    0,
+                    0,
+                );
+            }
+        }
+        assert_eq!(s.stats().evictions, 0);
+        s.inner.compact_queues(true);
+        let class = s.slabs.class_for(40 + 3 + 4).unwrap();
+        let st = s.slabs.lock(class);
+        assert!(!st.pages.is_empty());
+        // Exactly the live items are left, each once.
+        assert_eq!(st.queue.len(), 100);
+    }
+
+    #[test]
+    fn compaction_racing_writers_and_evictions_keeps_every_live_item_queued_once() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = Store::new(StoreConfig {
+            memory_limit: 4 << 20,
+            background_sweeper: false,
+            slab_automove: false,
+            ..StoreConfig::default()
+        })
+        .unwrap();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let writers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        let mut x = t + 1;
+                        for _ in 0..150_000 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let key = format!("k{}", x % 60_000);
+                            let value = vec![b'v'; (x % 300) as usize];
+                            s.store(SetMode::Set, key.as_bytes(), &value, 0, 0, 0);
+                        }
+                    })
+                })
+                .collect();
+            sc.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    s.inner.compact_queues(true);
+                }
+            });
+            for w in writers {
+                w.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        assert!(s.stats().evictions > 0);
+        s.inner.compact_queues(true);
+        for ci in &s.slabs.classes[1..] {
+            let st = s.slabs.lock(ci.id);
+            let items = s.slabs.counters[ci.id as usize]
+                .items
+                .load(Ordering::Relaxed);
+            assert_eq!(st.queue.len() as u64, items, "class {}", ci.id);
+        }
+    }
+}
