@@ -35,7 +35,7 @@ mod context;
 mod status;
 mod worker;
 
-pub use buf::{RecvBuf, SendBuf};
+pub use buf::{Detach, Detachable, RecvBuf, SendBuf};
 pub use context::Context;
 pub use status::{Error, Result};
 pub use worker::{
