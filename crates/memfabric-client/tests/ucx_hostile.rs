@@ -210,3 +210,135 @@ fn get_clients_killed_or_stalled_mid_rendezvous_release_their_pins() {
         assert_eq!(got.data.len(), BIG);
     }
 }
+
+/// Read `s` until the server closes it; what it sent. A hang is the failure.
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the server kept an idle bootstrap connection open: {e}"),
+        }
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Idle connections to the UCX bootstrap port count toward `-c` like TCP ones: past the
+/// limit they get memcached's refusal, so do TCP clients, and the ones that never say HELLO
+/// are closed after the HELLO deadline, after which TCP clients are served again.
+#[test]
+fn idle_bootstrap_connections_count_toward_the_limit_and_time_out() {
+    const LIMIT: usize = 40;
+    let server = Server::start(
+        Kind::MemfabricdUcx,
+        &["-c", &LIMIT.to_string(), "--ucx-hello-timeout", "1"],
+    );
+    let ucx_port = server.ucx_port.unwrap();
+    // A TCP client that holds its slot throughout, to read the counters.
+    let mut admin = TcpStream::connect(server.addr()).unwrap();
+    admin
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut stat = |name: &str| -> u64 {
+        admin.write_all(b"stats\r\n").unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 8192];
+        while !got.ends_with(b"END\r\n") {
+            let n = admin.read(&mut buf).unwrap();
+            assert!(n > 0, "the admin connection was closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&got).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+            .unwrap_or_else(|| panic!("no {name}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let rejected_before = stat("rejected_connections");
+    let idle: Vec<TcpStream> = (0..LIMIT * 3)
+        .map(|_| TcpStream::connect(("127.0.0.1", ucx_port)).unwrap())
+        .collect();
+    // Every idle connection is answered: refused at once, or accepted and then closed.
+    let mut refused = 0;
+    for mut s in idle {
+        let got = read_to_close(&mut s);
+        if got == b"ERROR Too many open connections\r\n" {
+            refused += 1;
+        } else {
+            assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+        }
+    }
+    assert!(refused >= LIMIT * 2, "only {refused} refused");
+    assert!(stat("rejected_connections") - rejected_before >= refused as u64);
+    let timeouts = tcp_stat(&server, "fabric", "ucx_hello_timeouts").unwrap();
+    assert_eq!(timeouts as usize, LIMIT * 3 - refused);
+    // Descriptors went back: the server holds about as many as at the start.
+    assert!(open_fds(server.pid()) < LIMIT + 64);
+    // Slots are free again: TCP and UCX clients are served.
+    let mut t = TcpStream::connect(server.addr()).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    t.write_all(b"version\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = t.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"VERSION "), "{:?}", &buf[..n]);
+    let mut c = Client::new(server.url().as_str(), config()).unwrap();
+    c.set(b"after", b"served", 0, 0).unwrap();
+    assert_eq!(&c.get(b"after").unwrap().unwrap().data[..], b"served");
+}
+
+/// At the limit, a memcached client gets memcached's refusal while idle bootstrap
+/// connections hold every slot (before they time out).
+#[test]
+fn tcp_clients_get_memcacheds_refusal_while_bootstrap_connections_hold_the_slots() {
+    const LIMIT: usize = 20;
+    let server = Server::start(
+        Kind::MemfabricdUcx,
+        &["-c", &LIMIT.to_string(), "--ucx-hello-timeout", "600"],
+    );
+    let ucx_port = server.ucx_port.unwrap();
+    // Idle bootstrap connections, one more each round, until a TCP client is refused
+    // (connections the harness made at start-up may still hold a slot for a moment).
+    let mut idle = Vec::new();
+    let mut answer = Vec::new();
+    for _ in 0..LIMIT * 10 {
+        idle.push(TcpStream::connect(("127.0.0.1", ucx_port)).unwrap());
+        let mut t = TcpStream::connect(server.addr()).unwrap();
+        answer = read_to_close_or_reply(&mut t);
+        if answer == b"ERROR Too many open connections\r\n" {
+            break;
+        }
+    }
+    assert!(idle.len() <= LIMIT, "{} idle connections", idle.len());
+    assert_eq!(
+        String::from_utf8_lossy(&answer),
+        "ERROR Too many open connections\r\n",
+        "curr_connections {:?} rejected {:?} sessions {:?}",
+        tcp_stat(&server, "", "curr_connections"),
+        tcp_stat(&server, "", "rejected_connections"),
+        tcp_stat(&server, "fabric", "ucx_curr_sessions"),
+    );
+    // The server still holds no more descriptors than the limit allows.
+    assert!(open_fds(server.pid()) < LIMIT + 64);
+}
+
+/// Say `version`; the server's first answer (a refusal comes unasked, then EOF).
+fn read_to_close_or_reply(t: &mut TcpStream) -> Vec<u8> {
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = t.write_all(b"version\r\n");
+    let mut buf = [0u8; 256];
+    match t.read(&mut buf) {
+        Ok(n) => buf[..n].to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
