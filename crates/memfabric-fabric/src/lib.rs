@@ -33,6 +33,7 @@ pub mod sys {
 mod buf;
 mod context;
 mod status;
+pub mod ucx_log;
 mod worker;
 
 pub use buf::{Detach, Detachable, RecvBuf, SendBuf};

@@ -571,7 +571,7 @@ impl FabricWorker {
                     );
                 }
                 (Err(e), _) | (_, Err(e)) => {
-                    tracing::warn!("cannot connect to a UCX client: {e}");
+                    tracing::debug!("cannot connect to a UCX client: {e}");
                     reply.status = fp::WELCOME_REFUSED;
                 }
             }
