@@ -213,9 +213,9 @@ pub struct Args {
         default_value_t = 30
     )]
     pub ucx_transfer_timeout: u32,
-    /// UCX: rendezvous bytes one session may have in flight; further large GETs and SETs
-    /// wait until some complete (one transfer is always let through).
-    #[arg(long = "ucx-session-inflight-max", value_name = "bytes", default_value_t = 64 << 20)]
+    /// UCX: rendezvous bytes one session may have in flight (k/m/g suffixes); further
+    /// large GETs and SETs wait until some complete (one transfer is always let through).
+    #[arg(long = "ucx-session-inflight-max", value_name = "size", default_value = "64m", value_parser = parse_size_arg)]
     pub ucx_session_inflight_max: u64,
 }
 
@@ -261,6 +261,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => (s, 1),
     };
     num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// A size flag's value for clap (`parse_size`).
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("not a size: {s:?} (bytes, or k/m/g)"))
 }
 
 /// `-m`: megabytes, or a size with a k/m/g suffix.
