@@ -361,7 +361,7 @@ impl UcxTransport {
                             }
                             Ok(mf::Posted::Done(buf)) => {
                                 let v = buf.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b);
-                                self.finish(r, Bytes::from(v.unwrap_or_default()), done);
+                                self.finish_pulled(r, v.unwrap_or_default(), done);
                             }
                             Err(e) => self.fail_request(r.opaque, e, done),
                         }
@@ -391,7 +391,7 @@ impl UcxTransport {
                 match result {
                     Ok(()) => {
                         let v = buf.and_then(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b);
-                        self.finish(r, Bytes::from(v.unwrap_or_default()), done);
+                        self.finish_pulled(r, v.unwrap_or_default(), done);
                     }
                     Err(e) => self.fail_request(token, e, done),
                 }
@@ -407,6 +407,36 @@ impl UcxTransport {
                 }
             }
             mf::Event::ConnRequest(_) => {}
+        }
+    }
+
+    /// A value pulled by rendezvous from the server's memory. The server lets go of that
+    /// memory when it ends a session it gave up on (a stalled client), after closing the
+    /// lifeline; a value pulled after that may be torn, so it counts only while the
+    /// lifeline is still open.
+    fn finish_pulled(&mut self, r: fp::Response, v: Vec<u8>, done: &mut Vec<Completion>) {
+        let open = self
+            .inflight
+            .get(&r.opaque)
+            .and_then(|f| self.conns.get(&f.conn))
+            .is_some_and(|c| lifeline_open(&c.lifeline));
+        if open {
+            self.finish(r, Bytes::from(v), done);
+            return;
+        }
+        if let Some(f) = self.take_inflight(r.opaque) {
+            let server = self
+                .conns
+                .get(&f.conn)
+                .map(|c| c.server.clone())
+                .unwrap_or_default();
+            done.push(Completion {
+                id: f.id,
+                result: Err(Error::Io {
+                    server,
+                    msg: "server ended the session during the transfer".into(),
+                }),
+            });
         }
     }
 

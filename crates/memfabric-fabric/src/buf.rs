@@ -38,3 +38,120 @@ impl RecvBuf for Box<[u8]> {
         vec![&mut self[..]]
     }
 }
+
+/// A send source whose owner can be let go before UCX is done with the memory, for sends
+/// to a peer that may never finish them (UCX 1.13 can neither cancel an active-message
+/// send nor, without peer-failure handling, fail it when its endpoint is closed).
+///
+/// The slices are taken from the owner once, when the value is made; [`Detach::detach`]
+/// drops the owner at once (say, an item pin, so that the item's memory may be reused)
+/// while UCX keeps the send and its pointers. The memory must stay mapped for as long as
+/// UCX may read it (see [`Detachable::new`]); after a detach its bytes may change under a
+/// late reader, who must be told not to trust them.
+pub struct Detachable {
+    owner: std::rc::Rc<std::cell::RefCell<Option<Box<dyn SendBuf>>>>,
+    raw: Vec<(*const u8, usize)>,
+    _mapped: Box<dyn Any>,
+}
+
+/// The handle that lets go of a [`Detachable`]'s owner.
+pub struct Detach(std::rc::Weak<std::cell::RefCell<Option<Box<dyn SendBuf>>>>);
+
+impl Detachable {
+    /// Wrap `owner`; `mapped` is kept (never dropped early) and keeps the memory mapped.
+    ///
+    /// # Safety
+    ///
+    /// Every slice of `owner` must lie in memory that stays mapped and readable for as long
+    /// as `mapped` lives, whether or not `owner` is alive (for example ranges of a mapping
+    /// that `mapped` owns and never unmaps), so that UCX reading it after a detach reads
+    /// mapped memory.
+    pub unsafe fn new(owner: Box<dyn SendBuf>, mapped: Box<dyn Any>) -> (Detachable, Detach) {
+        let raw = owner
+            .slices()
+            .iter()
+            .map(|s| (s.as_ptr(), s.len()))
+            .collect();
+        let owner = std::rc::Rc::new(std::cell::RefCell::new(Some(owner)));
+        let detach = Detach(std::rc::Rc::downgrade(&owner));
+        (
+            Detachable {
+                owner,
+                raw,
+                _mapped: mapped,
+            },
+            detach,
+        )
+    }
+
+    /// Whether the owner is still held (not detached).
+    pub fn attached(&self) -> bool {
+        self.owner.borrow().is_some()
+    }
+}
+
+impl SendBuf for Detachable {
+    fn slices(&self) -> Vec<&[u8]> {
+        self.raw
+            .iter()
+            // SAFETY: the ranges were slices of the owner when this value was made, and
+            // `new`'s contract keeps them mapped for as long as `_mapped` (a field of self)
+            // lives, detached or not; they are only read.
+            .map(|&(p, n)| unsafe { std::slice::from_raw_parts(p, n) })
+            .collect()
+    }
+}
+
+impl Detach {
+    /// Drop the owner now. `true` if it was still held.
+    pub fn detach(&self) -> bool {
+        match self.0.upgrade() {
+            Some(o) => o.borrow_mut().take().is_some(),
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    /// Sends `bytes`, a shared allocation; records when it is dropped.
+    struct View {
+        bytes: Arc<Vec<u8>>,
+        dropped: Rc<Cell<bool>>,
+    }
+
+    impl SendBuf for View {
+        fn slices(&self) -> Vec<&[u8]> {
+            vec![&self.bytes[..]]
+        }
+    }
+
+    impl Drop for View {
+        fn drop(&mut self) {
+            self.dropped.set(true);
+        }
+    }
+
+    #[test]
+    fn detach_drops_the_owner_and_keeps_the_slices_readable() {
+        let dropped = Rc::new(Cell::new(false));
+        let backing = Arc::new(vec![7u8; 16]);
+        let owner = View {
+            bytes: Arc::clone(&backing),
+            dropped: Rc::clone(&dropped),
+        };
+        // SAFETY: the slices are `backing`'s allocation, which `mapped` keeps alive.
+        let (d, h) = unsafe { Detachable::new(Box::new(owner), Box::new(backing)) };
+        assert!(d.attached());
+        assert!(h.detach());
+        assert!(dropped.get());
+        assert!(!d.attached());
+        assert!(!h.detach());
+        assert_eq!(d.slices()[0], &[7u8; 16][..]);
+    }
+}

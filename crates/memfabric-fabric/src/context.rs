@@ -32,6 +32,7 @@ impl Context {
     /// receiver waiting for data that never comes. UCX falls back to another scheme where
     /// a transport cannot read remotely.
     pub fn new(name: &str) -> Result<Arc<Context>> {
+        crate::ucx_log::install();
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL env prefix and file name mean "UCX_ from the environment"; config is
         // an out-pointer that UCX fills on success.

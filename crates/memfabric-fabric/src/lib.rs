@@ -33,9 +33,10 @@ pub mod sys {
 mod buf;
 mod context;
 mod status;
+pub mod ucx_log;
 mod worker;
 
-pub use buf::{RecvBuf, SendBuf};
+pub use buf::{Detach, Detachable, RecvBuf, SendBuf};
 pub use context::Context;
 pub use status::{Error, Result};
 pub use worker::{

@@ -582,11 +582,22 @@ impl Worker {
             params.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
         }
         let mut h: sys::ucp_ep_h = ptr::null_mut();
-        // SAFETY: the worker is live; params is initialised for every field in field_mask
-        // (the caller's sockaddr/address/conn_request outlive this call and UCX copies
-        // them); the error callback's arg is a Box that the Endpoint owns and that outlives
-        // the UCX endpoint (on close it moves into the close request's state).
-        check(unsafe { sys::ucp_ep_create(self.h, params, &mut h) })?;
+        let w = self.h;
+        let mut create = || {
+            // SAFETY: the worker is live; params is initialised for every field in
+            // field_mask (the caller's sockaddr/address/conn_request outlive this call and
+            // UCX copies them); the error callback's arg is a Box that the Endpoint owns
+            // and that outlives the UCX endpoint (on close it moves into the close
+            // request's state).
+            check(unsafe { sys::ucp_ep_create(w, params, &mut h) })
+        };
+        if peer_errors {
+            // On transports that cannot report a peer's failure UCX refuses this mode with
+            // an ERROR line the caller expects (it falls back): not logged.
+            crate::ucx_log::trying_peer_mode(create)?;
+        } else {
+            create()?;
+        }
         Ok(Endpoint {
             h,
             id,

@@ -207,6 +207,26 @@ pub struct Args {
     /// into item memory / the client pulls them from item memory); smaller ones eagerly
     #[arg(long = "ucx-eager-max", value_name = "bytes", default_value_t = memfabric_proto::fabric::DEFAULT_EAGER_MAX)]
     pub ucx_eager_max: usize,
+    /// UCX: seconds a bootstrap connection has to complete its HELLO before it is closed
+    /// (0 = no deadline).
+    #[arg(
+        long = "ucx-hello-timeout",
+        value_name = "seconds",
+        default_value_t = 10
+    )]
+    pub ucx_hello_timeout: u32,
+    /// UCX: seconds a rendezvous transfer (a large GET reply or SET value) may stay in
+    /// flight before its session is ended and the transfer cancelled (0 = no deadline).
+    #[arg(
+        long = "ucx-transfer-timeout",
+        value_name = "seconds",
+        default_value_t = 30
+    )]
+    pub ucx_transfer_timeout: u32,
+    /// UCX: rendezvous bytes one session may have in flight (k/m/g suffixes); further
+    /// large GETs and SETs wait until some complete (one transfer is always let through).
+    #[arg(long = "ucx-session-inflight-max", value_name = "size", default_value = "64m", value_parser = parse_size_arg)]
+    pub ucx_session_inflight_max: u64,
 }
 
 /// Why the command line cannot start a server. `code` is the exit status memcached uses
@@ -274,6 +294,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => (s, 1),
     };
     num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// A size flag's value for clap (`parse_size`).
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("not a size: {s:?} (bytes, or k/m/g)"))
 }
 
 /// `-m`: megabytes, or a size with a k/m/g suffix.
@@ -428,6 +453,9 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.poll_us = a.poll_us;
     s.ucx_port = a.ucx_port;
     s.ucx_eager_max = a.ucx_eager_max;
+    s.ucx_hello_timeout = a.ucx_hello_timeout;
+    s.ucx_transfer_timeout = a.ucx_transfer_timeout;
+    s.ucx_session_inflight_max = a.ucx_session_inflight_max;
 
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;

@@ -14,10 +14,11 @@
 //! come by rendezvous and are received straight into a freshly allocated item (a
 //! `PendingItem`), which is linked only once every byte has arrived; larger GET values
 //! are sent from the item's own memory, pinned until the send completes.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use memfabric_fabric as mf;
 use memfabric_proto::fabric::{self as fp, Opcode, Request, Response, Status};
@@ -127,6 +128,24 @@ pub struct FabricShared {
     /// One-sided readers' access hints applied / refused (item gone or changed).
     pub hints_taken: AtomicU64,
     pub hints_stale: AtomicU64,
+    /// Items pinned now by rendezvous GET replies in flight, and their value bytes.
+    pub pins: AtomicU64,
+    pub pinned_bytes: AtomicU64,
+    /// Rendezvous receives (large SET values) in flight now, and their bytes.
+    pub receives: AtomicU64,
+    pub receiving_bytes: AtomicU64,
+    /// Rendezvous sends / receives cancelled because their session ended first (client
+    /// gone, deadline passed, or hostile).
+    pub sends_cancelled: AtomicU64,
+    pub receives_cancelled: AtomicU64,
+    /// Sessions ended because a transfer outlived `--ucx-transfer-timeout`.
+    pub transfer_timeouts: AtomicU64,
+    /// Bootstrap connections closed because no HELLO came within `--ucx-hello-timeout`.
+    pub hello_timeouts: AtomicU64,
+    /// Requests that waited for the session's rendezvous bytes in flight to fall under
+    /// `--ucx-session-inflight-max`, and sessions closed for piling up more than that.
+    pub requests_deferred: AtomicU64,
+    pub sessions_overflowed: AtomicU64,
 }
 
 impl FabricShared {
@@ -166,6 +185,16 @@ impl FabricShared {
             orphaned_receives: AtomicU64::new(0),
             hints_taken: AtomicU64::new(0),
             hints_stale: AtomicU64::new(0),
+            pins: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            receives: AtomicU64::new(0),
+            receiving_bytes: AtomicU64::new(0),
+            sends_cancelled: AtomicU64::new(0),
+            receives_cancelled: AtomicU64::new(0),
+            transfer_timeouts: AtomicU64::new(0),
+            hello_timeouts: AtomicU64::new(0),
+            requests_deferred: AtomicU64::new(0),
+            sessions_overflowed: AtomicU64::new(0),
         })
     }
 }
@@ -174,6 +203,10 @@ impl FabricShared {
 pub const TOKEN_BASE: usize = 1 << 40;
 /// The worker's UCX event fd.
 pub const EFD_TOKEN: Token = Token(usize::MAX - 10);
+/// The fabric's deadline timer (HELLO and transfer deadlines).
+const TIMER_TOKEN: Token = Token(usize::MAX - 11);
+/// How often deadlines are checked while any is pending.
+const TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Longest HELLO accepted (its worker address is bounded by `fp::BLOB_MAX`).
 const HELLO_MAX: usize = 16 + fp::BLOB_MAX;
@@ -193,11 +226,29 @@ struct Client {
     /// WELCOME said no: close once it is sent.
     refused: bool,
     session: Option<(u32, mf::Endpoint)>,
+    /// When the bootstrap connection was accepted (HELLO deadline).
+    accepted: Instant,
+    /// Rendezvous bytes in flight to and from this session.
+    inflight: u64,
+    /// Requests waiting for `inflight` to fall (in arrival order), and their size.
+    waiting: VecDeque<mf::AmMessage>,
+    waiting_bytes: u64,
+}
+
+/// A rendezvous send in flight (a large GET value, pinned, or a large stats text).
+struct Sending {
+    session: u32,
+    bytes: u64,
+    started: Instant,
+    /// Lets go of the item's pin when the session ends before the send does.
+    pin: Option<mf::Detach>,
 }
 
 /// A rendezvous receive in flight.
 struct Receiving {
     session: u32,
+    bytes: u64,
+    started: Instant,
     opcode: Opcode,
     opaque: u64,
     noreply: bool,
@@ -241,8 +292,12 @@ pub struct FabricWorker {
     by_session: HashMap<u32, Token>,
     next_client: usize,
     receiving: HashMap<mf::Token, Receiving>,
+    sending: HashMap<mf::Token, Sending>,
     next_token: mf::Token,
     worker_index: u32,
+    /// Deadlines: armed while a client has not said HELLO or a transfer is in flight.
+    timer: nix::sys::timerfd::TimerFd,
+    timer_armed: bool,
     /// Reused between progress rounds.
     events_buf: std::collections::VecDeque<mf::Event>,
     /// Reused for eager GET values.
@@ -271,6 +326,20 @@ impl FabricWorker {
             EFD_TOKEN,
             Interest::READABLE,
         )?;
+        use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+        let timer = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        {
+            use std::os::fd::{AsFd, AsRawFd};
+            registry.register(
+                &mut mio::unix::SourceFd(&timer.as_fd().as_raw_fd()),
+                TIMER_TOKEN,
+                Interest::READABLE,
+            )?;
+        }
         Ok(Some(FabricWorker {
             fs: Arc::new(SharedRef(Arc::clone(shared))),
             w,
@@ -278,8 +347,11 @@ impl FabricWorker {
             by_session: HashMap::new(),
             next_client: 0,
             receiving: HashMap::new(),
+            sending: HashMap::new(),
             next_token: 1,
             worker_index,
+            timer,
+            timer_armed: false,
             events_buf: std::collections::VecDeque::new(),
             scratch: Vec::new(),
         }))
@@ -297,6 +369,10 @@ impl FabricWorker {
             registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
         {
             tracing::warn!("cannot register a UCX bootstrap connection: {e}");
+            // The listener counted it toward `-c`.
+            self.shared()
+                .curr_connections
+                .fetch_sub(1, Ordering::SeqCst);
             return;
         }
         self.clients.insert(
@@ -307,8 +383,95 @@ impl FabricWorker {
                 outbuf: Vec::new(),
                 refused: false,
                 session: None,
+                accepted: Instant::now(),
+                inflight: 0,
+                waiting: VecDeque::new(),
+                waiting_bytes: 0,
             },
         );
+        self.arm_timer();
+    }
+
+    /// Keep the deadline timer ticking while there is a deadline to watch.
+    fn arm_timer(&mut self) {
+        use nix::sys::time::TimeSpec;
+        use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+        let settings = &self.shared().settings;
+        let watch_hello =
+            settings.ucx_hello_timeout > 0 && self.clients.values().any(|c| c.session.is_none());
+        let watch_transfers = settings.ucx_transfer_timeout > 0
+            && !(self.sending.is_empty() && self.receiving.is_empty());
+        let want = watch_hello || watch_transfers;
+        if want == self.timer_armed {
+            return;
+        }
+        let r = if want {
+            self.timer.set(
+                Expiration::Interval(TimeSpec::from_duration(TICK)),
+                TimerSetTimeFlags::empty(),
+            )
+        } else {
+            self.timer.unset()
+        };
+        match r {
+            Ok(()) => self.timer_armed = want,
+            Err(e) => tracing::warn!("UCX deadline timer: {e}"),
+        }
+    }
+
+    /// The deadline timer fired: close bootstrap connections that did not say HELLO in
+    /// time, and end sessions whose transfers outlived the transfer deadline (UCX 1.13
+    /// cannot cancel one request: closing the endpoint cancels them all).
+    fn on_timer(&mut self, registry: &Registry) {
+        let _ = self.timer.wait();
+        let settings = &self.fs.0.settings;
+        let now = Instant::now();
+        let hello = Duration::from_secs(u64::from(settings.ucx_hello_timeout));
+        let transfer = Duration::from_secs(u64::from(settings.ucx_transfer_timeout));
+        if !hello.is_zero() {
+            let late: Vec<Token> = self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.session.is_none() && now.duration_since(c.accepted) > hello)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in late {
+                if let Some(fs) = self.shared().fabric.as_ref() {
+                    fs.hello_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                self.drop_client(registry, t);
+            }
+        }
+        if !transfer.is_zero() {
+            let mut late: Vec<u32> = self
+                .sending
+                .values()
+                .filter(|x| now.duration_since(x.started) > transfer)
+                .map(|x| x.session)
+                .chain(
+                    self.receiving
+                        .values()
+                        .filter(|x| now.duration_since(x.started) > transfer)
+                        .map(|x| x.session),
+                )
+                .collect();
+            late.sort_unstable();
+            late.dedup();
+            for id in late {
+                let Some(&t) = self.by_session.get(&id) else {
+                    continue;
+                };
+                if let Some(fs) = self.shared().fabric.as_ref() {
+                    fs.transfer_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(
+                    "ucx session {id}: a transfer took longer than {}s; closing the session",
+                    transfer.as_secs()
+                );
+                self.drop_client(registry, t);
+            }
+        }
+        self.arm_timer();
     }
 
     /// Before sleeping: `false` if UCX has work right now (do not block).
@@ -318,6 +481,10 @@ impl FabricWorker {
 
     /// A bootstrap/lifeline socket is ready.
     pub fn drive_stream(&mut self, registry: &Registry, token: Token) {
+        if token == TIMER_TOKEN {
+            self.on_timer(registry);
+            return;
+        }
         let Some(c) = self.clients.get_mut(&token) else {
             return;
         };
@@ -412,7 +579,7 @@ impl FabricWorker {
                     );
                 }
                 (Err(e), _) | (_, Err(e)) => {
-                    tracing::warn!("cannot connect to a UCX client: {e}");
+                    tracing::debug!("cannot connect to a UCX client: {e}");
                     reply.status = fp::WELCOME_REFUSED;
                 }
             }
@@ -464,28 +631,68 @@ impl FabricWorker {
         !c.refused
     }
 
+    /// A pinned send is over (done, or given up with its session): count the pin gone.
+    fn unpinned(&self, x: &Sending) {
+        if let (Some(fs), Some(_)) = (self.shared().fabric.as_ref(), x.pin.as_ref()) {
+            fs.pins.fetch_sub(1, Ordering::Relaxed);
+            fs.pinned_bytes.fetch_sub(x.bytes, Ordering::Relaxed);
+        }
+    }
+
     fn drop_client(&mut self, registry: &Registry, token: Token) {
         let Some(mut c) = self.clients.remove(&token) else {
             return;
         };
         let _ = registry.deregister(&mut c.stream);
+        // Closed first: a client still alive (stalled) sees its session end before any
+        // pinned memory below is let go, and does not trust a value it pulls after that.
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        // The bootstrap connection (and the session it became) held a `-c` slot.
+        self.shared()
+            .curr_connections
+            .fetch_sub(1, Ordering::SeqCst);
+        // Requests still waiting are dropped unanswered (the client is gone, or is told
+        // by the lifeline closing); their rendezvous descriptors go back to UCX.
+        c.waiting.clear();
         if let Some((id, ep)) = c.session.take() {
             self.by_session.remove(&id);
+            let receiving = self.receiving.values().filter(|r| r.session == id).count();
+            let sending = self.sending.values().filter(|r| r.session == id).count();
             if let Some(fs) = self.shared().fabric.as_ref() {
                 fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
-            }
-            // The peer is gone: drop whatever is in flight to it. With peer-failure
-            // handling, receives into pending items complete with an error and free their
-            // items; without it they are orphaned (counted until UCX completes them).
-            let receiving = self.receiving.values().filter(|r| r.session == id).count();
-            if receiving > 0 && !ep.peer_errors() {
-                if let Some(fs) = self.shared().fabric.as_ref() {
+                // Without peer-failure handling UCX can neither cancel nor fail a receive
+                // from a gone peer: it is orphaned (counted until UCX completes it).
+                if receiving > 0 && !ep.peer_errors() {
                     fs.orphaned_receives
                         .fetch_add(receiving as u64, Ordering::Relaxed);
                 }
+                fs.receives_cancelled
+                    .fetch_add(receiving as u64, Ordering::Relaxed);
+                fs.sends_cancelled
+                    .fetch_add(sending as u64, Ordering::Relaxed);
             }
+            // The peer is gone (or given up on): a forced close completes every transfer
+            // in flight to it with an error, which frees pending items and unpins items.
+            // Without peer-failure handling UCX completes none of them; sends then let go
+            // of their items' pins here (UCX keeps reading, if ever, from mapped memory).
             self.w.close(ep, true);
-            tracing::debug!("ucx session {id} closed ({receiving} receives in flight)");
+            let gone: Vec<mf::Token> = self
+                .sending
+                .iter()
+                .filter(|(_, x)| x.session == id)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in gone {
+                if let Some(x) = self.sending.remove(&t) {
+                    if let Some(d) = x.pin.as_ref() {
+                        d.detach();
+                    }
+                    self.unpinned(&x);
+                }
+            }
+            tracing::debug!(
+                "ucx session {id} closed ({receiving} receives, {sending} sends in flight)"
+            );
         }
     }
 
@@ -512,13 +719,29 @@ impl FabricWorker {
     fn handle(&mut self, registry: &Registry, stats: &ThreadStats, e: mf::Event) {
         match e {
             mf::Event::Am(msg) if msg.id == fp::AM_HINTS => self.hints(stats, msg),
-            mf::Event::Am(msg) => self.request(stats, msg),
+            mf::Event::Am(msg) => self.request(registry, stats, msg, false),
             mf::Event::Done { token, result, buf } => {
                 if token == SEND_TOKEN {
-                    return; // the response buffer (or item pin) is released here
+                    return; // the response buffer is released here
+                }
+                if let Some(x) = self.sending.remove(&token) {
+                    // The item's pin (or the text) goes with the buffer, before the counts.
+                    drop(buf);
+                    if let Err(e) = result {
+                        tracing::debug!("ucx send to session {} failed: {e}", x.session);
+                    }
+                    self.unpinned(&x);
+                    self.transfer_done(registry, stats, x.session, x.bytes);
+                    return;
                 }
                 if let Some(r) = self.receiving.remove(&token) {
+                    if let Some(fs) = self.shared().fabric.as_ref() {
+                        fs.receives.fetch_sub(1, Ordering::Relaxed);
+                        fs.receiving_bytes.fetch_sub(r.bytes, Ordering::Relaxed);
+                    }
+                    let (session, bytes) = (r.session, r.bytes);
                     self.received(stats, r, result, buf);
+                    self.transfer_done(registry, stats, session, bytes);
                 }
             }
             mf::Event::EpFailed { ep, error } => {
@@ -625,7 +848,78 @@ impl FabricWorker {
         }
     }
 
-    fn request(&mut self, stats: &ThreadStats, msg: mf::AmMessage) {
+    /// A rendezvous transfer of `session` finished: serve what waited for it.
+    fn transfer_done(
+        &mut self,
+        registry: &Registry,
+        stats: &ThreadStats,
+        session: u32,
+        bytes: u64,
+    ) {
+        let cap = self.shared().settings.ucx_session_inflight_max;
+        if let Some(c) = self
+            .by_session
+            .get(&session)
+            .and_then(|t| self.clients.get_mut(t))
+        {
+            c.inflight = c.inflight.saturating_sub(bytes);
+        }
+        while let Some(c) = self
+            .by_session
+            .get(&session)
+            .and_then(|t| self.clients.get_mut(t))
+        {
+            let Some(front) = c.waiting.front() else {
+                break;
+            };
+            let (op, rndv) = waiting_shape(front);
+            if must_wait(c.inflight, cap, op, rndv) {
+                break;
+            }
+            let Some(msg) = c.waiting.pop_front() else {
+                break;
+            };
+            c.waiting_bytes = c.waiting_bytes.saturating_sub(waiting_size(&msg));
+            self.request(registry, stats, msg, true);
+        }
+        self.arm_timer();
+    }
+
+    /// Park a request of `session` until its transfers in flight fall under the cap; a
+    /// session that piles up more than the cap in waiting requests is closed.
+    fn defer(&mut self, registry: &Registry, session: u32, msg: mf::AmMessage) {
+        let cap = self.shared().settings.ucx_session_inflight_max;
+        let Some(&t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some(c) = self.clients.get_mut(&t) else {
+            return;
+        };
+        c.waiting_bytes += waiting_size(&msg);
+        c.waiting.push_back(msg);
+        let over = c.waiting_bytes > cap.max(1 << 20) || c.waiting.len() > WAITING_MAX;
+        if let Some(fs) = self.fs.0.fabric.as_ref() {
+            fs.requests_deferred.fetch_add(1, Ordering::Relaxed);
+            if over {
+                fs.sessions_overflowed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if over {
+            tracing::info!(
+                "ucx session {session}: more requests waiting than --ucx-session-inflight-max \
+                 allows; closing the session"
+            );
+            self.drop_client(registry, t);
+        }
+    }
+
+    fn request(
+        &mut self,
+        registry: &Registry,
+        stats: &ThreadStats,
+        msg: mf::AmMessage,
+        replayed: bool,
+    ) {
         let shared = Arc::clone(&self.fs);
         let shared = &shared.0;
         let Some(ids) = fp::request_ids(&msg.header) else {
@@ -633,6 +927,21 @@ impl FabricWorker {
             return;
         };
         let known = self.by_session.contains_key(&ids.session);
+        if known && !replayed {
+            let cap = shared.settings.ucx_session_inflight_max;
+            let wait = self
+                .by_session
+                .get(&ids.session)
+                .and_then(|t| self.clients.get(t))
+                .is_some_and(|c| {
+                    let (op, rndv) = waiting_shape(&msg);
+                    !c.waiting.is_empty() || must_wait(c.inflight, cap, op, rndv)
+                });
+            if wait {
+                self.defer(registry, ids.session, msg);
+                return;
+            }
+        }
         let req = match fp::decode_request(&msg.header) {
             Ok(r) if known => r,
             other => {
@@ -757,6 +1066,8 @@ impl FabricWorker {
         self.next_token = self.next_token.wrapping_add(1).max(1);
         let r = Receiving {
             session: req.session,
+            bytes: len as u64,
+            started: Instant::now(),
             opcode: req.opcode,
             opaque: req.opaque,
             noreply,
@@ -767,7 +1078,19 @@ impl FabricWorker {
         };
         match self.w.recv_rndv(d, target, token) {
             Ok(mf::Posted::Pending) => {
+                if let Some(fs) = ctx.shared.fabric.as_ref() {
+                    fs.receives.fetch_add(1, Ordering::Relaxed);
+                    fs.receiving_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                if let Some(c) = self
+                    .by_session
+                    .get(&req.session)
+                    .and_then(|t| self.clients.get_mut(t))
+                {
+                    c.inflight += len as u64;
+                }
                 self.receiving.insert(token, r);
+                self.arm_timer();
             }
             Ok(mf::Posted::Done(buf)) => self.received(ctx.stats, r, Ok(()), buf),
             Err(e) => self.received(ctx.stats, r, Err(e), None),
@@ -984,7 +1307,14 @@ impl FabricWorker {
                         r.item_flags = info.flags;
                         r.cas = info.cas;
                         r.value = u64::from(info.value_len);
-                        self.respond(session, r, Some(Box::new(PinnedSource(pin))), true);
+                        let len = r.value;
+                        let mapped = Box::new(Arc::clone(&self.fs));
+                        // SAFETY: the pinned value lies in the store's arena, a mapping owned
+                        // by the store that `mapped` (the server's shared state) keeps alive
+                        // and that is never unmapped while the store lives.
+                        let (data, detach) =
+                            unsafe { mf::Detachable::new(Box::new(PinnedSource(pin)), mapped) };
+                        self.send_rndv(session, r, Box::new(data), len, Some(detach));
                     }
                     // Deleted between the two looks: a miss is a correct answer.
                     None => self.respond_status(session, op, opaque, Status::NotFound),
@@ -1171,9 +1501,71 @@ impl FabricWorker {
             .fabric
             .as_ref()
             .map_or(usize::MAX, |f| f.eager_max);
-        let rndv = text.len() > eager_max;
+        if text.len() > eager_max {
+            let len = text.len() as u64;
+            self.send_rndv(session, r, Box::new(text), len, None);
+            return;
+        }
         let data = (!text.is_empty()).then(|| Box::new(text) as Box<dyn mf::SendBuf>);
-        self.respond(session, r, data, rndv);
+        self.respond(session, r, data, false);
+    }
+
+    /// Send a response whose data goes by rendezvous, tracked until it completes: its
+    /// bytes count toward the session's bytes in flight, a pinned item toward the pins,
+    /// and the transfer deadline applies.
+    fn send_rndv(
+        &mut self,
+        session: u32,
+        r: Response,
+        data: Box<dyn mf::SendBuf>,
+        bytes: u64,
+        pin: Option<mf::Detach>,
+    ) {
+        let Some(&t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some((_, ep)) = self.clients.get(&t).and_then(|c| c.session.as_ref()) else {
+            return;
+        };
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let how = mf::SendHow {
+            proto: mf::Proto::Rndv,
+            reply: false,
+        };
+        match self.w.am_send(
+            ep,
+            fp::AM_RESPONSE,
+            r.to_bytes().to_vec(),
+            Some(data),
+            how,
+            token,
+        ) {
+            Ok(mf::Posted::Pending) => {
+                let pinned = pin.is_some();
+                self.sending.insert(
+                    token,
+                    Sending {
+                        session,
+                        bytes,
+                        started: Instant::now(),
+                        pin,
+                    },
+                );
+                if let Some(c) = self.clients.get_mut(&t) {
+                    c.inflight += bytes;
+                }
+                if let Some(fs) = self.fs.0.fabric.as_ref() {
+                    if pinned {
+                        fs.pins.fetch_add(1, Ordering::Relaxed);
+                        fs.pinned_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    }
+                }
+                self.arm_timer();
+            }
+            Ok(mf::Posted::Done(_)) => {}
+            Err(e) => tracing::debug!("ucx send to session {session} failed: {e}"),
+        }
     }
 
     /// Shutdown: close every client.
@@ -1188,6 +1580,43 @@ impl FabricWorker {
     pub fn owns(token: Token) -> bool {
         token.0 >= TOKEN_BASE && token != EFD_TOKEN
     }
+}
+
+/// Most requests one session may have waiting (besides the byte cap).
+const WAITING_MAX: usize = 65536;
+
+/// A waiting request's opcode and, for a value coming by rendezvous, its length.
+fn waiting_shape(msg: &mf::AmMessage) -> (Option<Opcode>, Option<usize>) {
+    let op = fp::request_ids(&msg.header).and_then(|ids| Opcode::from_u8(ids.opcode).ok());
+    let rndv = match &msg.data {
+        mf::AmData::Rndv(d) => Some(d.len()),
+        _ => None,
+    };
+    (op, rndv)
+}
+
+/// What a waiting request costs to keep: its header and any eager data.
+fn waiting_size(msg: &mf::AmMessage) -> u64 {
+    let data = match &msg.data {
+        mf::AmData::Eager(v) => v.len(),
+        mf::AmData::Held(h) => h.as_ref().len(),
+        mf::AmData::None | mf::AmData::Rndv(_) => 0,
+    };
+    (msg.header.len() + data + 64) as u64
+}
+
+/// Whether a request must wait for the session's rendezvous bytes in flight to fall: a
+/// GET while they are at the cap (its reply may be large), a value by rendezvous that
+/// would take them past it. With nothing in flight everything goes (one transfer larger
+/// than the cap must still be possible).
+fn must_wait(inflight: u64, cap: u64, op: Option<Opcode>, rndv: Option<usize>) -> bool {
+    if inflight == 0 {
+        return false;
+    }
+    if let Some(n) = rndv {
+        return inflight.saturating_add(n as u64) > cap;
+    }
+    matches!(op, Some(Opcode::Get | Opcode::Gat)) && inflight >= cap
 }
 
 /// The endpoint of a live session. A free function over the two maps, so that callers
@@ -1230,6 +1659,16 @@ pub fn fabric_stats(shared: &Shared) -> Vec<(String, String)> {
             ("ucx_orphaned_receives", &fs.orphaned_receives),
             ("ucx_onesided_hints", &fs.hints_taken),
             ("ucx_onesided_hints_stale", &fs.hints_stale),
+            ("ucx_pins", &fs.pins),
+            ("ucx_pinned_bytes", &fs.pinned_bytes),
+            ("ucx_receives", &fs.receives),
+            ("ucx_receiving_bytes", &fs.receiving_bytes),
+            ("ucx_sends_cancelled", &fs.sends_cancelled),
+            ("ucx_receives_cancelled", &fs.receives_cancelled),
+            ("ucx_transfer_timeouts", &fs.transfer_timeouts),
+            ("ucx_hello_timeouts", &fs.hello_timeouts),
+            ("ucx_requests_deferred", &fs.requests_deferred),
+            ("ucx_sessions_overflowed", &fs.sessions_overflowed),
         ];
         for (name, c) in counters {
             v.push((name.into(), c.load(Ordering::Relaxed).to_string()));

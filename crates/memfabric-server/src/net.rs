@@ -297,7 +297,10 @@ pub fn accept_loop(
     // maxconns_fast): readiness is edge-triggered, so retry on a timer.
     let mut retry = false;
     while !shared.is_shutting_down() {
-        let timeout = if retry {
+        let timeout = if retry && ACCEPT_FAILING.load(Ordering::Relaxed) {
+            // Out of descriptors: back off (closing connections free some meanwhile).
+            Duration::from_millis(100)
+        } else if retry {
             Duration::from_millis(10)
         } else {
             Duration::from_millis(500)
@@ -335,7 +338,7 @@ pub fn accept_loop(
             });
         }
         for (t, name) in listeners.ucx.iter() {
-            accept_ucx(t, name, workers, &mut rr);
+            retry |= accept_ucx(shared, t, name, workers, &mut rr);
         }
     }
     // Listeners close when the caller drops them; forget them in `stats conns` now.
@@ -348,29 +351,38 @@ pub fn accept_loop(
     Ok(())
 }
 
-/// Hand every pending UCX bootstrap connection to a worker, round-robin. These are not
-/// memcached connections: `-c` does not count them (UCX sessions have their own stats).
-fn accept_ucx(t: &TcpListener, name: &str, workers: &[WorkerHandle], rr: &mut usize) {
-    loop {
-        match t.accept() {
-            Ok((s, _)) => {
-                let _ = s.set_nodelay(true);
-                let w = &workers[*rr % workers.len()];
-                *rr = rr.wrapping_add(1);
-                let _ = w.send(NewConn {
-                    stream: Stream::Tcp(s),
-                    listen_addr: name.to_string(),
-                    ucx: true,
-                });
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    tracing::warn!("UCX bootstrap accept failed: {e}");
-                }
-                return;
-            }
-        }
+/// Hand every pending UCX bootstrap connection to a worker, round-robin. A bootstrap
+/// connection, and the UCX session it becomes, is a connection like any other: it counts
+/// toward `-c` and is refused as memcached refuses TCP ones over the limit (the fabric
+/// worker gives its slot back when the session ends, crate::fabric).
+fn accept_ucx(
+    shared: &Shared,
+    t: &TcpListener,
+    name: &str,
+    workers: &[WorkerHandle],
+    rr: &mut usize,
+) -> bool {
+    accept_into(shared, workers, rr, name, true, || {
+        t.accept().map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            Stream::Tcp(s)
+        })
+    })
+}
+
+/// Whether accept() is failing (descriptors exhausted): logged once when it starts and
+/// once when it ends, never per attempt. Process-wide, as descriptors are.
+static ACCEPT_FAILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn accept_failed(e: &io::Error) {
+    if !ACCEPT_FAILING.swap(true, Ordering::Relaxed) {
+        tracing::warn!("accept(): {e}; new connections wait in the queue until it succeeds");
+    }
+}
+
+fn accept_succeeded() {
+    if ACCEPT_FAILING.swap(false, Ordering::Relaxed) {
+        tracing::warn!("accept() works again");
     }
 }
 
@@ -381,6 +393,18 @@ fn accept_all(
     workers: &[WorkerHandle],
     rr: &mut usize,
     listen_name: &str,
+    accept: impl FnMut() -> io::Result<Stream>,
+) -> bool {
+    accept_into(shared, workers, rr, listen_name, false, accept)
+}
+
+/// `accept_all` for memcached (`ucx` false) or UCX bootstrap (`ucx` true) listeners.
+fn accept_into(
+    shared: &Shared,
+    workers: &[WorkerHandle],
+    rr: &mut usize,
+    listen_name: &str,
+    ucx: bool,
     mut accept: impl FnMut() -> io::Result<Stream>,
 ) -> bool {
     loop {
@@ -397,11 +421,12 @@ fn accept_all(
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
             Err(e) => {
                 // EMFILE/ENFILE and friends: the connection waits in the queue.
-                tracing::warn!("accept(): {e}");
+                accept_failed(&e);
                 shared.listen_disabled_num.fetch_add(1, Ordering::Relaxed);
                 return true;
             }
         };
+        accept_succeeded();
         if shared.curr_connections.load(Ordering::SeqCst) >= limit {
             // Best effort: a fresh socket's send buffer takes this without blocking.
             let _ = stream.write(TOO_MANY_CONNECTIONS);
@@ -419,7 +444,7 @@ fn accept_all(
         if w.send(NewConn {
             stream,
             listen_addr: listen_name.to_string(),
-            ucx: false,
+            ucx,
         })
         .is_err()
         {

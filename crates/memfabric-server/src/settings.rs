@@ -30,6 +30,12 @@ pub struct Settings {
     pub ucx_port: u16,
     /// Values above this many bytes travel by rendezvous over UCX (`--ucx-eager-max`).
     pub ucx_eager_max: usize,
+    /// Seconds to complete a UCX HELLO (`--ucx-hello-timeout`, 0 = none).
+    pub ucx_hello_timeout: u32,
+    /// Seconds a UCX rendezvous transfer may take (`--ucx-transfer-timeout`, 0 = none).
+    pub ucx_transfer_timeout: u32,
+    /// Rendezvous bytes in flight per UCX session (`--ucx-session-inflight-max`).
+    pub ucx_session_inflight_max: u64,
     /// `-C`: disable CAS.
     pub use_cas: bool,
     /// Max bytes of a single ascii request line before the connection is judged hostile.
@@ -130,6 +136,9 @@ impl Default for Settings {
             poll_us: 0,
             ucx_port: 11311,
             ucx_eager_max: memfabric_proto::fabric::DEFAULT_EAGER_MAX,
+            ucx_hello_timeout: 10,
+            ucx_transfer_timeout: 30,
+            ucx_session_inflight_max: 64 << 20,
             use_cas: true,
             max_line: 2048,
             idle_timeout: 0,

@@ -103,11 +103,23 @@ pub struct Server {
     pub ucx_port: Option<u16>,
     args: Vec<String>,
     child: Option<Child>,
+    /// Where the server's standard error goes (`start_logged`); discarded otherwise.
+    log: Option<PathBuf>,
 }
 
 impl Server {
     /// Starts `kind` on a free port with memcached's test flags plus `extra`.
     pub fn start(kind: Kind, extra: &[&str]) -> Server {
+        Server::start_with(kind, extra, None)
+    }
+
+    /// As `start`, with the server's standard error written to `log` (read it after the
+    /// server is gone, or while it runs).
+    pub fn start_logged(kind: Kind, extra: &[&str], log: &std::path::Path) -> Server {
+        Server::start_with(kind, extra, Some(log.to_path_buf()))
+    }
+
+    fn start_with(kind: Kind, extra: &[&str], log: Option<PathBuf>) -> Server {
         for _ in 0..5 {
             let mut s = Server {
                 kind,
@@ -115,6 +127,7 @@ impl Server {
                 ucx_port: (kind == Kind::MemfabricdUcx).then(free_port),
                 args: extra.iter().map(|s| s.to_string()).collect(),
                 child: None,
+                log: log.clone(),
             };
             if s.spawn() {
                 return s;
@@ -174,9 +187,15 @@ impl Server {
         if self.kind == Kind::Memcached && is_root() {
             cmd.args(["-u", "root"]);
         }
+        let stderr = match &self.log {
+            Some(p) => std::fs::File::create(p)
+                .map(Stdio::from)
+                .expect("server log file"),
+            None => Stdio::null(),
+        };
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         let mut child = cmd.spawn().expect("spawn server");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
