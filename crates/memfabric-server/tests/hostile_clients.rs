@@ -98,6 +98,21 @@ impl Daemon {
             .unwrap_or_else(|| panic!("no stat {name}"))
     }
 
+    /// Wait (bounded) until `stats <group>` shows `want` for `name` (a dead client's
+    /// close is seen by the server a moment after the client closes); returns the last
+    /// value seen.
+    fn wait_stat_of(&self, group: &str, name: &str, want: u64) -> u64 {
+        let mut now = self.stat_of(group, name);
+        for _ in 0..100 {
+            if now == want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            now = self.stat_of(group, name);
+        }
+        now
+    }
+
     /// Wait until the server has stopped doing work for us: `stat` no longer changes
     /// between two looks (a bounded wait for a state, not a timing assertion).
     fn settle(&self, stat: &str) -> u64 {
@@ -192,8 +207,7 @@ fn one_multiget_line_naming_a_large_key_many_times_is_streamed_not_built_whole()
     // And every value arrives once the client reads; then nothing is held.
     assert_eq!(count_values(&mut c, value.len()), REPEAT);
     drop(c);
-    d.settle("curr_connections");
-    assert_eq!(d.stat_of("bounds", "pinned_values"), 0);
+    assert_eq!(d.wait_stat_of("bounds", "pinned_values", 0), 0);
     assert_eq!(d.stat_of("bounds", "pinned_bytes"), 0);
 }
 
@@ -325,8 +339,7 @@ fn set_headers_that_never_send_their_data_cost_item_memory_inside_the_limit() {
     );
     // Clients that die mid-value give their item memory back.
     drop(idle);
-    d.settle("curr_connections");
-    assert_eq!(d.stat_of("bounds", "receiving_values"), 0);
+    assert_eq!(d.wait_stat_of("bounds", "receiving_values", 0), 0);
     assert_eq!(d.stat_of("bounds", "receiving_bytes"), 0);
 }
 
@@ -397,7 +410,9 @@ fn clients_that_half_close_after_their_request_get_the_reply_and_are_closed() {
     // One connection reads the count throughout (a fresh one per look would itself be
     // counted, and closing it is seen by the server a moment later).
     let mut watcher = d.tcp();
-    let base = stat_via(&mut watcher, "curr_connections");
+    // Only the watcher, once the start-up probe's close has been seen.
+    let base = 1;
+    wait_for_connections(&mut watcher, base);
     for _ in 0..50 {
         let mut c = d.tcp();
         c.write_all(b"version\r\n").expect("write");
@@ -407,16 +422,21 @@ fn clients_that_half_close_after_their_request_get_the_reply_and_are_closed() {
             .expect("the server closes after replying");
         assert_eq!(all, b"VERSION 1.6.18\r\n");
     }
-    // Every half-closed connection is closed by the server (bounded wait for a state).
-    let mut now = stat_via(&mut watcher, "curr_connections");
+    // Every half-closed connection is closed by the server.
+    assert_eq!(wait_for_connections(&mut watcher, base), base);
+}
+
+/// Wait (bounded) until `curr_connections` is `want`; returns the last value seen.
+fn wait_for_connections(watcher: &mut TcpStream, want: u64) -> u64 {
+    let mut now = stat_via(watcher, "curr_connections");
     for _ in 0..100 {
-        if now == base {
+        if now == want {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
-        now = stat_via(&mut watcher, "curr_connections");
+        now = stat_via(watcher, "curr_connections");
     }
-    assert_eq!(now, base);
+    now
 }
 
 fn stat_via(c: &mut TcpStream, name: &str) -> u64 {

@@ -60,8 +60,6 @@ pub const GET_STREAM_FROM: usize = 64 << 10;
 /// Storage commands whose data block has not fully arrived and whose value is at least
 /// this long receive it straight into item memory instead of the read buffer.
 pub const RECEIVE_IN_PLACE_FROM: usize = 16 << 10;
-/// Values at least this long are written from item memory (pinned), not copied.
-pub const PIN_VALUES_FROM: usize = 16 << 10;
 
 /// The parts of a storage command line kept while its value arrives.
 pub struct StoreHeader {
@@ -478,46 +476,18 @@ fn bad_streamed_key(
 /// Look one key up and queue its `VALUE` block: small values are copied, large ones
 /// queued pinned and written from item memory.
 fn get_one(ctx: &ExecCtx<'_>, key: &[u8], cas: bool, touch: Option<u32>, out: &mut OutQueue) {
-    let store = &ctx.shared.store;
     let opts = GetOptions {
         touch,
-        copy_limit: PIN_VALUES_FROM - 1,
         ..GetOptions::default()
     };
-    let mut large = false;
-    let hit = store.get_into(key, &opts, out.bytes(), |info, out| {
-        large = info.value_len as usize > opts.copy_limit;
-        if !large {
-            let len = info.value_len as usize;
-            write_value_header(out, key, info.flags, len, cas.then_some(info.cas));
-        }
+    let hit = super::fetch(&ctx.shared.store, key, opts, out, |info, out| {
+        let len = info.value_len as usize;
+        write_value_header(out, key, info.flags, len, cas.then_some(info.cas));
     });
-    let class = hit.map(|i| i.class_id);
-    let hit = match hit {
-        Some(_) if large => {
-            // Pinned by a second look (under the key's lock); the first one recorded the
-            // access. Deleted in between: a miss is a correct answer.
-            let quiet = GetOptions {
-                bump: false,
-                ..GetOptions::default()
-            };
-            match store.get_pinned(key, &quiet) {
-                Some((info, pin)) => {
-                    let len = info.value_len as usize;
-                    write_value_header(out.bytes(), key, info.flags, len, cas.then_some(info.cas));
-                    out.push_pinned(pin);
-                    true
-                }
-                None => false,
-            }
-        }
-        Some(_) => true,
-        None => false,
-    };
-    if hit {
+    if hit.is_some() {
         out.bytes().extend_from_slice(b"\r\n");
     }
-    count_get(ctx, touch.is_some(), class.filter(|_| hit));
+    count_get(ctx, touch.is_some(), hit.map(|i| i.class_id));
 }
 
 /// gat counts as a touch, not as a get (memcached's touch_cmds). `hit`: the slab class

@@ -176,53 +176,21 @@ fn get(
     let store = &ctx.shared.store;
     let opts = GetOptions {
         touch: touch.map(|e| store.clock().exptime(i64::from(e))),
-        bump: true,
-        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
+        ..GetOptions::default()
     };
     let reply_key: &[u8] = if return_key { key } else { &[] };
     let (op, opaque) = (h.opcode, h.opaque);
-    let mut large = false;
-    // The store may call this more than once (a torn read is retried after truncating
-    // `out`), so it only writes.
-    let hit = store.get_into(key, &opts, queue.bytes(), |info, out| {
-        large = info.value_len as usize > opts.copy_limit;
-        if !large {
-            bp::write_hit_header(
-                out,
-                op,
-                opaque,
-                info.cas,
-                info.flags,
-                reply_key,
-                info.value_len,
-            )
-        }
+    let hit = super::fetch(store, key, opts, queue, |info, out| {
+        bp::write_hit_header(
+            out,
+            op,
+            opaque,
+            info.cas,
+            info.flags,
+            reply_key,
+            info.value_len,
+        )
     });
-    let hit = match hit {
-        Some(_) if large => {
-            // Pinned by a second look; the first recorded the access. Deleted in
-            // between: a miss is a correct answer.
-            let quiet_look = GetOptions {
-                bump: false,
-                ..GetOptions::default()
-            };
-            store.get_pinned(key, &quiet_look).map(|(info, pin)| {
-                let out = queue.bytes();
-                bp::write_hit_header(
-                    out,
-                    op,
-                    opaque,
-                    info.cas,
-                    info.flags,
-                    reply_key,
-                    info.value_len,
-                );
-                queue.push_pinned(pin);
-                info
-            })
-        }
-        hit => hit,
-    };
     let out = queue.bytes();
     let s = ctx.stats;
     let class = hit.map(|i| i.class_id);

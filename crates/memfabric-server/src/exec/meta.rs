@@ -298,45 +298,17 @@ fn mg_lockless(
     let opts = GetOptions {
         touch: None,
         bump: !req.flags.no_update,
-        copy_limit: super::ascii::PIN_VALUES_FROM - 1,
+        ..GetOptions::default()
     };
-    let mut large = false;
-    let hit = store.get_into(&req.key, &opts, queue.bytes(), |info, out| {
-        large = info.value_len as usize > opts.copy_limit;
-        if !large {
-            // Without T/N/R and with the opaque checked, this cannot fail.
-            let _ = mg_hit_line(clock, req, info, false, out);
-        }
+    let hit = super::fetch(store, &req.key, opts, queue, |info, out| {
+        // Without T/N/R and with the opaque checked, this cannot fail.
+        let _ = mg_hit_line(clock, req, info, false, out);
     });
-    let stale_unclaimed = |info: &ItemInfo| info.stale && !info.token_sent;
     match hit {
-        Some(info) if stale_unclaimed(&info) => {
+        Some(info) if info.stale && !info.token_sent => {
+            // Handing out the win token changes the item: the locked path redoes it.
             queue.truncate(start);
             None
-        }
-        Some(_) if large => {
-            // Pinned by a second look; the first recorded the access. Deleted in
-            // between: a miss is a correct answer.
-            let quiet = GetOptions {
-                bump: false,
-                ..GetOptions::default()
-            };
-            match store.get_pinned(&req.key, &quiet) {
-                Some((info, _)) if stale_unclaimed(&info) => None,
-                Some((info, pin)) => {
-                    let _ = mg_hit_line(clock, req, &info, false, queue.bytes());
-                    queue.push_pinned(pin);
-                    queue.bytes().extend_from_slice(wire::CRLF);
-                    Some(MgOutcome::Hit {
-                        touched: false,
-                        class: info.class_id,
-                    })
-                }
-                None => {
-                    mg_miss(req, queue.bytes());
-                    Some(MgOutcome::Miss)
-                }
-            }
         }
         Some(info) => {
             queue.bytes().extend_from_slice(wire::CRLF);

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use memfabric_store::{PendingItem, Store};
+use memfabric_store::{GetOptions, ItemInfo, PendingItem, Store};
 
 use crate::outqueue::OutQueue;
 
@@ -373,6 +373,46 @@ pub fn process(
         progress.need = 0;
     }
     progress
+}
+
+/// Values at least this long are written from item memory (pinned), not copied.
+pub const PIN_VALUES_FROM: usize = 16 << 10;
+
+/// Look `key` up for a reply: on a hit `header` writes the reply's header for the item,
+/// then a small value is copied after it, and a large one (`PIN_VALUES_FROM`) is queued
+/// pinned, to be written from item memory. `opts.touch` and `opts.bump` apply as in
+/// `Store::get_into`. Returns the item that was answered (the pinned one for a large
+/// value: it is looked up again under its lock, after the first look recorded the access;
+/// gone in between is a miss, which is a correct answer).
+pub fn fetch(
+    store: &Store,
+    key: &[u8],
+    opts: GetOptions,
+    out: &mut OutQueue,
+    mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Option<ItemInfo> {
+    let opts = GetOptions {
+        copy_limit: PIN_VALUES_FROM - 1,
+        ..opts
+    };
+    let mut large = false;
+    let hit = store.get_into(key, &opts, out.bytes(), |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            header(info, out);
+        }
+    })?;
+    if !large {
+        return Some(hit);
+    }
+    let quiet = GetOptions {
+        bump: false,
+        ..GetOptions::default()
+    };
+    let (info, pin) = store.get_pinned(key, &quiet)?;
+    header(&info, out.bytes());
+    out.push_pinned(pin);
+    Some(info)
 }
 
 /// A received value is complete: store it and answer as its protocol does.
