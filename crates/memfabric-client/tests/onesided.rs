@@ -176,7 +176,7 @@ fn torture_onesided_readers_never_return_torn_or_wrong_values() {
     // read then waits for the server.
     let reads_per_reader: u64 = if native { 500_000 } else { 15_000 };
     let readers = 2;
-    // Small memory: the cold flood keeps the CLOCK hand evicting and chunks being reused.
+    // Small memory: the cold flood keeps the eviction queue evicting and chunks being reused.
     let s = Arc::new(Server::start(
         Kind::MemfabricdUcx,
         &["-m", "8", "-t", "2", "-o", "slab_automove=1"],

@@ -527,7 +527,7 @@ const TLS_OPTIONS: &[&str] = &[
 /// requires). Accepted so that memcached's command lines start; they change nothing a
 /// client can observe. docs/ARCHITECTURE.md says why for each.
 const NO_EFFECT_WITH_VALUE: &[&str] = &[
-    // memcached's segmented LRU and its crawler's pacing (memfabric: CLOCK, and a sweeper).
+    // memcached's segmented LRU and its crawler's pacing (memfabric: a queue per class in link order, and a sweeper).
     "lru_crawler_sleep",
     "lru_crawler_tocrawl",
     "hot_lru_pct",

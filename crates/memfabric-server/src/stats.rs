@@ -608,7 +608,7 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("hash_algorithm", "xxh3");
     // The store's maintenance thread does the LRU maintainer's background work.
     v.put("lru_maintainer_thread", yes_no(c.background_sweeper));
-    // CLOCK eviction, one ring per class: no hot/warm/cold/temp segments. memcached
+    // One eviction queue per class: no hot/warm/cold/temp segments. memcached
     // prints the segment tuning under `no_lru_segmented` too; so do we, at its defaults.
     v.put("lru_segmented", "no");
     v.put("hot_lru_pct", 20);
@@ -673,7 +673,7 @@ fn items(shared: &Shared, v: &mut Stats) {
         let evicted = it.evicted.wrapping_sub(b.evicted);
         let hits = classes[usize::from(it.id)][ClassStat::GetHits as usize];
         v.put(p("number"), it.number);
-        // One CLOCK per class here (no hot/warm/cold segments): all items count as cold.
+        // One eviction queue per class here (no hot/warm/cold segments): all items count as cold.
         v.put(p("number_hot"), 0);
         v.put(p("number_warm"), 0);
         v.put(p("number_cold"), it.number);

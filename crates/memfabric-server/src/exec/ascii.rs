@@ -4,7 +4,7 @@
 //! the store and appends memcached 1.6.18's reply. Where memcached's answer depends on a
 //! feature we do not have (watch, metadump, extstore, TLS), we answer as memcached does
 //! with that feature disabled; `lru mode`/`lru temp_ttl` are accepted and have no effect
-//! (CLOCK eviction has no LRU segments).
+//! (the store evicts from one queue per class: it has no LRU segments).
 use std::sync::atomic::Ordering;
 
 use memfabric_proto::ascii::{
@@ -282,7 +282,7 @@ fn execute(
         Request::SlabsAutomove { noreply, .. } => answer(noreply, reply::OK, out),
         Request::LruCrawler(c) => lru_crawler(ctx, c, out),
         Request::LruTune { noreply, .. } => answer(noreply, reply::OK, out),
-        // The store's CLOCK eviction has no segments to switch: accepted as memcached
+        // The store's per-class eviction queue has no segments to switch: accepted as memcached
         // (with its LRU maintainer, the 1.6 default) accepts them, with no effect.
         Request::LruMode { noreply, .. } | Request::LruTempTtl { noreply, .. } => {
             answer(noreply, reply::OK, out)
