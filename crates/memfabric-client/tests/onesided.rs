@@ -84,9 +84,13 @@ fn misses_deletes_and_flushes_are_confirmed_by_the_server() {
     );
     c.set(b"k", b"v3", 0, 0).unwrap();
     assert_eq!(&c.get(b"k").unwrap().unwrap().data[..], b"v3");
-    // Never set and deleted: no slot (misses); flushed: found but dead. The server decided.
-    assert_eq!(counter(&c, "get_onesided_fallback_miss"), 2);
-    assert_eq!(counter(&c, "get_onesided_fallback_dead"), 1);
+    // Never set and deleted: no slot (misses); flushed: found but dead, or no slot once
+    // the store's sweeper has reclaimed it (flush_all wakes it). The server decided all
+    // three.
+    let misses = counter(&c, "get_onesided_fallback_miss");
+    let dead = counter(&c, "get_onesided_fallback_dead");
+    assert!(misses >= 2, "{misses} misses");
+    assert_eq!(misses + dead, 3);
 }
 
 #[test]
