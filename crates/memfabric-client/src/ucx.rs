@@ -424,20 +424,8 @@ impl UcxTransport {
             self.finish(r, Bytes::from(v), done);
             return;
         }
-        if let Some(f) = self.take_inflight(r.opaque) {
-            let server = self
-                .conns
-                .get(&f.conn)
-                .map(|c| c.server.clone())
-                .unwrap_or_default();
-            done.push(Completion {
-                id: f.id,
-                result: Err(Error::Io {
-                    server,
-                    msg: "server ended the session during the transfer".into(),
-                }),
-            });
-        }
+        let msg = "server ended the session during the transfer".to_string();
+        self.fail_inflight(r.opaque, msg, done);
     }
 
     /// Remove a request from the in-flight table (and its connection's count).
@@ -450,6 +438,11 @@ impl UcxTransport {
     }
 
     fn fail_request(&mut self, opaque: u64, e: mf::Error, done: &mut Vec<Completion>) {
+        self.fail_inflight(opaque, format!("UCX transfer failed: {e}"), done);
+    }
+
+    /// Complete an in-flight request with an I/O error naming its server.
+    fn fail_inflight(&mut self, opaque: u64, msg: String, done: &mut Vec<Completion>) {
         if let Some(f) = self.take_inflight(opaque) {
             let server = self
                 .conns
@@ -458,10 +451,7 @@ impl UcxTransport {
                 .unwrap_or_default();
             done.push(Completion {
                 id: f.id,
-                result: Err(Error::Io {
-                    server,
-                    msg: format!("UCX transfer failed: {e}"),
-                }),
+                result: Err(Error::Io { server, msg }),
             });
         }
     }
