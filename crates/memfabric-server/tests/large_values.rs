@@ -1,7 +1,8 @@
-//! Large values through `exec::process` on every protocol: a value that has not fully
-//! arrived is received straight into item memory, and a large value is answered from
-//! pinned item memory. Whatever the points at which the input is split, the replies and
-//! the stored values are those of the same bytes given at once.
+//! Large values and long multiget lines through `exec::process` on every protocol: a
+//! value that has not fully arrived is received straight into item memory, a large value
+//! is answered from pinned item memory, and a multiget line longer than 64 KiB is served
+//! as it arrives. Whatever the points at which the input is split, the replies and the
+//! stored values are those of the same bytes given at once.
 use std::sync::Arc;
 
 use memfabric_proto::binary::{opcode, write_request};
@@ -174,5 +175,67 @@ proptest! {
             let pieces = run(&s, &stats, &chunks);
             prop_assert_eq!(pieces, whole);
         }
+    }
+}
+
+/// A multiget line long enough to be served as it arrives, ending in `last_key`.
+fn long_get_line(verb: &str, last_key: &[u8], after: &[u8]) -> Vec<u8> {
+    let mut line = verb.as_bytes().to_vec();
+    for i in 0..10_000 {
+        line.extend_from_slice(format!(" key{i:05}").as_bytes());
+    }
+    line.push(b' ');
+    line.extend_from_slice(last_key);
+    line.extend_from_slice(after);
+    line
+}
+
+/// Replies to `setup` then `line` + `mn`, with `line` cut at every point in `cuts`
+/// (counted from its end).
+fn replies_split_near_the_end(setup: &[u8], line: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    cuts.iter()
+        .map(|&from_end| {
+            let s = server();
+            let stats = s.register_thread();
+            let mut input = setup.to_vec();
+            let at = input.len() + line.len() - from_end;
+            input.extend_from_slice(line);
+            input.extend_from_slice(b"mn\r\n");
+            run(&s, &stats, &[&input[..at], &input[at..]])
+        })
+        .collect()
+}
+
+#[test]
+fn a_streamed_multiget_ending_in_a_250_byte_key_serves_it_wherever_the_line_is_cut() {
+    let key = [b'K'; 250];
+    let mut setup = b"set ".to_vec();
+    setup.extend_from_slice(&key);
+    setup.extend_from_slice(b" 0 0 3\r\nabc\r\n");
+    // (Only get and gets lines may be this long while they arrive: memcached closes a
+    // connection whose unfinished line of anything else passes 2048 bytes.)
+    for verb in ["get", "gets"] {
+        let line = long_get_line(verb, &key, b"\r\n");
+        // Whole, between `\r` and `\n`, before the `\r`, inside the key, before it.
+        for reply in replies_split_near_the_end(&setup, &line, &[0, 1, 2, 12, 252]) {
+            let text = String::from_utf8_lossy(&reply);
+            assert!(
+                text.starts_with("STORED\r\nVALUE KKK"),
+                "{verb}: {text:.80}"
+            );
+            assert!(text.ends_with("abc\r\nEND\r\nMN\r\n"), "{verb}: {text:.80}");
+        }
+    }
+}
+
+#[test]
+fn a_streamed_multiget_with_a_too_long_key_answers_only_the_error_wherever_the_line_is_cut() {
+    let line = long_get_line("get", &[b'x'; 300], b" more\r\n");
+    // The line's end in the same read, in a later read, and the bad key cut in two.
+    for reply in replies_split_near_the_end(b"", &line, &[0, 1, 7, 100, 400]) {
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            "CLIENT_ERROR bad command line format\r\nMN\r\n"
+        );
     }
 }

@@ -52,6 +52,8 @@ struct GetStream {
     end: Option<(usize, usize)>,
     /// The line (still arriving) had a NUL or a bad key: drop the rest of it.
     discard: bool,
+    /// A bad key was answered with the error: the line ends without `END`.
+    failed: bool,
 }
 
 /// A multiget line still arriving is served key by key once this much of it is
@@ -107,6 +109,7 @@ pub fn process_one(
                         touch: None,
                         end: None,
                         discard: false,
+                        failed: false,
                     };
                     return serve_keys(ctx, sess, g, input, verb_len, out);
                 }
@@ -365,6 +368,7 @@ fn start_get(
         touch,
         end: Some((text_end - text_start, line_len - text_end)),
         discard: false,
+        failed: false,
     };
     serve_keys(ctx, sess, g, input, text_start, out)
 }
@@ -434,14 +438,25 @@ fn serve_keys(
     }
     if let Some(t) = tail {
         sess.ascii.get = None;
-        out.bytes().extend_from_slice(reply::END);
+        if !g.failed {
+            out.bytes().extend_from_slice(reply::END);
+        }
         return Step::Done(text_end + t);
     }
     g.discard |= nul_cut;
     pos = if g.discard { input.len() } else { text_end };
-    // A key longer than any key can be, still without its end: the line is bad.
-    if !g.discard && input.len() - pos > KEY_MAX_LEN + 1 {
-        return bad_streamed_key(ctx, sess, g, input.len(), None, out);
+    // A key longer than any key can be, still without its end: the line is bad. (What
+    // waits is the spaces before it, the key, and maybe the `\r` of the line's end.)
+    if !g.discard {
+        let partial = &input[pos..];
+        let start = partial
+            .iter()
+            .position(|&b| b != b' ')
+            .unwrap_or(partial.len());
+        let partial = &partial[start..];
+        if partial.strip_suffix(b"\r").unwrap_or(partial).len() > KEY_MAX_LEN {
+            return bad_streamed_key(ctx, sess, g, input.len(), None, out);
+        }
     }
     sess.ascii.get = Some(g);
     Step::Waiting(pos)
@@ -467,6 +482,7 @@ fn bad_streamed_key(
         }
         None => {
             g.discard = true;
+            g.failed = true;
             sess.ascii.get = Some(g);
             Step::Waiting(text_end)
         }
