@@ -314,11 +314,16 @@ impl Conn {
 
     /// Make the buffer hold at least `want` bytes of pending input (and always leave room
     /// to read into), moving pending bytes to the front when that frees space.
-    fn make_room(&mut self, want: usize) {
+    /// Growing is for the first read of a round only: later reads of the same round fill
+    /// what room is left, so input is run as it comes instead of piling up.
+    fn make_room(&mut self, want: usize, grow: bool) {
         if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 4096) {
             self.rbuf.copy_within(self.rstart..self.rend, 0);
             self.rend -= self.rstart;
             self.rstart = 0;
+        }
+        if !grow {
+            return;
         }
         let target = self.rstart + want.max(self.pending_in() + 4096);
         if self.rbuf.len() < target {
@@ -370,7 +375,7 @@ impl Conn {
         let mut total = 0;
         while total < READ_BATCH {
             let want = self.need.max(self.pending_in() + 1);
-            self.make_room(want.min(self.pending_in() + READ_BATCH));
+            self.make_room(want.min(self.pending_in() + READ_BATCH), total == 0);
             if self.rend == self.rbuf.len() {
                 break;
             }
