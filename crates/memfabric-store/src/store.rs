@@ -693,17 +693,24 @@ impl Store {
 /// A new key stays in its first bucket while that has this many empty slots.
 const FIRST_BUCKET_SPARE: usize = 3;
 
-/// log2 of the index's buckets: enough that the index is never what evicts. The most
-/// items the store can ever hold is every chunk of the smallest class in the largest
-/// memory limit (`cache_memlimit` may double the start limit) plus its reserve page;
-/// the index gets at least 9/4 as many slots (a load of at most 0.44), and `free_slot`
+/// log2 of the index's buckets: enough that the index is never what evicts within the
+/// start memory limit. The most items the store can hold is every chunk of the smallest
+/// class in that limit plus its reserve page; the index gets at least 9/4 as many slots
+/// (a load of at most 0.44), and `free_slot`
 /// balances the two buckets of a key. A simulation of that rule at 0.42 and 0.45 with
 /// ten replacements per item overflowed a bucket pair 0 and 1 times in 30M inserts
 /// (docs/store.md). The geometry is published to one-sided readers, so it is fixed at
 /// start. `-o hashpower=N` is a lower bound, as in memcached.
+///
+/// Sized for the start limit, not for the twice as much `cache_memlimit` may grow it to:
+/// the index costs ~21 bytes per smallest chunk, so room for the doubled limit would cost
+/// ~43% of `-m` whether or not it is ever used. A cache grown past its start limit and
+/// filled with its very smallest items can therefore have items evicted by the index
+/// (counted in `evictions`); `-o hashpower=N` sizes it for more.
 fn index_power(slabs: &Slabs, hashpower: Option<u8>) -> u32 {
     let smallest = slabs.classes.get(1).map_or(1, |c| c.per_page.max(1));
-    let max_items = (slabs.max_limit_pages + 1).saturating_mul(smallest);
+    let start_pages = slabs.limit_pages.load(std::sync::atomic::Ordering::Relaxed);
+    let max_items = (start_pages + 1).saturating_mul(smallest);
     let buckets = max_items
         .saturating_mul(9)
         .div_ceil(4 * index::SLOTS)
