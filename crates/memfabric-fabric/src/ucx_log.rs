@@ -13,10 +13,9 @@
 //! memory) fails with an `ERROR ... no peer failure handler` line. memfabric tries that
 //! mode first and falls back (see `Worker::set_peer_errors`), so on one host the line
 //! would come with every connection. It is dropped only while such an attempt is under
-//! way on the calling thread, and counted ([`expected_errors_dropped`]).
+//! way on the calling thread.
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 thread_local! {
@@ -27,12 +26,6 @@ thread_local! {
 static INSTALL: Once = Once::new();
 /// What the expected refusal says (select.c, UCX 1.13).
 const EXPECTED: &[u8] = b"no peer failure handler";
-static DROPPED: AtomicU64 = AtomicU64::new(0);
-
-/// Messages dropped as expected (see the module doc).
-pub fn expected_errors_dropped() -> u64 {
-    DROPPED.load(Ordering::Relaxed)
-}
 
 /// Run `f` while a refusal of peer-failure mode is expected on this thread.
 pub(crate) fn trying_peer_mode<T>(f: impl FnOnce() -> T) -> T {
@@ -112,7 +105,6 @@ unsafe extern "C" fn handler(
         && TRYING_PEER_MODE.with(|t| t.get())
         && msg.windows(EXPECTED.len()).any(|w| w == EXPECTED);
     if expected {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
         return RC_STOP;
     }
     let text = format!("{file}:{line} {}", escape(msg));

@@ -85,26 +85,43 @@ pub fn datagram_count(len: usize) -> usize {
 /// the request id, its sequence number and the total count. Calls `emit` once per
 /// datagram. Returns `false` (and emits nothing) when the reply would need more than
 /// 65535 datagrams, which the header cannot count.
-pub fn frame_reply(request_id: u16, reply: &[u8], mut emit: impl FnMut(&[u8])) -> bool {
-    let count = datagram_count(reply.len());
-    let Ok(count16) = u16::try_from(count) else {
+pub fn frame_reply(request_id: u16, reply: &[u8], emit: impl FnMut(&[u8])) -> bool {
+    let mut rest = reply;
+    frame_reply_from(
+        request_id,
+        reply.len(),
+        |payload| {
+            let n = payload.len().min(rest.len());
+            payload[..n].copy_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            n
+        },
+        emit,
+    )
+}
+
+/// `frame_reply` for a reply of `len` bytes that is not in one slice: `fill` copies the
+/// next bytes of it into the payload it is given and returns how many.
+pub fn frame_reply_from(
+    request_id: u16,
+    len: usize,
+    mut fill: impl FnMut(&mut [u8]) -> usize,
+    mut emit: impl FnMut(&[u8]),
+) -> bool {
+    let Ok(count) = u16::try_from(datagram_count(len)) else {
         return false;
     };
-    let mut dgram = Vec::with_capacity(MAX_DATAGRAM);
-    let mut chunks = reply.chunks(MAX_PAYLOAD);
-    for seq in 0..count16 {
-        dgram.clear();
-        FrameHeader {
+    let mut dgram = [0u8; MAX_DATAGRAM];
+    for sequence in 0..count {
+        let header = FrameHeader {
             request_id,
-            sequence: seq,
-            count: count16,
+            sequence,
+            count,
             reserved: 0,
-        }
-        .encode(&mut dgram);
-        if let Some(c) = chunks.next() {
-            dgram.extend_from_slice(c);
-        }
-        emit(&dgram);
+        };
+        dgram[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+        let n = fill(&mut dgram[HEADER_LEN..]);
+        emit(&dgram[..HEADER_LEN + n]);
     }
     true
 }

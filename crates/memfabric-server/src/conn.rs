@@ -332,81 +332,91 @@ impl Conn {
         }
     }
 
+    /// One `read` into `dst`; keeps `may_read`/`eof` and the counters up to date.
+    /// Returns the bytes read (0 at EOF or when the socket has nothing now).
+    fn read_step(
+        stream: &mut Stream,
+        dst: &mut [u8],
+        peer_closed: bool,
+        may_read: &mut bool,
+        eof: &mut bool,
+        stats: &ThreadStats,
+    ) -> io::Result<usize> {
+        loop {
+            return match stream.read(dst) {
+                Ok(0) => {
+                    *eof = true;
+                    *may_read = false;
+                    Ok(0)
+                }
+                Ok(n) => {
+                    stats.bytes_read.add(n as u64);
+                    // A short read drained the socket: asking again would only return
+                    // WouldBlock (one wasted syscall per request); data that arrives
+                    // later raises a new edge-triggered event. Unless the peer's FIN
+                    // already came: no edge will follow it, so read on to the EOF.
+                    if n < dst.len() && !peer_closed {
+                        *may_read = false;
+                    }
+                    Ok(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *may_read = false;
+                    Ok(0)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+        }
+    }
+
     /// While a large value is arriving and nothing else is buffered, read the socket
     /// straight into the item's memory (as memcached reads into its item), up to one
     /// batch. The bytes after the value come through `fill` as usual.
-    fn fill_value(&mut self, stats: &ThreadStats) -> io::Result<usize> {
+    fn fill_value(&mut self, stats: &ThreadStats) -> io::Result<()> {
         let mut total = 0;
-        while total < READ_BATCH && self.pending_in() == 0 && self.may_read {
-            let Some(dst) = self
-                .session
-                .receiving
-                .as_mut()
-                .and_then(|r| r.unfilled_mut())
-            else {
+        while total < READ_BATCH && self.pending_in() == 0 && self.may_read && !self.eof {
+            let Some(r) = self.session.receiving.as_mut() else {
                 break;
             };
-            let room = dst.len();
-            match self.stream.read(dst) {
-                Ok(0) => {
-                    self.eof = true;
-                    self.may_read = false;
-                }
-                Ok(n) => {
-                    if let Some(r) = self.session.receiving.as_mut() {
-                        r.advance(n);
-                    }
-                    total += n;
-                    stats.bytes_read.add(n as u64);
-                    if n < room && !self.peer_closed {
-                        self.may_read = false;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.may_read = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            let Some(dst) = r.unfilled_mut() else {
+                break;
+            };
+            let n = Self::read_step(
+                &mut self.stream,
+                dst,
+                self.peer_closed,
+                &mut self.may_read,
+                &mut self.eof,
+                stats,
+            )?;
+            r.advance(n);
+            total += n;
         }
-        Ok(total)
+        Ok(())
     }
 
-    /// Read until `WouldBlock`, EOF or one batch. Returns bytes read.
-    fn fill(&mut self, stats: &ThreadStats) -> io::Result<usize> {
+    /// Read until `WouldBlock`, EOF or one batch.
+    fn fill(&mut self, stats: &ThreadStats) -> io::Result<()> {
         let mut total = 0;
-        while total < READ_BATCH {
+        while total < READ_BATCH && self.may_read && !self.eof {
             let want = self.need.max(self.pending_in() + 1);
             self.make_room(want.min(self.pending_in() + READ_BATCH), total == 0);
             if self.rend == self.rbuf.len() {
                 break;
             }
-            let room = self.rbuf.len() - self.rend;
-            match self.stream.read(&mut self.rbuf[self.rend..]) {
-                Ok(0) => {
-                    self.eof = true;
-                    self.may_read = false;
-                    break;
-                }
-                Ok(n) => {
-                    self.rend += n;
-                    total += n;
-                    stats.bytes_read.add(n as u64);
-                    if n < room && !self.peer_closed {
-                        // A short read drained the socket: asking again would only
-                        // return WouldBlock (one wasted syscall per request). Data that
-                        // arrives later raises a new edge-triggered event.
-                        self.may_read = false;
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.may_read = false;
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
+            let n = Self::read_step(
+                &mut self.stream,
+                &mut self.rbuf[self.rend..],
+                self.peer_closed,
+                &mut self.may_read,
+                &mut self.eof,
+                stats,
+            )?;
+            self.rend += n;
+            total += n;
         }
-        Ok(total)
+        Ok(())
     }
 
     /// A readiness event arrived (or the worker re-runs us). Do one bounded round of
@@ -463,10 +473,7 @@ impl Conn {
         // faster than `-R` lets us execute is slowed down (TCP flow control), never cut off.
         if self.may_read && !self.eof && !self.backlog {
             self.entry.set_state(ConnState::Read);
-            if self.fill_value(stats).is_err() {
-                return Next::Close;
-            }
-            if self.may_read && !self.eof && self.fill(stats).is_err() {
+            if self.fill_value(stats).is_err() || self.fill(stats).is_err() {
                 return Next::Close;
             }
         }
@@ -511,7 +518,7 @@ impl Conn {
             }
             self.need = p.need;
             // The executors refuse values above -I before buffering them, and receive
-            // large ascii values in place: a request needing more than this is not one.
+            // large values in place: a request needing more than this is not one.
             let cap = shared.settings.store.item_size_max + (2 << 20);
             if p.need > cap {
                 self.closing = true;

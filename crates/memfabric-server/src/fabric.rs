@@ -259,14 +259,6 @@ struct Receiving {
 }
 
 /// A pending item as a receive target: UCX writes the value into item memory.
-/// A storage outcome that found no item (refused before the store looked).
-fn no_item(status: StoreStatus) -> Found<StoreStatus> {
-    Found {
-        status,
-        class_id: None,
-    }
-}
-
 struct ItemTarget(PendingItem);
 
 impl mf::RecvBuf for ItemTarget {
@@ -761,51 +753,34 @@ impl FabricWorker {
 
     /// Send a response that carries only a status.
     fn respond_status(&mut self, session: u32, op: Opcode, opaque: u64, status: Status) {
-        self.respond(
-            session,
-            Response::status_only(op, opaque, status),
-            None,
-            false,
-        );
+        self.respond(session, Response::status_only(op, opaque, status), None);
     }
 
     /// Send a response (with optional data) to a session.
-    fn respond(
-        &mut self,
-        session: u32,
-        r: Response,
-        data: Option<Box<dyn mf::SendBuf>>,
-        rndv: bool,
-    ) {
+    fn respond(&mut self, session: u32, r: Response, data: Option<Box<dyn mf::SendBuf>>) {
         let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
         let header = r.to_bytes();
-        if !rndv {
-            // Fast path: most eager responses complete inside the call, with no copies of
-            // header or value into owned buffers.
-            let now = match &data {
-                None => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, &[], false),
-                Some(d) => match d.slices().as_slice() {
-                    [one] => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, one, false),
-                    _ => Ok(false),
-                },
-            };
-            match now {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::debug!("ucx send to session {session} failed: {e}");
-                    return;
-                }
+        // Fast path: most eager responses complete inside the call, with no copies of
+        // header or value into owned buffers. (Rendezvous replies go by `send_rndv`.)
+        let now = match &data {
+            None => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, &[], false),
+            Some(d) => match d.slices().as_slice() {
+                [one] => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, one, false),
+                _ => Ok(false),
+            },
+        };
+        match now {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!("ucx send to session {session} failed: {e}");
+                return;
             }
         }
         let how = mf::SendHow {
-            proto: if rndv {
-                mf::Proto::Rndv
-            } else {
-                mf::Proto::Eager
-            },
+            proto: mf::Proto::Eager,
             reply: false,
         };
         if let Err(e) = self
@@ -954,7 +929,7 @@ impl FabricWorker {
                 let op = Opcode::from_u8(ids.opcode).unwrap_or(Opcode::Noop);
                 let r = Response::status_only(op, ids.opaque, status);
                 if known {
-                    self.respond(ids.session, r, None, false);
+                    self.respond(ids.session, r, None);
                 } else if msg.has_reply_ep() {
                     let _ = self.w.reply(&msg, fp::AM_RESPONSE, r.encode(), SEND_TOKEN);
                 }
@@ -1048,7 +1023,13 @@ impl FabricWorker {
         {
             if len > store.config().item_size_max {
                 drop(d);
-                self.stored_req(ctx, req, no_item(StoreStatus::TooLarge), None, noreply);
+                self.stored_req(
+                    ctx,
+                    req,
+                    Found::unfound(StoreStatus::TooLarge),
+                    None,
+                    noreply,
+                );
                 return;
             }
             Box::new(vec![0u8; len])
@@ -1057,7 +1038,7 @@ impl FabricWorker {
                 Ok(p) => Box::new(ItemTarget(p)),
                 Err(e) => {
                     drop(d); // tells the sender to give up the transfer
-                    self.stored_req(ctx, req, no_item(e.into()), None, noreply);
+                    self.stored_req(ctx, req, Found::unfound(e.into()), None, noreply);
                     return;
                 }
             }
@@ -1149,10 +1130,10 @@ impl FabricWorker {
                         ),
                         class(v.len()),
                     ),
-                    Err(_) => (no_item(StoreStatus::NotStored), None),
+                    Err(_) => (Found::unfound(StoreStatus::NotStored), None),
                 },
             },
-            None => (no_item(StoreStatus::NotStored), None),
+            None => (Found::unfound(StoreStatus::NotStored), None),
         };
         self.stored(
             &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, found, class, r.noreply,
@@ -1205,7 +1186,7 @@ impl FabricWorker {
                 }
                 let mut r = Response::status_only(op, opaque, Status::Ok);
                 r.cas = new_cas;
-                self.respond(session, r, None, false);
+                self.respond(session, r, None);
                 return;
             }
             StoreStatus::Exists => {
@@ -1365,7 +1346,7 @@ impl FabricWorker {
                     ArithStatus::OutOfMemory => Response::status_only(op, opaque, Status::NoMemory),
                 };
                 if !(noreply && r.status == Status::Ok) {
-                    self.respond(session, r, None, false);
+                    self.respond(session, r, None);
                 }
             }
             Opcode::Touch => {
@@ -1391,7 +1372,7 @@ impl FabricWorker {
                 let at = (req.exptime > 0).then(|| store.clock().exptime(i64::from(req.exptime)));
                 store.flush_all(at);
                 if !noreply {
-                    self.respond(session, ok, None, false);
+                    self.respond(session, ok, None);
                 }
             }
             Opcode::Stats => {
@@ -1423,7 +1404,7 @@ impl FabricWorker {
                 };
                 self.send_text(session, r, text);
             }
-            Opcode::Noop => self.respond(session, ok, None, false),
+            Opcode::Noop => self.respond(session, ok, None),
             Opcode::Set
             | Opcode::Add
             | Opcode::Replace
@@ -1449,7 +1430,7 @@ impl FabricWorker {
             Ok(false) => {
                 let data =
                     (!value.is_empty()).then(|| Box::new(value.to_vec()) as Box<dyn mf::SendBuf>);
-                self.respond(session, r, data, false);
+                self.respond(session, r, data);
             }
             Err(e) => tracing::debug!("ucx send to session {session} failed: {e}"),
         }
@@ -1485,11 +1466,11 @@ impl FabricWorker {
         });
         match outcome {
             Some(None) => {}
-            Some(Some((r, v))) => self.respond(session, r, Some(Box::new(v)), false),
+            Some(Some((r, v))) => self.respond(session, r, Some(Box::new(v))),
             // Deleted between the two looks: a miss is a correct answer.
             None => {
                 let miss = Response::status_only(r.opcode, r.opaque, Status::NotFound);
-                self.respond(session, miss, None, false);
+                self.respond(session, miss, None);
             }
         }
     }
@@ -1507,7 +1488,7 @@ impl FabricWorker {
             return;
         }
         let data = (!text.is_empty()).then(|| Box::new(text) as Box<dyn mf::SendBuf>);
-        self.respond(session, r, data, false);
+        self.respond(session, r, data);
     }
 
     /// Send a response whose data goes by rendezvous, tracked until it completes: its

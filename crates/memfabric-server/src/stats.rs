@@ -180,11 +180,6 @@ impl ThreadStats {
         total.incr();
         self.classes.0[usize::from(class.unwrap_or(0))][what as usize].incr();
     }
-
-    /// This worker's count of `what` in class `class`.
-    pub fn class_count(&self, what: ClassStat, class: u8) -> u64 {
-        self.classes.0[usize::from(class)][what as usize].get()
-    }
 }
 
 /// Store counters that `stats reset` zeroes (the others are gauges).

@@ -125,24 +125,19 @@ fn send_reply(
     peer: SocketAddr,
 ) {
     let total = out.len();
-    let Ok(count) = u16::try_from(udp::datagram_count(total)) else {
+    let framed = udp::frame_reply_from(
+        request_id,
+        total,
+        |payload| out.read_into(payload),
+        |d| {
+            // A full socket buffer drops the datagram, as UDP may.
+            if let Ok(k) = sock.send_to(d, peer) {
+                stats.bytes_written.add(k as u64);
+            }
+        },
+    );
+    if !framed {
         tracing::debug!("udp reply of {total} bytes too large to frame");
         out.clear();
-        return;
-    };
-    let mut dgram = [0u8; udp::MAX_DATAGRAM];
-    for sequence in 0..count {
-        let header = udp::FrameHeader {
-            request_id,
-            sequence,
-            count,
-            reserved: 0,
-        };
-        dgram[..udp::HEADER_LEN].copy_from_slice(&header.to_bytes());
-        let n = out.read_into(&mut dgram[udp::HEADER_LEN..]);
-        // A full socket buffer drops the datagram, as UDP may.
-        if let Ok(k) = sock.send_to(&dgram[..udp::HEADER_LEN + n], peer) {
-            stats.bytes_written.add(k as u64);
-        }
     }
 }

@@ -62,6 +62,16 @@ pub struct Found<S> {
     pub class_id: Option<u8>,
 }
 
+impl<S> Found<S> {
+    /// An outcome decided before any item was looked at (refused, or nothing there).
+    pub fn unfound(status: S) -> Found<S> {
+        Found {
+            status,
+            class_id: None,
+        }
+    }
+}
+
 use crate::store::{AllocError, ArithOptions, ItemInfo, LinkOptions, NewItem, Store, Txn};
 
 impl From<AllocError> for StoreStatus {
@@ -124,7 +134,7 @@ impl Store {
         // item fails that way even when `add` would not have stored it.
         let mut item = match self.alloc(key, value.len(), flags, exptime) {
             Ok(it) => it,
-            Err(e) => return unfound(e.into()),
+            Err(e) => return Found::unfound(e.into()),
         };
         item.write(0, value);
         self.store_item_found(mode, item, cas)
@@ -196,14 +206,14 @@ impl Store {
         // The new data alone must fit, as memcached allocates it first.
         match self.alloc(key, value.len(), flags, 0) {
             Ok(probe) => drop(probe),
-            Err(e) => return unfound(e.into()),
+            Err(e) => return Found::unfound(e.into()),
         }
         self.transact(key, |t| match t.item() {
             Some(old) => Found {
                 status: concat_locked(t, mode, &old, value, cas),
                 class_id: Some(old.class_id),
             },
-            None => unfound(StoreStatus::NotStored),
+            None => Found::unfound(StoreStatus::NotStored),
         })
     }
 
@@ -266,13 +276,6 @@ impl Store {
             t.mark_fetched();
             Some(info.class_id)
         })
-    }
-}
-
-fn unfound<S>(status: S) -> Found<S> {
-    Found {
-        status,
-        class_id: None,
     }
 }
 

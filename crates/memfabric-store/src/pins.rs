@@ -253,10 +253,7 @@ impl Store {
     /// prepend copy the old value into a new item, as `store` does). An item allocated
     /// by another store is not stored (`NotStored`) and is freed.
     pub fn store_pending(&self, mode: SetMode, item: PendingItem, cas: u64) -> StoreStatus {
-        if !std::ptr::eq(&*item.0.owner, &**self) {
-            return StoreStatus::NotStored;
-        }
-        self.store_item(mode, item.0, cas)
+        self.store_pending_found(mode, item, cas).status
     }
 
     /// `store_pending`, also telling the class of the item that was under the key.
@@ -267,10 +264,7 @@ impl Store {
         cas: u64,
     ) -> Found<StoreStatus> {
         if !std::ptr::eq(&*item.0.owner, &**self) {
-            return Found {
-                status: StoreStatus::NotStored,
-                class_id: None,
-            };
+            return Found::unfound(StoreStatus::NotStored);
         }
         self.store_item_found(mode, item.0, cas)
     }

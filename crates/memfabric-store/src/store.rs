@@ -1432,6 +1432,17 @@ impl Inner {
     /// class, and for a chained item its first chunk in each class of its chain. Takes
     /// class locks (bucket lock -> class lock is the allowed order).
     fn queue_push(&self, head: usize, h: &Header) {
+        if h.iflags & item::F_CHUNKED == 0 {
+            // The common case: one chunk, no chain table to read (and no Vec per SET).
+            let class = self.slabs.class_of(head);
+            if class != 0 {
+                self.slabs
+                    .lock(class)
+                    .queue
+                    .push_back(QueueEntry::new(head, h.cas));
+            }
+            return;
+        }
         let mut done: [u8; 3] = [0; 3];
         for c in self.item_chunks(head) {
             let class = self.slabs.class_of(c);

@@ -17,7 +17,7 @@ use memfabric_store::{
     SetMode, StoreStatus,
 };
 
-use super::{ExecCtx, Finish, Receiving, Session, Step};
+use super::{ExecCtx, Finish, Receiving, Session, Step, RECEIVE_IN_PLACE_FROM};
 use crate::outqueue::OutQueue;
 use crate::stats::ClassStat;
 
@@ -59,9 +59,6 @@ struct GetStream {
 /// A multiget line still arriving is served key by key once this much of it is
 /// buffered (memcached buffers any length; we keep no more than this of one line).
 pub const GET_STREAM_FROM: usize = 64 << 10;
-/// Storage commands whose data block has not fully arrived and whose value is at least
-/// this long receive it straight into item memory instead of the read buffer.
-pub const RECEIVE_IN_PLACE_FROM: usize = 16 << 10;
 
 /// The parts of a storage command line kept while its value arrives.
 pub struct StoreHeader {
@@ -579,10 +576,7 @@ fn receive_value(
         }
         Err(e) => {
             // Answered now; the data block is discarded as it arrives.
-            let refused = Found {
-                status: e.into(),
-                class_id: None,
-            };
+            let refused = Found::unfound(e.into());
             answer_store(ctx, r.cmd, r.key, r.noreply, refused, None, out);
             sess.swallow = p.value_len + 2;
         }

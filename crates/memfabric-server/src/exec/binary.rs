@@ -54,7 +54,7 @@ pub fn process_one(
             total,
         } => {
             if head.value_len <= ctx.shared.store.config().item_size_max {
-                if head.value_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+                if head.value_len >= super::RECEIVE_IN_PLACE_FROM {
                     // Large: receive it straight into the item it will become.
                     return receive_value(ctx, sess, header, &head, total, queue.bytes());
                 }
@@ -329,10 +329,7 @@ fn receive_value(
         }
         Err(e) => {
             // Answered now; the value is discarded as it arrives.
-            let refused = Found {
-                status: e.into(),
-                class_id: None,
-            };
+            let refused = Found::unfound(e.into());
             answer_store(ctx, &header, head, refused, None, header.quiet(), out);
             sess.swallow = head.value_len;
             Step::Done(before_value)

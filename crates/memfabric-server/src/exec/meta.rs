@@ -403,7 +403,7 @@ fn set(
     }
     let total = line_len + data_len + 2;
     if input.len() < total {
-        if data_len >= super::ascii::RECEIVE_IN_PLACE_FROM {
+        if data_len >= super::RECEIVE_IN_PLACE_FROM {
             return receive_value(ctx, sess, req, &input[..line_len], out);
         }
         return Step::NeedMore(total);

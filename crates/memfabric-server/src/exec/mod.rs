@@ -171,8 +171,7 @@ pub struct Receiving {
     /// Bytes that must follow the value (ascii's `\r\n`), and how many arrived.
     trailer: &'static [u8],
     trailer_seen: usize,
-    trailer_ok: bool,
-    /// The trailer bytes as they arrived.
+    /// The trailer bytes as they arrived (a trailer is at most `\r\n`).
     trailer_got: [u8; 2],
     /// What to do with the item once it is complete.
     finish: Finish,
@@ -192,7 +191,6 @@ impl Receiving {
             filled: 0,
             trailer,
             trailer_seen: 0,
-            trailer_ok: true,
             trailer_got: [0; 2],
             finish,
         }
@@ -206,9 +204,6 @@ impl Receiving {
         self.filled += n;
         let mut used = n;
         while used < input.len() && self.trailer_seen < self.trailer.len() {
-            if input[used] != self.trailer[self.trailer_seen] {
-                self.trailer_ok = false;
-            }
             if let Some(b) = self.trailer_got.get_mut(self.trailer_seen) {
                 *b = input[used];
             }
@@ -216,6 +211,11 @@ impl Receiving {
             used += 1;
         }
         used
+    }
+
+    /// The trailer bytes that arrived are the expected ones.
+    fn trailer_ok(&self) -> bool {
+        self.trailer_got.get(..self.trailer_seen) == self.trailer.get(..self.trailer_seen)
     }
 
     /// The value and what must follow it have all arrived.
@@ -377,6 +377,10 @@ pub fn process(
 
 /// Values at least this long are written from item memory (pinned), not copied.
 pub const PIN_VALUES_FROM: usize = 16 << 10;
+/// Storage requests whose value has not fully arrived and is at least this long receive
+/// it straight into item memory (`Receiving`) instead of the read buffer, on every
+/// protocol.
+pub const RECEIVE_IN_PLACE_FROM: usize = 16 << 10;
 
 /// Look `key` up for a reply: on a hit `header` writes the reply's header for the item,
 /// then a small value is copied after it, and a large one (`PIN_VALUES_FROM`) is queued
@@ -417,12 +421,12 @@ pub fn fetch(
 
 /// A received value is complete: store it and answer as its protocol does.
 fn finish_receiving(ctx: &mut ExecCtx<'_>, r: Receiving, out: &mut OutQueue) {
+    let trailer_ok = r.trailer_ok();
+    let trailer = r.trailer_got;
+    let trailer = &trailer[..r.trailer_seen];
     match r.finish {
-        Finish::Ascii(h) => ascii::finish_store(ctx, h, r.item, r.trailer_ok, out.bytes()),
+        Finish::Ascii(h) => ascii::finish_store(ctx, h, r.item, trailer_ok, out.bytes()),
         Finish::Binary(h) => binary::finish_store(ctx, h, r.item, out.bytes()),
-        Finish::Meta(h) => {
-            let trailer = &r.trailer_got[..r.trailer_seen];
-            meta::finish_store(ctx, h, r.item, trailer, out.bytes())
-        }
+        Finish::Meta(h) => meta::finish_store(ctx, h, r.item, trailer, out.bytes()),
     }
 }
