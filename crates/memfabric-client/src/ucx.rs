@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use memfabric_fabric as mf;
-use memfabric_proto::fabric::{self as fp, Opcode, Status};
+use memfabric_proto::ucx_wire::{self as fp, Opcode, Status};
+use memfabric_ucx as mf;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::addr::ServerAddr;

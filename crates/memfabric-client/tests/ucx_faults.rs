@@ -182,12 +182,12 @@ fn send_to_bootstrap(url: &str, frame: &[u8]) -> std::net::TcpStream {
 }
 
 /// The server's WELCOME on `s`; None when it closed the connection or sent no WELCOME.
-fn read_welcome(s: &mut std::net::TcpStream) -> Option<memfabric_proto::fabric::Welcome> {
+fn read_welcome(s: &mut std::net::TcpStream) -> Option<memfabric_proto::ucx_wire::Welcome> {
     use std::io::Read;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        match memfabric_proto::fabric::decode_welcome(&got) {
+        match memfabric_proto::ucx_wire::decode_welcome(&got) {
             Ok(Some((w, _))) => return Some(w),
             Err(_) => return None,
             Ok(None) => {}
@@ -206,8 +206,8 @@ fn hello(url: &str, frame: &[u8]) -> Option<u8> {
 }
 
 fn hello_frame(address: &[u8]) -> Vec<u8> {
-    memfabric_proto::fabric::Hello {
-        version: memfabric_proto::fabric::VERSION,
+    memfabric_proto::ucx_wire::Hello {
+        version: memfabric_proto::ucx_wire::VERSION,
         worker_address: address.to_vec(),
     }
     .encode()
@@ -216,8 +216,8 @@ fn hello_frame(address: &[u8]) -> Vec<u8> {
 /// Child mode: say HELLO with a live worker's address, connect to the worker WELCOME
 /// names, answer UCX for `progress_us` (both endpoints are wiring up), then die.
 fn client_dying_after_hello(url: &str, progress_us: u64) -> ! {
-    let ctx = memfabric_fabric::Context::new("hello-test").unwrap();
-    let mut w = memfabric_fabric::Worker::new(&ctx).unwrap();
+    let ctx = memfabric_ucx::Context::new("hello-test").unwrap();
+    let mut w = memfabric_ucx::Worker::new(&ctx).unwrap();
     let mut s = send_to_bootstrap(url, &hello_frame(&w.address().unwrap()));
     let welcome = read_welcome(&mut s).expect("no WELCOME");
     w.set_peer_errors(welcome.peer_errors);
@@ -240,14 +240,11 @@ fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
         client_dying_after_hello(url, ms.parse().unwrap());
     }
     let (server, url) = start_ucx_server();
-    let ctx = memfabric_fabric::Context::new("hello-test").unwrap();
-    let genuine = memfabric_fabric::Worker::new(&ctx)
-        .unwrap()
-        .address()
-        .unwrap();
+    let ctx = memfabric_ucx::Context::new("hello-test").unwrap();
+    let genuine = memfabric_ucx::Worker::new(&ctx).unwrap().address().unwrap();
     let mut unknown_format = genuine.clone();
     unknown_format[0] = (unknown_format[0] & 0xf0) | 0x07;
-    let refused = Some(memfabric_proto::fabric::WELCOME_REFUSED);
+    let refused = Some(memfabric_proto::ucx_wire::WELCOME_REFUSED);
     assert_eq!(hello(&url, &hello_frame(&[])), refused, "empty address");
     assert_eq!(hello(&url, &hello_frame(&[1; 5])), refused, "short address");
     assert_eq!(hello(&url, &hello_frame(&[0xff; 300])), refused, "garbage");

@@ -8,7 +8,7 @@
 
 pub mod ascii;
 pub mod binary;
-pub mod fabric;
 pub mod meta;
 pub mod onesided;
+pub mod ucx_wire;
 pub mod udp;

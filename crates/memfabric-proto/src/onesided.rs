@@ -359,7 +359,7 @@ pub fn check_item(chunk: &[u8], key: &[u8], live: &Live, now: u32) -> Result<Ite
 }
 
 /// Access hints: the items a client read one-sidedly, sent in batches (AM id
-/// [`crate::fabric::AM_HINTS`]) so that the server's eviction sees them as used.
+/// [`crate::ucx_frontend::AM_HINTS`]) so that the server's eviction sees them as used.
 /// Header: session id (u32), count (u32); data: `count` entries of item offset (u64),
 /// seq (u32), reserved (u32).
 pub const HINT_BYTES: usize = 16;

@@ -205,7 +205,7 @@ pub struct Args {
     pub ucx_port: u16,
     /// UCX: values larger than this many bytes go by rendezvous (the server pulls them
     /// into item memory / the client pulls them from item memory); smaller ones eagerly
-    #[arg(long = "ucx-eager-max", value_name = "bytes", default_value_t = memfabric_proto::fabric::DEFAULT_EAGER_MAX)]
+    #[arg(long = "ucx-eager-max", value_name = "bytes", default_value_t = memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX)]
     pub ucx_eager_max: usize,
     /// UCX: seconds a bootstrap connection has to complete its HELLO before it is closed
     /// (0 = no deadline).

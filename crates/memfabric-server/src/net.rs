@@ -44,7 +44,7 @@ pub struct Listeners {
     /// one UDP socket).
     pub udp: Vec<(std::net::UdpSocket, String)>,
     /// UCX bootstrap listeners (`--ucx-port`): a client says HELLO here and is handed to a
-    /// worker's UCX endpoint (crate::fabric).
+    /// worker's UCX endpoint (crate::ucx_frontend).
     pub ucx: Vec<(TcpListener, String)>,
 }
 
@@ -354,7 +354,7 @@ pub fn accept_loop(
 /// Hand every pending UCX bootstrap connection to a worker, round-robin. A bootstrap
 /// connection, and the UCX session it becomes, is a connection like any other: it counts
 /// toward `-c` and is refused as memcached refuses TCP ones over the limit (the fabric
-/// worker gives its slot back when the session ends, crate::fabric).
+/// worker gives its slot back when the session ends, crate::ucx_frontend).
 fn accept_ucx(
     shared: &Shared,
     t: &TcpListener,

@@ -135,7 +135,7 @@ impl Default for Settings {
             verbose: 0,
             poll_us: 0,
             ucx_port: 11311,
-            ucx_eager_max: memfabric_proto::fabric::DEFAULT_EAGER_MAX,
+            ucx_eager_max: memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX,
             ucx_hello_timeout: 10,
             ucx_transfer_timeout: 30,
             ucx_session_inflight_max: 64 << 20,

@@ -309,7 +309,7 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         // memfabric's own group: its own settings and the UCX data path.
         "fabric" => {
             v.put("poll_us", shared.settings.poll_us);
-            v.0.extend(crate::fabric::fabric_stats(shared));
+            v.0.extend(crate::ucx_frontend::fabric_stats(shared));
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),

@@ -17,8 +17,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
 use crate::exec::Shared;
-use crate::fabric::{FabricWorker, EFD_TOKEN};
 use crate::stats::ThreadStats;
+use crate::ucx_frontend::{FabricWorker, EFD_TOKEN};
 use crate::udp::UdpPort;
 
 const WAKER: Token = Token(0);
@@ -32,7 +32,7 @@ const FIRST_CONN: usize = 1 << 16;
 pub struct NewConn {
     pub stream: Stream,
     pub listen_addr: String,
-    /// A UCX bootstrap connection (crate::fabric), not a memcached one.
+    /// A UCX bootstrap connection (crate::ucx_frontend), not a memcached one.
     pub ucx: bool,
 }
 
@@ -245,7 +245,7 @@ impl Worker {
             }
             let token = Token(self.next_token);
             self.next_token += 1;
-            if self.next_token >= crate::fabric::TOKEN_BASE {
+            if self.next_token >= crate::ucx_frontend::TOKEN_BASE {
                 self.next_token = FIRST_CONN;
             }
             if let Err(e) = self.poll.registry().register(

@@ -46,7 +46,7 @@ pub struct Shared {
     /// Wakes the listener thread so that it notices `shutdown` (set by the runtime).
     pub shutdown_waker: OnceLock<mio::Waker>,
     /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
-    pub fabric: Option<crate::fabric::FabricShared>,
+    pub fabric: Option<crate::ucx_frontend::FabricShared>,
     /// What connections hold now (`stats bounds`).
     pub gauges: Arc<crate::bounds::Gauges>,
 }
@@ -105,7 +105,7 @@ pub enum Transport {
     Tcp,
     Udp,
     Unix,
-    /// The UCX active-message path (crate::fabric).
+    /// The UCX active-message path (crate::ucx_frontend).
     Ucx,
 }
 

@@ -2,7 +2,7 @@
 //! turn. Run under each `UCX_TLS` the CI uses (posix,cma,self and tcp,self).
 use std::time::{Duration, Instant};
 
-use memfabric_fabric::{AmData, Context, Endpoint, Event, Posted, Proto, SendHow, Worker};
+use memfabric_ucx::{AmData, Context, Endpoint, Event, Posted, Proto, SendHow, Worker};
 
 const AM_PING: u16 = 1;
 
@@ -207,7 +207,7 @@ fn rma_read(
     server: &mut Worker,
     cep: &Endpoint,
     addr: u64,
-    rkey: memfabric_fabric::RemoteKey,
+    rkey: memfabric_ucx::RemoteKey,
     n: usize,
 ) -> Vec<u8> {
     match client

@@ -20,12 +20,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memfabric_fabric as mf;
-use memfabric_proto::fabric::{self as fp, Opcode, Request, Response, Status};
+use memfabric_proto::ucx_wire::{self as fp, Opcode, Request, Response, Status};
 use memfabric_store::{
     ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, PinnedItem, SetMode,
     StoreStatus,
 };
+use memfabric_ucx as mf;
 use mio::{Interest, Registry, Token};
 
 use crate::exec::{ExecCtx, Shared, Transport};

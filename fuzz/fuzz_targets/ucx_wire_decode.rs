@@ -1,0 +1,26 @@
+#![no_main]
+//! The UCX wire protocol's decoders (AM request/response headers, bootstrap frames) on
+//! arbitrary input: never panic, and whatever decodes re-encodes to the same bytes.
+use libfuzzer_sys::fuzz_target;
+use memfabric_proto::ucx_wire;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(r) = ucx_wire::decode_request(data) {
+        assert!(r.key.len() <= ucx_wire::KEY_MAX);
+        assert_eq!(r.to_vec(), data);
+    }
+    if let Ok(r) = ucx_wire::decode_response(data) {
+        // The two reserved bytes are not kept; everything else round-trips.
+        let e = r.encode();
+        assert_eq!((&e[..2], &e[4..]), (&data[..2], &data[4..]));
+    }
+    let _ = ucx_wire::request_ids(data);
+    if let Ok(Some((h, used))) = ucx_wire::decode_hello(data) {
+        assert!(used <= data.len());
+        assert!(h.worker_address.len() <= ucx_wire::BLOB_MAX);
+    }
+    if let Ok(Some((w, used))) = ucx_wire::decode_welcome(data) {
+        assert!(used <= data.len());
+        assert!(w.arena_rkey.len() <= ucx_wire::BLOB_MAX);
+    }
+});
