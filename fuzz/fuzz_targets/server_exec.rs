@@ -34,6 +34,7 @@ fn run(chunks: &[&[u8]]) -> Vec<u8> {
         stats: &stats,
         transport: Transport::Tcp,
         conn_id: 1,
+        waiter: None,
     };
     let mut sess = Session::default();
     let mut buf: Vec<u8> = Vec::new();

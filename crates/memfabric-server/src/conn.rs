@@ -4,18 +4,18 @@
 //! to be run again. A drive does a bounded amount of work (one read batch, at most `-R`
 //! requests) so that one busy client cannot starve the others on the same worker; what
 //! is left is picked up on the next round of the worker's loop.
-use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
 use crate::bounds::{Gauges, Holdings, Share};
+use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
-use crate::stats::ThreadStats;
+pub use crate::shared::{ConnEntry, ConnRegistry, ConnState};
 
 /// Initial read buffer. It grows only as bytes arrive for a request that needs them (a
 /// value announced as large grows it as the value arrives, never ahead of it), and
@@ -111,114 +111,6 @@ impl Source for Stream {
             Stream::Tcp(s) => s.deregister(r),
             Stream::Unix(s) => s.deregister(r),
         }
-    }
-}
-
-/// What `stats conns` says a connection is doing (memcached's state names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ConnState {
-    Listening = 0,
-    Waiting = 1,
-    Read = 2,
-    ParseCmd = 3,
-    Nread = 4,
-    Mwrite = 5,
-    Closing = 6,
-}
-
-impl ConnState {
-    pub fn name(self) -> &'static str {
-        match self {
-            ConnState::Listening => "conn_listening",
-            ConnState::Waiting => "conn_waiting",
-            ConnState::Read => "conn_read",
-            ConnState::ParseCmd => "conn_parse_cmd",
-            ConnState::Nread => "conn_nread",
-            ConnState::Mwrite => "conn_mwrite",
-            ConnState::Closing => "conn_closing",
-        }
-    }
-
-    fn from_u8(v: u8) -> ConnState {
-        match v {
-            0 => ConnState::Listening,
-            1 => ConnState::Waiting,
-            2 => ConnState::Read,
-            3 => ConnState::ParseCmd,
-            4 => ConnState::Nread,
-            5 => ConnState::Mwrite,
-            _ => ConnState::Closing,
-        }
-    }
-}
-
-/// A connection (or listener) as `stats conns` lists it. The owning thread updates the
-/// atomics; the registry lock is taken only when entries come and go.
-#[derive(Debug)]
-pub struct ConnEntry {
-    /// `tcp:1.2.3.4:5678`, `udp:...`, `unix:/path`.
-    pub addr: String,
-    /// The listener it came in on, for accepted connections.
-    pub listen_addr: Option<String>,
-    /// UDP sockets print an extra `UDP` line.
-    pub udp: bool,
-    state: AtomicU8,
-    last_cmd: AtomicU32,
-}
-
-impl ConnEntry {
-    pub fn new(addr: String, listen_addr: Option<String>, udp: bool, state: ConnState) -> Self {
-        ConnEntry {
-            addr,
-            listen_addr,
-            udp,
-            state: AtomicU8::new(state as u8),
-            last_cmd: AtomicU32::new(0),
-        }
-    }
-    pub fn set_state(&self, s: ConnState) {
-        self.state.store(s as u8, Ordering::Relaxed);
-    }
-    pub fn state(&self) -> ConnState {
-        ConnState::from_u8(self.state.load(Ordering::Relaxed))
-    }
-    pub fn touch(&self, now: u32) {
-        self.last_cmd.store(now, Ordering::Relaxed);
-    }
-    pub fn last_cmd(&self) -> u32 {
-        self.last_cmd.load(Ordering::Relaxed)
-    }
-}
-
-/// Every open connection and listener, keyed by file descriptor as memcached prints them.
-#[derive(Debug, Default)]
-pub struct ConnRegistry {
-    entries: Mutex<BTreeMap<u64, Arc<ConnEntry>>>,
-}
-
-impl ConnRegistry {
-    pub fn insert(&self, id: u64, e: Arc<ConnEntry>) {
-        self.lock().insert(id, e);
-    }
-    pub fn remove(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-    /// A copy of the current entries, in descriptor order.
-    pub fn snapshot(&self) -> Vec<(u64, Arc<ConnEntry>)> {
-        self.lock()
-            .iter()
-            .map(|(k, v)| (*k, Arc::clone(v)))
-            .collect()
-    }
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ConnEntry>>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -485,6 +377,7 @@ impl Conn {
                 stats,
                 transport: self.stream.transport(),
                 conn_id: self.id,
+                waiter: None,
             };
             let verbose = shared.verbose.load(Ordering::Relaxed) >= 2;
             let before = self.out.len();

@@ -9,13 +9,16 @@
 
 pub mod bounds;
 pub mod cli;
+pub mod command;
 pub mod conn;
+pub mod counters;
 pub mod exec;
 pub mod net;
 pub mod outqueue;
 pub mod runtime;
 pub mod settings;
-pub mod stats;
+pub mod shared;
+pub mod ucx_context;
 pub mod ucx_frontend;
 pub mod udp;
 pub mod worker;

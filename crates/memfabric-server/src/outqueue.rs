@@ -18,6 +18,9 @@ const MAX_IOVECS: usize = 64;
 enum Segment {
     Bytes(Vec<u8>),
     Pinned(PinnedItem),
+    /// The place of a reply that is not ready (a command that answered "pending"):
+    /// nothing after it is written until `fill` puts the reply here.
+    Hole(u64),
 }
 
 impl Segment {
@@ -25,6 +28,7 @@ impl Segment {
         match self {
             Segment::Bytes(b) => b.len(),
             Segment::Pinned(p) => p.value_len(),
+            Segment::Hole(_) => 0,
         }
     }
 }
@@ -42,6 +46,8 @@ pub struct OutQueue {
     pinned_values: usize,
     /// Unsent bytes in all segments and the tail.
     queued: usize,
+    /// Holes not filled yet.
+    holes: usize,
 }
 
 /// A position in the queue to roll back to (see [`OutQueue::truncate`]).
@@ -88,6 +94,49 @@ impl OutQueue {
         &mut self.tail
     }
 
+    /// Keep the place of a reply that is not ready: replies appended after it wait until
+    /// [`OutQueue::fill`] puts that reply here.
+    pub fn push_hole(&mut self, ticket: u64) {
+        self.seal_tail();
+        self.holes += 1;
+        self.segments.push_back(Segment::Hole(ticket));
+    }
+
+    /// Holes not filled yet (replies the connection still owes before later ones).
+    pub fn holes(&self) -> usize {
+        self.holes
+    }
+
+    /// Nothing left to write and no reply still owed.
+    pub fn is_done(&self) -> bool {
+        self.is_empty() && self.holes == 0
+    }
+
+    /// Put the reply `with` (everything queued in it) where hole `ticket` is. Returns
+    /// false if there is no such hole.
+    pub fn fill(&mut self, ticket: u64, mut with: OutQueue) -> bool {
+        let Some(at) = self
+            .segments
+            .iter()
+            .position(|s| matches!(s, Segment::Hole(t) if *t == ticket))
+        else {
+            return false;
+        };
+        with.seal_tail();
+        debug_assert_eq!(with.sent, 0);
+        self.holes -= 1;
+        self.holes += with.holes;
+        self.queued += with.queued;
+        self.pinned += with.pinned;
+        self.pinned_values += with.pinned_values;
+        let tail = self.segments.split_off(at + 1);
+        self.segments.pop_back();
+        self.segments.extend(with.segments.drain(..));
+        self.segments.extend(tail);
+        with.reset();
+        true
+    }
+
     /// Queue a pinned value after everything appended so far.
     pub fn push_pinned(&mut self, pin: PinnedItem) {
         self.seal_tail();
@@ -132,6 +181,7 @@ impl OutQueue {
                     self.pinned -= p.value_len();
                     self.pinned_values -= 1;
                 }
+                Some(Segment::Hole(_)) => self.holes -= 1,
                 Some(Segment::Bytes(b)) => {
                     self.queued -= b.len();
                     if self.segments.len() == mark.segments {
@@ -158,8 +208,13 @@ impl OutQueue {
                     len: 0,
                 };
                 let mut skip = self.sent;
+                let mut blocked = false;
                 'fill: for seg in &self.segments {
                     match seg {
+                        Segment::Hole(_) => {
+                            blocked = true;
+                            break;
+                        }
                         Segment::Bytes(b) => {
                             slices.push(IoSlice::new(&b[skip..]));
                             skip = 0;
@@ -182,8 +237,12 @@ impl OutQueue {
                         break;
                     }
                 }
-                if slices.len() < MAX_IOVECS && !self.tail.is_empty() {
+                if !blocked && slices.len() < MAX_IOVECS && !self.tail.is_empty() {
                     slices.push(IoSlice::new(&self.tail[self.tail_sent()..]));
+                }
+                if slices.len() == 0 {
+                    // Only replies behind an unfilled hole are left.
+                    break;
                 }
                 match w.write_vectored(slices.as_slice()) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -196,7 +255,7 @@ impl OutQueue {
             self.consume(n);
             total += n;
         }
-        if self.is_empty() {
+        if self.is_done() {
             self.reset();
         }
         Ok(total)
@@ -215,7 +274,11 @@ impl OutQueue {
     /// Account `n` written bytes, releasing fully written segments (and their pins).
     fn consume(&mut self, mut n: usize) {
         while n > 0 {
-            let Some(front) = self.segments.front() else {
+            let Some(front) = self
+                .segments
+                .front()
+                .filter(|s| !matches!(s, Segment::Hole(_)))
+            else {
                 // Only the tail is left.
                 self.sent += n;
                 return;
@@ -242,6 +305,7 @@ impl OutQueue {
     /// connection.
     fn reset(&mut self) {
         self.segments.clear();
+        self.holes = 0;
         self.tail.clear();
         self.sent = 0;
         self.queued = 0;
@@ -269,6 +333,8 @@ impl OutQueue {
                     p.read_value(&mut value);
                     v.extend_from_slice(&value[skip..]);
                 }
+                // Logs and tests see what is written so far.
+                Segment::Hole(_) => return v,
             }
             skip = 0;
         }

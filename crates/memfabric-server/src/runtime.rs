@@ -136,7 +136,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         None
     } else {
         match memfabric_ucx::Context::new("memfabricd") {
-            Ok(ctx) => Some(crate::ucx_frontend::StoreMemory::new(ctx)),
+            Ok(ctx) => Some(crate::ucx_context::StoreMemory::new(ctx)),
             Err(e) => {
                 tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");
                 listeners.ucx.clear();
@@ -161,7 +161,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let mut shared = Shared::new(settings, store);
     if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
         let ctx = Arc::clone(m.context());
-        match crate::ucx_frontend::FabricShared::new(
+        match crate::ucx_context::FabricShared::new(
             ctx,
             Some(m),
             &shared.store,

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use memfabric_proto::udp;
 
 use crate::conn::{ConnEntry, ConnState};
+use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
-use crate::stats::ThreadStats;
 
 /// Datagrams handled per readiness round before other connections get a turn.
 const DATAGRAMS_PER_ROUND: usize = 64;
@@ -88,6 +88,7 @@ impl UdpPort {
             stats,
             transport: Transport::Udp,
             conn_id: self.id,
+            waiter: None,
         };
         let mut pos = 0;
         while pos < payload.len() {

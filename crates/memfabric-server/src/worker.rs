@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
+use crate::counters::ThreadStats;
 use crate::exec::Shared;
-use crate::stats::ThreadStats;
 use crate::ucx_frontend::{FabricWorker, EFD_TOKEN};
 use crate::udp::UdpPort;
 

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use memfabric_proto::binary::{opcode::*, write_request, ResponseHeader, HEADER_LEN};
+use memfabric_server::counters::ThreadStats;
 use memfabric_server::exec::{process, ExecCtx, Session, Shared, Transport};
 use memfabric_server::settings::Settings;
-use memfabric_server::stats::ThreadStats;
 use memfabric_store::Store;
 use proptest::prelude::*;
 
@@ -66,6 +66,7 @@ impl<'s> Conn<'s> {
             stats: &self.srv.stats,
             transport: Transport::Tcp,
             conn_id: 1,
+            waiter: None,
         };
         loop {
             let p = process(&mut ctx, &mut self.sess, &self.buf, &mut queue, usize::MAX);

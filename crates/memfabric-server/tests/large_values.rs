@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use memfabric_proto::binary::{opcode, write_request};
+use memfabric_server::counters::ThreadStats;
 use memfabric_server::exec::{process, ExecCtx, Session, Shared, Transport};
 use memfabric_server::outqueue::OutQueue;
 use memfabric_server::settings::Settings;
-use memfabric_server::stats::ThreadStats;
 use memfabric_store::Store;
 use proptest::prelude::*;
 
@@ -34,6 +34,7 @@ fn run(shared: &Shared, stats: &Arc<ThreadStats>, chunks: &[&[u8]]) -> Vec<u8> {
                 stats,
                 transport: Transport::Tcp,
                 conn_id: 1,
+                waiter: None,
             };
             let p = process(&mut ctx, &mut sess, &pending, &mut queue, 1000);
             replies.extend(queue.take_vec());

@@ -3,9 +3,9 @@
 //! against the Debian build on loopback).
 use std::sync::Arc;
 
+use memfabric_server::counters::ThreadStats;
 use memfabric_server::exec::{self, ExecCtx, Session, Shared, Transport};
 use memfabric_server::settings::Settings;
-use memfabric_server::stats::ThreadStats;
 use memfabric_store::{Store, StoreConfig};
 
 struct Conn {
@@ -49,6 +49,7 @@ impl Conn {
                 stats: &self.stats,
                 transport: Transport::Tcp,
                 conn_id: 1,
+                waiter: None,
             };
             let p = exec::process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
             out.extend(queue.take_vec());

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use memfabric_proto::binary::{opcode, write_request};
+use memfabric_server::counters::ThreadStats;
 use memfabric_server::exec::{process, ExecCtx, Session, Shared, Transport};
 use memfabric_server::settings::Settings;
-use memfabric_server::stats::ThreadStats;
 use memfabric_store::Store;
 
 fn server_with(settings: Settings) -> Shared {
@@ -52,6 +52,7 @@ impl<'a> Conn<'a> {
                 stats: &self.stats,
                 transport: Transport::Tcp,
                 conn_id: 1,
+                waiter: None,
             };
             let p = process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
             out.extend(queue.take_vec());

@@ -18,8 +18,8 @@ use memfabric_store::{
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step, RECEIVE_IN_PLACE_FROM};
+use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
-use crate::stats::ClassStat;
 
 /// Per-connection ascii state.
 #[derive(Default)]
@@ -231,7 +231,7 @@ fn execute(
             }
         }
         Request::Stats(s) => stats(ctx, s, out),
-        Request::Version => write_version(out, crate::stats::VERSION),
+        Request::Version => write_version(out, crate::counters::VERSION),
         Request::Verbosity { level, noreply } => {
             shared
                 .verbose
@@ -682,7 +682,7 @@ fn stats(ctx: &ExecCtx<'_>, s: StatsRequest<'_>, out: &mut Vec<u8>) {
     let group = match s {
         StatsRequest::General => "",
         StatsRequest::Reset => {
-            crate::stats::reset(ctx);
+            crate::command::stats::reset(ctx);
             out.extend_from_slice(reply::RESET);
             return;
         }
@@ -707,7 +707,7 @@ fn stats(ctx: &ExecCtx<'_>, s: StatsRequest<'_>, out: &mut Vec<u8>) {
             }
         },
     };
-    match crate::stats::collect(ctx, group) {
+    match crate::command::stats::collect(ctx, group) {
         Some(pairs) => {
             for (k, v) in &pairs {
                 write_stat(out, k, v);

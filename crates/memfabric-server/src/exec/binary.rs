@@ -15,8 +15,8 @@ use memfabric_store::{
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
-use crate::stats::ClassStat;
 
 /// First byte of every binary request.
 pub const REQUEST_MAGIC: u8 = bp::REQUEST_MAGIC;
@@ -147,7 +147,7 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
             0,
             &[],
             &[],
-            crate::stats::VERSION.as_bytes(),
+            crate::counters::VERSION.as_bytes(),
         ),
         Command::Quit => {
             if !quiet {
@@ -509,19 +509,22 @@ fn stat(ctx: &mut ExecCtx<'_>, h: &RequestHeader, group: &[u8], out: &mut Vec<u8
     let terminate = |out: &mut Vec<u8>| bp::write_stat(out, opaque, &[], &[]);
     let ctx: &ExecCtx<'_> = ctx;
     if group.is_empty() {
-        emit(out, &crate::stats::collect(ctx, "").unwrap_or_default());
+        emit(
+            out,
+            &crate::command::stats::collect(ctx, "").unwrap_or_default(),
+        );
     } else if group.starts_with(b"reset") {
-        crate::stats::reset(ctx);
+        crate::command::stats::reset(ctx);
     } else if group.starts_with(b"settings") {
         emit(
             out,
-            &crate::stats::collect(ctx, "settings").unwrap_or_default(),
+            &crate::command::stats::collect(ctx, "settings").unwrap_or_default(),
         );
     } else if let Some(sub) = group.strip_prefix(b"detail") {
         if sub.starts_with(b" dump") {
             // Prefix statistics are not recorded, so the dump is memcached's empty one
             // unless the stats module learns to produce it.
-            let pairs = crate::stats::collect(ctx, "detail dump")
+            let pairs = crate::command::stats::collect(ctx, "detail dump")
                 .unwrap_or_else(|| vec![("detailed".into(), "END\r\n".into())]);
             emit(out, &pairs);
         } else if sub.starts_with(b" on") || sub.starts_with(b" off") {
@@ -533,14 +536,14 @@ fn stat(ctx: &mut ExecCtx<'_>, h: &RequestHeader, group: &[u8], out: &mut Vec<u8
         match group {
             b"items" | b"slabs" | b"sizes" => {
                 let name = std::str::from_utf8(group).unwrap_or_default();
-                match crate::stats::collect(ctx, name) {
+                match crate::command::stats::collect(ctx, name) {
                     Some(pairs) => emit(out, &pairs),
                     None => return not_found(out),
                 }
             }
             b"sizes_enable" | b"sizes_disable" => {
                 let name = std::str::from_utf8(group).unwrap_or_default();
-                match crate::stats::collect(ctx, name) {
+                match crate::command::stats::collect(ctx, name) {
                     // memcached sends these without a terminator.
                     Some(pairs) => return emit(out, &pairs),
                     None => return not_found(out),

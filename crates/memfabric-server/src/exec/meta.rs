@@ -18,8 +18,8 @@ use memfabric_store::{
 };
 
 use super::{ExecCtx, Finish, Receiving, Session, Step};
+use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
-use crate::stats::ClassStat;
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";

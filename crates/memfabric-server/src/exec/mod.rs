@@ -7,116 +7,17 @@
 //!
 //! Files: `ascii.rs` (classic text commands and line framing), `meta.rs` (mg ms md ma mn
 //! me), `binary.rs` (binary protocol). Each exposes a `process_one` with the same shape.
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 
 use memfabric_store::{GetOptions, ItemInfo, PendingItem, Store};
 
 use crate::outqueue::OutQueue;
 
-use crate::settings::{ProtocolChoice, Settings};
-use crate::stats::ThreadStats;
+use crate::settings::ProtocolChoice;
+pub use crate::shared::{ExecCtx, Shared, Transport};
 
 pub mod ascii;
 pub mod binary;
 pub mod meta;
-
-/// State shared by every worker.
-pub struct Shared {
-    pub store: Store,
-    pub settings: Settings,
-    /// Runtime verbosity (`verbosity N` changes it).
-    pub verbose: AtomicU32,
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    /// Connections refused or closed for exceeding `-c`.
-    pub listen_disabled_num: AtomicU64,
-    /// Every worker's counters, summed by `stats`.
-    pub thread_stats: Mutex<Vec<Arc<ThreadStats>>>,
-    /// Process id and the unix time the server started.
-    pub pid: u32,
-    pub started: u32,
-    /// Open connections and listeners, for `stats conns`.
-    pub conns: crate::conn::ConnRegistry,
-    /// Counter values at the last `stats reset` (reported counters are deltas from it).
-    pub stats_base: crate::stats::ResetBase,
-    /// Set once the server is stopping (signal or the `shutdown` command).
-    pub shutdown: AtomicBool,
-    /// Wakes the listener thread so that it notices `shutdown` (set by the runtime).
-    pub shutdown_waker: OnceLock<mio::Waker>,
-    /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
-    pub fabric: Option<crate::ucx_frontend::FabricShared>,
-    /// What connections hold now (`stats bounds`).
-    pub gauges: Arc<crate::bounds::Gauges>,
-}
-
-impl Shared {
-    pub fn new(settings: Settings, store: Store) -> Shared {
-        let started = store.clock().started();
-        Shared {
-            verbose: AtomicU32::new(settings.verbose),
-            store,
-            settings,
-            curr_connections: AtomicU64::new(0),
-            total_connections: AtomicU64::new(0),
-            rejected_connections: AtomicU64::new(0),
-            listen_disabled_num: AtomicU64::new(0),
-            thread_stats: Mutex::new(Vec::new()),
-            pid: std::process::id(),
-            started,
-            conns: Default::default(),
-            stats_base: Default::default(),
-            shutdown: AtomicBool::new(false),
-            shutdown_waker: OnceLock::new(),
-            fabric: None,
-            gauges: Default::default(),
-        }
-    }
-
-    /// Stop the server (ascii `shutdown` with `-A`, or a signal): the listener stops
-    /// accepting, workers close their connections after flushing, the process exits.
-    pub fn request_shutdown(&self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        if let Some(w) = self.shutdown_waker.get() {
-            // Nothing to do if the wake fails: the listener also polls with a timeout.
-            let _ = w.wake();
-        }
-    }
-
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
-    }
-
-    /// Register a worker's counters; the worker keeps the returned handle.
-    pub fn register_thread(&self) -> Arc<ThreadStats> {
-        let t = Arc::new(ThreadStats::default());
-        self.thread_stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(t.clone());
-        t
-    }
-}
-
-/// What a transport a request came over can do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    Udp,
-    Unix,
-    /// The UCX active-message path (crate::ucx_frontend).
-    Ucx,
-}
-
-/// Everything a command needs besides its bytes.
-pub struct ExecCtx<'a> {
-    pub shared: &'a Shared,
-    pub stats: &'a ThreadStats,
-    pub transport: Transport,
-    /// Identifies the connection in logs (memcached prints the fd).
-    pub conn_id: u64,
-}
 
 /// Which protocol a connection speaks, decided by its first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,390 @@
+//! The command layer: one function per memcached command, shared by every front end.
+//!
+//! A front end (ascii, meta, binary — over TCP, unix sockets and UDP — and the UCX path)
+//! parses its wire format into the typed arguments below, calls the command, and encodes
+//! the typed outcome in its own format. The command does the store call, memcached's
+//! counters for it (including where memcached counts differently per protocol, which the
+//! caller states as a typed argument, never by duplicating the command), and the side
+//! effects memcached attaches to it (a failed SET unlinks the old value).
+//!
+//! A retrieval may answer [`Lookup::Pending`]: its result is not ready (a value on a slower
+//! tier; today only keys held by the `--debug-hold-keys` test store, see [`holds`]). The
+//! front end keeps its place in the reply order and asks again when the worker is told
+//! the result is ready ([`crate::shared::Inbox`]).
+use std::sync::atomic::Ordering;
+
+use memfabric_store::{
+    AllocError, ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, ItemInfo, PendingItem,
+    PinnedItem, SetMode, StoreStatus,
+};
+
+use crate::counters::{ClassStat, VERSION};
+use crate::shared::ExecCtx;
+
+pub mod holds;
+pub mod stats;
+
+/// How a retrieval counts: memcached counts a get-and-touch as a touch, not as a get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retrieval {
+    Get,
+    /// Get and set this absolute exptime (0 = never expires).
+    Touch(u32),
+}
+
+impl Retrieval {
+    fn touch(self) -> Option<u32> {
+        match self {
+            Retrieval::Get => None,
+            Retrieval::Touch(e) => Some(e),
+        }
+    }
+}
+
+/// How a front end wants a hit's value delivered.
+#[derive(Clone, Copy, Debug)]
+pub struct Delivery {
+    /// Values up to this many bytes are copied after the reply header.
+    pub copy_limit: usize,
+    /// Larger values: pinned (written from item memory by the caller) or only reported
+    /// (`Value::Large`; the UCX path then sends them from item memory under the lock).
+    pub pin_large: bool,
+    /// Record the access for eviction (meta's `mg ... q` without `u` turns it off).
+    pub bump: bool,
+}
+
+/// Where a hit's value is.
+pub enum Value {
+    /// Copied into the caller's buffer right after the header.
+    Copied,
+    /// Too large to copy; pinned in item memory until the pin is dropped.
+    Pinned(PinnedItem),
+    /// Too large to copy and not pinned (`Delivery::pin_large` was false).
+    Large,
+}
+
+/// The outcome of a lookup.
+pub enum Lookup {
+    Hit(ItemInfo, Value),
+    Miss,
+    /// Not ready yet: the caller keeps its reply's place and retries when `ticket` is
+    /// reported ready to its worker. Never returned to a caller that cannot wait.
+    Pending(holds::Ticket),
+}
+
+/// Look `key` up without counting it (meta's optimistic path decides afterwards whether
+/// the lookup stands). A hit runs `header(info, out)` and, for a small value, copies the
+/// value after it; see [`Delivery`]. A large value pinned is looked up again under its
+/// lock after the first look recorded the access: gone in between is a miss.
+pub fn lookup(
+    ctx: &ExecCtx<'_>,
+    key: &[u8],
+    how: Retrieval,
+    delivery: Delivery,
+    out: &mut Vec<u8>,
+    mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Lookup {
+    if let Some(ticket) = holds::hold(ctx, key) {
+        return Lookup::Pending(ticket);
+    }
+    let store = &ctx.shared.store;
+    let opts = GetOptions {
+        touch: how.touch(),
+        bump: delivery.bump,
+        copy_limit: delivery.copy_limit,
+    };
+    let mut large = false;
+    let hit = store.get_into(key, &opts, out, |info, out| {
+        large = info.value_len as usize > opts.copy_limit;
+        if !large {
+            header(info, out);
+        }
+    });
+    let Some(info) = hit else {
+        return Lookup::Miss;
+    };
+    if !large {
+        return Lookup::Hit(info, Value::Copied);
+    }
+    if !delivery.pin_large {
+        return Lookup::Hit(info, Value::Large);
+    }
+    let quiet = GetOptions {
+        bump: false,
+        ..GetOptions::default()
+    };
+    match store.get_pinned(key, &quiet) {
+        Some((info, pin)) => {
+            header(&info, out);
+            Lookup::Hit(info, Value::Pinned(pin))
+        }
+        None => Lookup::Miss,
+    }
+}
+
+/// get, gets, gat, gats (ascii), GET*/GAT* (binary), `mg`'s plain path, UCX GET/GAT:
+/// [`lookup`] and memcached's counters for it.
+pub fn get(
+    ctx: &ExecCtx<'_>,
+    key: &[u8],
+    how: Retrieval,
+    delivery: Delivery,
+    out: &mut Vec<u8>,
+    header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Lookup {
+    let found = lookup(ctx, key, how, delivery, out, header);
+    match &found {
+        Lookup::Hit(info, _) => count_retrieval(ctx, how, Some(info.class_id)),
+        Lookup::Miss => count_retrieval(ctx, how, None),
+        // Counted when it completes.
+        Lookup::Pending(_) => {}
+    }
+    found
+}
+
+/// Count one retrieval: `hit` is the slab class of the item found.
+pub fn count_retrieval(ctx: &ExecCtx<'_>, how: Retrieval, hit: Option<u8>) {
+    let s = ctx.stats;
+    match (how, hit) {
+        (Retrieval::Get, Some(class)) => {
+            s.cmd_get.incr();
+            s.count(ClassStat::GetHits, Some(class));
+        }
+        (Retrieval::Get, None) => {
+            s.cmd_get.incr();
+            s.get_misses.incr();
+        }
+        (Retrieval::Touch(_), Some(class)) => {
+            s.cmd_touch.incr();
+            s.count(ClassStat::TouchHits, Some(class));
+        }
+        (Retrieval::Touch(_), None) => {
+            s.cmd_touch.incr();
+            s.touch_misses.incr();
+        }
+    }
+}
+
+/// touch (ascii), TOUCH (binary), UCX TOUCH: set a new absolute exptime. Returns the
+/// item (flags and CAS, for replies that carry them) or `None` for a miss.
+pub fn touch(ctx: &ExecCtx<'_>, key: &[u8], exptime: u32) -> Option<ItemInfo> {
+    // Through a transaction rather than `Store::touch`: replies may need the flags and
+    // CAS, and copying the value only to drop it would be waste.
+    let hit = ctx.shared.store.transact(key, |t| {
+        let info = t.item()?;
+        t.set_exptime(exptime);
+        t.mark_fetched();
+        Some(info)
+    });
+    count_retrieval(ctx, Retrieval::Touch(exptime), hit.map(|i| i.class_id));
+    hit
+}
+
+/// delete (ascii), DELETE (binary), `md` without flags, UCX DELETE. `cas` 0: any value.
+/// A CAS mismatch (`Exists`) is counted as memcached does: not at all.
+pub fn delete(ctx: &ExecCtx<'_>, key: &[u8], cas: u64) -> DeleteStatus {
+    let found = ctx.shared.store.delete_found(key, cas);
+    match found.status {
+        DeleteStatus::Deleted => ctx.stats.count(ClassStat::DeleteHits, found.class_id),
+        DeleteStatus::NotFound => ctx.stats.delete_misses.incr(),
+        DeleteStatus::Exists => {}
+    }
+    found.status
+}
+
+/// An incr or decr.
+#[derive(Clone, Copy, Debug)]
+pub struct Arith {
+    pub incr: bool,
+    pub delta: u64,
+    /// Only if the item's CAS is this (0: any).
+    pub cas: u64,
+    /// On a miss, create the item with this (initial value, flags, absolute exptime)
+    /// (binary INCR/DECR; the classic commands never create).
+    pub create: Option<(u64, u32, u32)>,
+}
+
+/// The outcome of [`arith`].
+#[derive(Clone, Copy, Debug)]
+pub struct ArithDone {
+    pub status: ArithStatus,
+    /// The item did not exist and was created with the initial value.
+    pub created: bool,
+}
+
+/// incr/decr (ascii), INCR/DECR (binary), UCX INCR/DECR. Counted as memcached does: a hit
+/// as a hit, a miss that creates the item as neither, a miss that may not create as a
+/// miss.
+pub fn arith(ctx: &ExecCtx<'_>, key: &[u8], a: Arith) -> ArithDone {
+    let store = &ctx.shared.store;
+    let first = ArithOptions {
+        cas: a.cas,
+        create: None,
+    };
+    let found = store.arith_found(key, a.incr, a.delta, &first);
+    let (status, created) = match (found.status, a.create) {
+        (ArithStatus::NotFound, Some(create)) => {
+            // memcached ignores the CAS when it creates the item.
+            let opts = ArithOptions {
+                cas: 0,
+                create: Some(create),
+            };
+            (store.arith(key, a.incr, a.delta, &opts), true)
+        }
+        (status, _) => (status, false),
+    };
+    let s = ctx.stats;
+    match status {
+        ArithStatus::Value { .. } if !created => {
+            let what = if a.incr {
+                ClassStat::IncrHits
+            } else {
+                ClassStat::DecrHits
+            };
+            s.count(what, found.class_id);
+        }
+        ArithStatus::NotFound if a.incr => s.incr_misses.incr(),
+        ArithStatus::NotFound => s.decr_misses.incr(),
+        _ => {}
+    }
+    ArithDone { status, created }
+}
+
+/// How memcached counts a storage command's refusals, which differs by protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreAccounting {
+    /// ascii and meta (and the UCX path): `store_too_large` / `store_no_memory` count.
+    Text,
+    /// memcached's binary path counts neither.
+    Binary,
+}
+
+/// A storage command's arguments (the value travels separately).
+#[derive(Clone, Copy, Debug)]
+pub struct StoreArgs<'k> {
+    pub mode: SetMode,
+    pub key: &'k [u8],
+    pub flags: u32,
+    /// Absolute exptime (0 = never).
+    pub exptime: u32,
+    /// Compare with this CAS (0: none). With `SetMode::Set/Add/Replace` and a CAS the
+    /// store compares too.
+    pub cas: u64,
+    /// Count the outcome as a compare-and-swap (`cas_hits`, `cas_badval`, `cas_misses`).
+    pub counts_as_cas: bool,
+    pub accounting: StoreAccounting,
+}
+
+/// set/add/replace/append/prepend/cas with the whole value at hand.
+pub fn store(ctx: &ExecCtx<'_>, a: &StoreArgs<'_>, value: &[u8]) -> StoreStatus {
+    let store = &ctx.shared.store;
+    let found = store.store_found(a.mode, a.key, value, a.flags, a.exptime, a.cas);
+    let class = store.item_class(a.key.len(), value.len());
+    stored(ctx, a, found, class)
+}
+
+/// Allocate the item a storage command's large value will be received into (so the
+/// memory counts in `-m` while it arrives, as memcached's half-read items do). On
+/// failure the command is answered now: the returned status is its outcome, counted.
+pub fn alloc_pending(
+    ctx: &ExecCtx<'_>,
+    a: &StoreArgs<'_>,
+    value_len: usize,
+) -> Result<PendingItem, StoreStatus> {
+    ctx.shared
+        .store
+        .alloc_pending(a.key, value_len, a.flags, a.exptime)
+        .map_err(|e: AllocError| stored(ctx, a, Found::unfound(e.into()), None))
+}
+
+/// A storage command whose value was received into `item` (from [`alloc_pending`]).
+pub fn store_pending(ctx: &ExecCtx<'_>, a: &StoreArgs<'_>, item: PendingItem) -> StoreStatus {
+    let store = &ctx.shared.store;
+    let class = store.item_class(a.key.len(), item.value_len());
+    let found = store.store_pending_found(a.mode, item, a.cas);
+    stored(ctx, a, found, class)
+}
+
+/// A storage command refused before its value was read (larger than any item can be):
+/// counted, and the old value of a SET unlinked, as memcached does.
+pub fn refuse_too_large(ctx: &ExecCtx<'_>, a: &StoreArgs<'_>) {
+    stored(ctx, a, Found::unfound(StoreStatus::TooLarge), None);
+}
+
+/// A storage command's data block was malformed: memcached counts it as a set (it read
+/// the data), stores nothing.
+pub fn bad_data(ctx: &ExecCtx<'_>, new_class: Option<u8>) {
+    ctx.stats.protocol_errors.incr();
+    ctx.stats.count(ClassStat::SetCmds, new_class);
+}
+
+/// Count a storage command's outcome. memcached counts `cmd_set` in the class of the
+/// request's item (`new_class`) once it is allocated, and CAS results in the class of
+/// the item that was under the key; a SET that fails for size or memory unlinks the old
+/// value, so that a client never reads stale data after a failed overwrite.
+fn stored(
+    ctx: &ExecCtx<'_>,
+    a: &StoreArgs<'_>,
+    found: Found<StoreStatus>,
+    new_class: Option<u8>,
+) -> StoreStatus {
+    let s = ctx.stats;
+    let status = found.status;
+    match status {
+        StoreStatus::TooLarge | StoreStatus::OutOfMemory => {
+            if a.accounting == StoreAccounting::Text {
+                if status == StoreStatus::TooLarge {
+                    s.store_too_large.incr();
+                } else {
+                    s.store_no_memory.incr();
+                }
+            }
+            if a.mode == SetMode::Set {
+                let _ = ctx.shared.store.delete(a.key, 0);
+            }
+            return status;
+        }
+        _ => s.count(ClassStat::SetCmds, new_class),
+    }
+    if a.counts_as_cas {
+        match status {
+            StoreStatus::Stored { .. } => s.count(ClassStat::CasHits, found.class_id),
+            StoreStatus::Exists => s.count(ClassStat::CasBadval, found.class_id),
+            StoreStatus::NotFound => s.cas_misses.incr(),
+            _ => {}
+        }
+    }
+    status
+}
+
+/// flush_all was refused (`-F`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushDisabled;
+
+/// flush_all (ascii), FLUSH (binary), UCX FLUSH: invalidate every item now, or at
+/// `delay` seconds from now (memcached treats 0 as now). memcached's ascii path counts
+/// the command even when `-F` refuses it (`count_refused`); its binary path does not.
+pub fn flush_all(ctx: &ExecCtx<'_>, delay: u32, count_refused: bool) -> Result<(), FlushDisabled> {
+    if !ctx.shared.settings.flush_enabled {
+        if count_refused {
+            ctx.stats.cmd_flush.incr();
+        }
+        return Err(FlushDisabled);
+    }
+    ctx.stats.cmd_flush.incr();
+    let store = &ctx.shared.store;
+    let at = (delay > 0).then(|| store.clock().exptime(delay.into()));
+    store.flush_all(at);
+    Ok(())
+}
+
+/// version: the memcached version we speak (clients decide by it which protocol features
+/// they may use).
+pub fn version() -> &'static str {
+    VERSION
+}
+
+/// verbosity: set the log level at run time.
+pub fn verbosity(ctx: &ExecCtx<'_>, level: u32) {
+    ctx.shared.verbose.store(level, Ordering::Relaxed);
+}

@@ -1,0 +1,271 @@
+//! What every worker shares (the store, settings, connection counts and registry, the
+//! UCX context) and what a command is run with (`ExecCtx`). Everything above the counters
+//! and settings layer reads these; nothing here knows a protocol or a socket.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use memfabric_store::Store;
+
+use crate::counters::ThreadStats;
+use crate::settings::Settings;
+
+/// State shared by every worker.
+pub struct Shared {
+    pub store: Store,
+    pub settings: Settings,
+    /// Runtime verbosity (`verbosity N` changes it).
+    pub verbose: AtomicU32,
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    /// Connections refused or closed for exceeding `-c`.
+    pub listen_disabled_num: AtomicU64,
+    /// Every worker's counters, summed by `stats`.
+    pub thread_stats: Mutex<Vec<Arc<ThreadStats>>>,
+    /// Process id and the unix time the server started.
+    pub pid: u32,
+    pub started: u32,
+    /// Open connections and listeners, for `stats conns`.
+    pub conns: ConnRegistry,
+    /// Counter values at the last `stats reset` (reported counters are deltas from it).
+    pub stats_base: crate::counters::ResetBase,
+    /// Set once the server is stopping (signal or the `shutdown` command).
+    pub shutdown: AtomicBool,
+    /// Wakes the listener thread so that it notices `shutdown` (set by the runtime).
+    pub shutdown_waker: OnceLock<mio::Waker>,
+    /// The UCX context and registered memory, when `--ucx-port` is on and UCX started.
+    pub fabric: Option<crate::ucx_context::FabricShared>,
+    /// What connections hold now (`stats bounds`).
+    pub gauges: Arc<crate::bounds::Gauges>,
+    /// The test store's held keys (`--debug-hold-keys`), when on.
+    pub holds: Option<crate::command::holds::Holds>,
+}
+
+impl Shared {
+    pub fn new(settings: Settings, store: Store) -> Shared {
+        let started = store.clock().started();
+        Shared {
+            verbose: AtomicU32::new(settings.verbose),
+            store,
+            settings,
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            listen_disabled_num: AtomicU64::new(0),
+            thread_stats: Mutex::new(Vec::new()),
+            pid: std::process::id(),
+            started,
+            conns: Default::default(),
+            stats_base: Default::default(),
+            shutdown: AtomicBool::new(false),
+            shutdown_waker: OnceLock::new(),
+            fabric: None,
+            gauges: Default::default(),
+            holds: None,
+        }
+    }
+
+    /// Stop the server (ascii `shutdown` with `-A`, or a signal): the listener stops
+    /// accepting, workers close their connections after flushing, the process exits.
+    pub fn request_shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Some(w) = self.shutdown_waker.get() {
+            // Nothing to do if the wake fails: the listener also polls with a timeout.
+            let _ = w.wake();
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Register a worker's counters; the worker keeps the returned handle.
+    pub fn register_thread(&self) -> Arc<ThreadStats> {
+        let t = Arc::new(ThreadStats::default());
+        self.thread_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(t.clone());
+        t
+    }
+}
+
+/// What a transport a request came over can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+    Unix,
+    /// The UCX active-message path (crate::ucx_frontend).
+    Ucx,
+}
+
+/// Everything a command needs besides its bytes.
+pub struct ExecCtx<'a> {
+    pub shared: &'a Shared,
+    pub stats: &'a ThreadStats,
+    pub transport: Transport,
+    /// Identifies the connection in logs (memcached prints the fd).
+    pub conn_id: u64,
+    /// Where to report that a command which answered "pending" can go on; `None` where
+    /// the caller cannot wait (the command then completes at once).
+    pub waiter: Option<Waiter<'a>>,
+}
+
+/// Who is waiting for a pending command: a worker's inbox and what in that worker.
+#[derive(Clone, Copy)]
+pub struct Waiter<'a> {
+    pub inbox: &'a Arc<Inbox>,
+    pub target: Target,
+}
+
+/// What in a worker a ready command belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A stream connection, by its poll token.
+    Conn(usize),
+    /// A UDP socket of the worker, by index.
+    Udp(usize),
+    /// The worker's UCX front end.
+    Ucx,
+}
+
+/// A worker's inbox of pending commands that became ready, filled by other threads and
+/// drained by the worker when its waker fires.
+pub struct Inbox {
+    ready: Mutex<Vec<(Target, u64)>>,
+    waker: Arc<mio::Waker>,
+}
+
+impl Inbox {
+    pub fn new(waker: Arc<mio::Waker>) -> Inbox {
+        Inbox {
+            ready: Mutex::new(Vec::new()),
+            waker,
+        }
+    }
+
+    /// Report pending command `ticket` of `target` ready, and wake the worker.
+    pub fn post(&self, target: Target, ticket: u64) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((target, ticket));
+        // Fails only when the worker's poll is gone, i.e. it has exited.
+        let _ = self.waker.wake();
+    }
+
+    /// Everything reported since the last call.
+    pub fn take(&self) -> Vec<(Target, u64)> {
+        std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// What `stats conns` says a connection is doing (memcached's state names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    Listening = 0,
+    Waiting = 1,
+    Read = 2,
+    ParseCmd = 3,
+    Nread = 4,
+    Mwrite = 5,
+    Closing = 6,
+}
+
+impl ConnState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnState::Listening => "conn_listening",
+            ConnState::Waiting => "conn_waiting",
+            ConnState::Read => "conn_read",
+            ConnState::ParseCmd => "conn_parse_cmd",
+            ConnState::Nread => "conn_nread",
+            ConnState::Mwrite => "conn_mwrite",
+            ConnState::Closing => "conn_closing",
+        }
+    }
+
+    fn from_u8(v: u8) -> ConnState {
+        match v {
+            0 => ConnState::Listening,
+            1 => ConnState::Waiting,
+            2 => ConnState::Read,
+            3 => ConnState::ParseCmd,
+            4 => ConnState::Nread,
+            5 => ConnState::Mwrite,
+            _ => ConnState::Closing,
+        }
+    }
+}
+
+/// A connection (or listener) as `stats conns` lists it. The owning thread updates the
+/// atomics; the registry lock is taken only when entries come and go.
+#[derive(Debug)]
+pub struct ConnEntry {
+    /// `tcp:1.2.3.4:5678`, `udp:...`, `unix:/path`.
+    pub addr: String,
+    /// The listener it came in on, for accepted connections.
+    pub listen_addr: Option<String>,
+    /// UDP sockets print an extra `UDP` line.
+    pub udp: bool,
+    state: AtomicU8,
+    last_cmd: AtomicU32,
+}
+
+impl ConnEntry {
+    pub fn new(addr: String, listen_addr: Option<String>, udp: bool, state: ConnState) -> Self {
+        ConnEntry {
+            addr,
+            listen_addr,
+            udp,
+            state: AtomicU8::new(state as u8),
+            last_cmd: AtomicU32::new(0),
+        }
+    }
+    pub fn set_state(&self, s: ConnState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+    pub fn state(&self) -> ConnState {
+        ConnState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+    pub fn touch(&self, now: u32) {
+        self.last_cmd.store(now, Ordering::Relaxed);
+    }
+    pub fn last_cmd(&self) -> u32 {
+        self.last_cmd.load(Ordering::Relaxed)
+    }
+}
+
+/// Every open connection and listener, keyed by file descriptor as memcached prints them.
+#[derive(Debug, Default)]
+pub struct ConnRegistry {
+    entries: Mutex<BTreeMap<u64, Arc<ConnEntry>>>,
+}
+
+impl ConnRegistry {
+    pub fn insert(&self, id: u64, e: Arc<ConnEntry>) {
+        self.lock().insert(id, e);
+    }
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+    /// A copy of the current entries, in descriptor order.
+    pub fn snapshot(&self) -> Vec<(u64, Arc<ConnEntry>)> {
+        self.lock()
+            .iter()
+            .map(|(k, v)| (*k, Arc::clone(v)))
+            .collect()
+    }
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ConnEntry>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

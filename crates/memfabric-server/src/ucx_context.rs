@@ -1,0 +1,216 @@
+//! The process-wide UCX state of memfabricd: the UCX context, the store's memory as UCX
+//! allocated or registered it (exported to one-sided readers), and the UCX path's counters
+//! (`stats fabric`). Worker threads' UCX front ends (`ucx_frontend`) share it.
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use memfabric_ucx as mf;
+
+/// A store mapping as remote readers see it: where it is and the key to read it.
+pub(crate) struct Exported {
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    pub(crate) rkey: Vec<u8>,
+    /// Our registration of the mapping, when UCX did not allocate it (and so registered
+    /// it already).
+    registration: Option<mf::MemRegion>,
+}
+
+impl Exported {
+    /// Export `region` of the store: with the rkey packed when UCX allocated it (see
+    /// `store_memory`), or by registering it now.
+    fn new(
+        ctx: &Arc<mf::Context>,
+        region: (*mut u8, usize),
+        allocated: &[(u64, Vec<u8>)],
+    ) -> Result<Exported, mf::Error> {
+        let (base, len) = region;
+        if let Some((_, rkey)) = allocated.iter().find(|(b, _)| *b == base as u64) {
+            return Ok(Exported {
+                base: base as u64,
+                len: len as u64,
+                rkey: rkey.clone(),
+                registration: None,
+            });
+        }
+        let reg = ctx.mem_map(base, len)?;
+        Ok(Exported {
+            base: base as u64,
+            len: len as u64,
+            rkey: reg.pack_rkey()?,
+            registration: Some(reg),
+        })
+    }
+}
+
+/// Memory for the store that UCX allocates (shared memory on one host, so that one-sided
+/// readers there map it instead of paying a system call per read), with each region's
+/// base and packed rkey recorded for `FabricShared::new`.
+pub struct StoreMemory {
+    ctx: Arc<mf::Context>,
+    allocated: std::sync::Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+impl StoreMemory {
+    pub fn new(ctx: Arc<mf::Context>) -> StoreMemory {
+        StoreMemory {
+            ctx,
+            allocated: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The allocator `Store::with_memory` calls for the arena and the index.
+    pub fn allocate(&self, len: usize) -> io::Result<Box<dyn memfabric_store::Memory>> {
+        let region = self.ctx.mem_alloc(len).map_err(io::Error::other)?;
+        let rkey = region.pack_rkey().map_err(io::Error::other)?;
+        self.allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((region.addr(), rkey));
+        Ok(Box::new(region))
+    }
+
+    pub fn context(&self) -> &Arc<mf::Context> {
+        &self.ctx
+    }
+
+    /// Forget what was allocated (the store was built without it after all): a later
+    /// mapping at a freed region's address must not be mistaken for it.
+    pub fn forget(&self) {
+        self.allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Process-wide UCX state: the context and the exported store mappings.
+pub struct FabricShared {
+    pub(crate) ctx: Arc<mf::Context>,
+    pub(crate) arena: Exported,
+    pub(crate) index: Exported,
+    /// Values above this many bytes go by rendezvous.
+    pub eager_max: usize,
+    pub(crate) next_session: AtomicU32,
+    pub curr_sessions: AtomicU64,
+    pub total_sessions: AtomicU64,
+    /// Sessions whose endpoint has UCX peer-failure handling.
+    pub peer_error_sessions: AtomicU64,
+    /// Rendezvous receives still in flight when their client went away on an endpoint
+    /// without peer-failure handling: UCX 1.13 can neither cancel nor fail them, so their
+    /// pending items stay allocated (never linked, never visible) until UCX lets go.
+    pub orphaned_receives: AtomicU64,
+    /// One-sided readers' access hints applied / refused (item gone or changed).
+    pub hints_taken: AtomicU64,
+    pub hints_stale: AtomicU64,
+    /// Items pinned now by rendezvous GET replies in flight, and their value bytes.
+    pub pins: AtomicU64,
+    pub pinned_bytes: AtomicU64,
+    /// Rendezvous receives (large SET values) in flight now, and their bytes.
+    pub receives: AtomicU64,
+    pub receiving_bytes: AtomicU64,
+    /// Rendezvous sends / receives cancelled because their session ended first (client
+    /// gone, deadline passed, or hostile).
+    pub sends_cancelled: AtomicU64,
+    pub receives_cancelled: AtomicU64,
+    /// Sessions ended because a transfer outlived `--ucx-transfer-timeout`.
+    pub transfer_timeouts: AtomicU64,
+    /// Bootstrap connections closed because no HELLO came within `--ucx-hello-timeout`.
+    pub hello_timeouts: AtomicU64,
+    /// Requests that waited for the session's rendezvous bytes in flight to fall under
+    /// `--ucx-session-inflight-max`, and sessions closed for piling up more than that.
+    pub requests_deferred: AtomicU64,
+    pub sessions_overflowed: AtomicU64,
+}
+
+impl FabricShared {
+    /// The store's memory came from UCX (same-host readers map it directly).
+    pub fn ucx_allocated(&self) -> bool {
+        self.arena.registration.is_none() && self.index.registration.is_none()
+    }
+
+    /// Export the store's arena and index for remote reads over `ctx` (the UCX context,
+    /// transports from `UCX_*` in the environment): mappings UCX allocated (`memory`)
+    /// already are registered; others are registered here.
+    pub fn new(
+        ctx: Arc<mf::Context>,
+        memory: Option<&StoreMemory>,
+        store: &memfabric_store::Store,
+        eager_max: usize,
+    ) -> Result<FabricShared, mf::Error> {
+        let allocated = memory
+            .map(|m| {
+                m.allocated
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            })
+            .unwrap_or_default();
+        let arena = Exported::new(&ctx, store.arena_region(), &allocated)?;
+        let index = Exported::new(&ctx, store.index_region(), &allocated)?;
+        Ok(FabricShared {
+            ctx,
+            arena,
+            index,
+            eager_max,
+            next_session: AtomicU32::new(1),
+            curr_sessions: AtomicU64::new(0),
+            total_sessions: AtomicU64::new(0),
+            peer_error_sessions: AtomicU64::new(0),
+            orphaned_receives: AtomicU64::new(0),
+            hints_taken: AtomicU64::new(0),
+            hints_stale: AtomicU64::new(0),
+            pins: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            receives: AtomicU64::new(0),
+            receiving_bytes: AtomicU64::new(0),
+            sends_cancelled: AtomicU64::new(0),
+            receives_cancelled: AtomicU64::new(0),
+            transfer_timeouts: AtomicU64::new(0),
+            hello_timeouts: AtomicU64::new(0),
+            requests_deferred: AtomicU64::new(0),
+            sessions_overflowed: AtomicU64::new(0),
+        })
+    }
+}
+
+/// `stats fabric`.
+pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    if let Some(fs) = fabric {
+        let counters = [
+            ("ucx_curr_sessions", &fs.curr_sessions),
+            ("ucx_total_sessions", &fs.total_sessions),
+            ("ucx_peer_error_sessions", &fs.peer_error_sessions),
+            ("ucx_orphaned_receives", &fs.orphaned_receives),
+            ("ucx_onesided_hints", &fs.hints_taken),
+            ("ucx_onesided_hints_stale", &fs.hints_stale),
+            ("ucx_pins", &fs.pins),
+            ("ucx_pinned_bytes", &fs.pinned_bytes),
+            ("ucx_receives", &fs.receives),
+            ("ucx_receiving_bytes", &fs.receiving_bytes),
+            ("ucx_sends_cancelled", &fs.sends_cancelled),
+            ("ucx_receives_cancelled", &fs.receives_cancelled),
+            ("ucx_transfer_timeouts", &fs.transfer_timeouts),
+            ("ucx_hello_timeouts", &fs.hello_timeouts),
+            ("ucx_requests_deferred", &fs.requests_deferred),
+            ("ucx_sessions_overflowed", &fs.sessions_overflowed),
+        ];
+        for (name, c) in counters {
+            v.push((name.into(), c.load(Ordering::Relaxed).to_string()));
+        }
+        v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
+        v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
+        v.push((
+            "ucx_memory".into(),
+            if fs.ucx_allocated() {
+                "ucx"
+            } else {
+                "registered"
+            }
+            .into(),
+        ));
+    }
+    v
+}
