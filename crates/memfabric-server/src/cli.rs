@@ -227,6 +227,10 @@ pub struct Args {
     /// large GETs and SETs wait until some complete (one transfer is always let through).
     #[arg(long = "ucx-session-inflight-max", value_name = "size", default_value = "64m", value_parser = parse_size_arg)]
     pub ucx_session_inflight_max: u64,
+    /// Test store (for tests only): retrievals of keys starting with this prefix stay
+    /// pending until a client sends `debug release`
+    #[arg(long = "debug-hold-keys", value_name = "prefix", hide = true)]
+    pub debug_hold_keys: Option<String>,
 }
 
 /// Why the command line cannot start a server. `code` is the exit status memcached uses
@@ -456,6 +460,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_hello_timeout = a.ucx_hello_timeout;
     s.ucx_transfer_timeout = a.ucx_transfer_timeout;
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
+    s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
 
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;

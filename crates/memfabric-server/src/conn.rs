@@ -16,6 +16,7 @@ use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
 pub use crate::shared::{ConnEntry, ConnRegistry, ConnState};
+use crate::shared::{Inbox, Target, Waiter};
 
 /// Initial read buffer. It grows only as bytes arrive for a request that needs them (a
 /// value announced as large grows it as the value arrives, never ahead of it), and
@@ -130,6 +131,8 @@ pub enum Next {
 pub struct Conn {
     pub stream: Stream,
     pub id: u64,
+    /// The worker's poll token for it (where pending commands report ready).
+    token: usize,
     pub entry: Arc<ConnEntry>,
     session: Session,
     /// Read buffer: bytes `rstart..rend` are unprocessed input; the Vec's length is its
@@ -165,6 +168,7 @@ impl Conn {
     pub fn new(
         stream: Stream,
         id: u64,
+        token: usize,
         entry: Arc<ConnEntry>,
         now: u32,
         gauges: Arc<Gauges>,
@@ -172,6 +176,7 @@ impl Conn {
         Conn {
             stream,
             id,
+            token,
             entry,
             session: Session::default(),
             rbuf: vec![0; READ_BUF_INITIAL],
@@ -189,8 +194,23 @@ impl Conn {
         }
     }
 
+    /// Reply bytes still to write, plus one for each reply still owed (a pending
+    /// command's).
     fn pending_out(&self) -> usize {
-        self.out.len()
+        self.out.len() + self.out.holes()
+    }
+
+    /// Pending command `ticket` of this connection is ready: put its reply in its place.
+    /// The worker drives the connection next, which writes it and goes on.
+    pub fn complete(&mut self, shared: &Shared, stats: &ThreadStats, ticket: u64) {
+        let ctx = ExecCtx {
+            shared,
+            stats,
+            transport: self.stream.transport(),
+            conn_id: self.id,
+            waiter: None,
+        };
+        exec::resume(&ctx, &mut self.session, ticket, &mut self.out);
     }
 
     fn pending_in(&self) -> usize {
@@ -317,10 +337,11 @@ impl Conn {
         &mut self,
         shared: &Shared,
         stats: &ThreadStats,
+        inbox: &Arc<Inbox>,
         readable: bool,
         now: u32,
     ) -> Next {
-        let next = self.drive_round(shared, stats, readable, now);
+        let next = self.drive_round(shared, stats, inbox, readable, now);
         let holdings = Holdings {
             read_buf_bytes: self.rbuf.len() as i64,
             copied_out_bytes: (self.out.len() - self.out.pinned_bytes()) as i64,
@@ -338,6 +359,7 @@ impl Conn {
         &mut self,
         shared: &Shared,
         stats: &ThreadStats,
+        inbox: &Arc<Inbox>,
         readable: bool,
         now: u32,
     ) -> Next {
@@ -361,6 +383,11 @@ impl Conn {
             self.entry.set_state(ConnState::Mwrite);
             return Next::Wait;
         }
+        // As many commands pending as one connection may have: nothing more runs until
+        // one completes (its completion re-drives us).
+        if exec::parked_full(&self.session) {
+            return Next::Wait;
+        }
         // Read only when the input holds no runnable request: a client that pipelines
         // faster than `-R` lets us execute is slowed down (TCP flow control), never cut off.
         if self.may_read && !self.eof && !self.backlog {
@@ -377,7 +404,10 @@ impl Conn {
                 stats,
                 transport: self.stream.transport(),
                 conn_id: self.id,
-                waiter: None,
+                waiter: Some(Waiter {
+                    inbox,
+                    target: Target::Conn(self.token),
+                }),
             };
             let verbose = shared.verbose.load(Ordering::Relaxed) >= 2;
             let before = self.out.len();

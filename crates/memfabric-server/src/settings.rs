@@ -89,6 +89,9 @@ pub struct Settings {
     /// `-o sock_cookie_id=N`: the `SO_MARK` set on every listening socket (for firewall
     /// rules), as memcached does.
     pub sock_cookie_id: Option<u32>,
+    /// `--debug-hold-keys`: the test store holds retrievals of keys with this prefix
+    /// until `debug release` (command::holds).
+    pub debug_hold_keys: Option<Vec<u8>>,
 }
 
 /// What to bind for a `-p`/`-U` value: `None` for off (0), port 0 (the kernel picks) for
@@ -164,6 +167,7 @@ impl Default for Settings {
             lru_crawler: true,
             tail_repair_time: 0,
             sock_cookie_id: None,
+            debug_hold_keys: None,
         }
     }
 }

@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 
 use memfabric_proto::ucx_wire::{self as fp, Opcode, Request, Response, Status};
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, PinnedItem, SetMode,
-    StoreStatus,
+    ArithStatus, DeleteStatus, GetOptions, PendingItem, PinnedItem, SetMode, StoreStatus,
 };
 use memfabric_ucx as mf;
 use mio::{Interest, Registry, Token};
 
-use crate::counters::{ClassStat, ThreadStats};
+use crate::command::{self, Arith, Delivery, Lookup, Retrieval, StoreAccounting, StoreArgs};
+use crate::counters::ThreadStats;
 use crate::exec::{ExecCtx, Shared, Transport};
+use crate::shared::{Inbox, Target, Waiter};
 
 /// mio tokens of UCX bootstrap/lifeline connections start here (far above TCP conns).
 pub const TOKEN_BASE: usize = 1 << 40;
@@ -126,6 +127,20 @@ pub struct FabricWorker {
     events_buf: std::collections::VecDeque<mf::Event>,
     /// Reused for eager GET values.
     scratch: Vec<u8>,
+    /// Where this worker hears that a pending command is ready.
+    inbox: Option<Arc<Inbox>>,
+    /// Retrievals waiting for their result, by ticket.
+    held: HashMap<u64, HeldRequest>,
+}
+
+/// A request that answered "pending": enough to run it again when it is ready.
+struct HeldRequest {
+    opcode: Opcode,
+    flags: u8,
+    session: u32,
+    opaque: u64,
+    exptime: u32,
+    key: Vec<u8>,
 }
 
 /// What a fabric worker needs from the server (kept behind one Arc).
@@ -178,11 +193,50 @@ impl FabricWorker {
             timer_armed: false,
             events_buf: std::collections::VecDeque::new(),
             scratch: Vec::new(),
+            inbox: None,
+            held: HashMap::new(),
         }))
     }
 
     fn shared(&self) -> &Shared {
         &self.fs.0
+    }
+
+    /// Where the worker hears that pending commands are ready (its inbox).
+    pub fn set_inbox(&mut self, inbox: Arc<Inbox>) {
+        self.inbox = Some(inbox);
+    }
+
+    /// Pending request `ticket` is ready: run it again (it completes now) and answer it.
+    pub fn complete(&mut self, stats: &ThreadStats, ticket: u64) {
+        let Some(h) = self.held.remove(&ticket) else {
+            return;
+        };
+        if !self.by_session.contains_key(&h.session) {
+            // Its client is gone.
+            return;
+        }
+        let shared = Arc::clone(&self.fs);
+        let mut ctx = ExecCtx {
+            shared: &shared.0,
+            stats,
+            transport: Transport::Ucx,
+            conn_id: u64::from(h.session),
+            waiter: None,
+        };
+        let req = Request {
+            opcode: h.opcode,
+            flags: h.flags,
+            session: h.session,
+            opaque: h.opaque,
+            item_flags: 0,
+            exptime: h.exptime,
+            cas: 0,
+            value_len: 0,
+            key: &h.key,
+        };
+        let noreply = req.flags & fp::FLAG_NOREPLY != 0;
+        self.execute(&mut ctx, &req, noreply);
     }
 
     /// Take a new bootstrap connection from the listener.
@@ -800,12 +854,23 @@ impl FabricWorker {
             self.respond_status(session, req.opcode, req.opaque, Status::Invalid);
             return;
         }
+        // A session may have as many requests waiting as a connection may; past that
+        // they complete at once.
+        let held = self.held.values().filter(|h| h.session == session).count();
+        let inbox = self.inbox.clone();
+        let waiter = inbox
+            .as_ref()
+            .filter(|_| held < crate::exec::MAX_PARKED)
+            .map(|inbox| Waiter {
+                inbox,
+                target: Target::Ucx,
+            });
         let mut ctx = ExecCtx {
             shared,
             stats,
             transport: Transport::Ucx,
             conn_id: u64::from(session),
-            waiter: None,
+            waiter,
         };
         if carries_value {
             match data {
@@ -826,18 +891,10 @@ impl FabricWorker {
         value: &[u8],
         noreply: bool,
     ) {
-        let store = &ctx.shared.store;
-        let exptime = store.clock().exptime(i64::from(req.exptime));
-        let found = store.store_found(
-            set_mode(req.opcode),
-            req.key,
-            value,
-            req.item_flags,
-            exptime,
-            req.cas,
-        );
-        let class = store.item_class(req.key.len(), value.len());
-        self.stored_req(ctx, req, found, class, noreply);
+        let exptime = ctx.shared.store.clock().exptime(i64::from(req.exptime));
+        let args = store_args(req.opcode, req.key, req.item_flags, exptime, req.cas);
+        let status = command::store(ctx, &args, value);
+        self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
     }
 
     /// A value arriving by rendezvous: allocate the item and receive into it (append and
@@ -851,27 +908,24 @@ impl FabricWorker {
     ) {
         let store = &ctx.shared.store;
         let exptime = store.clock().exptime(i64::from(req.exptime));
+        let args = store_args(req.opcode, req.key, req.item_flags, exptime, req.cas);
         let len = d.len();
         let target: Box<dyn mf::RecvBuf> = if matches!(req.opcode, Opcode::Append | Opcode::Prepend)
         {
             if len > store.config().item_size_max {
                 drop(d);
-                self.stored_req(
-                    ctx,
-                    req,
-                    Found::unfound(StoreStatus::TooLarge),
-                    None,
-                    noreply,
-                );
+                command::refuse_too_large(ctx, &args);
+                let status = StoreStatus::TooLarge;
+                self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
                 return;
             }
             Box::new(vec![0u8; len])
         } else {
-            match store.alloc_pending(req.key, len, req.item_flags, exptime) {
+            match command::alloc_pending(ctx, &args, len) {
                 Ok(p) => Box::new(ItemTarget(p)),
-                Err(e) => {
+                Err(status) => {
                     drop(d); // tells the sender to give up the transfer
-                    self.stored_req(ctx, req, Found::unfound(e.into()), None, noreply);
+                    self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
                     return;
                 }
             }
@@ -920,7 +974,7 @@ impl FabricWorker {
         buf: Option<Box<dyn std::any::Any>>,
     ) {
         let shared = Arc::clone(&self.fs);
-        let mut ctx = ExecCtx {
+        let ctx = ExecCtx {
             shared: &shared.0,
             stats,
             transport: Transport::Ucx,
@@ -943,109 +997,44 @@ impl FabricWorker {
             self.respond_status(r.session, r.opcode, r.opaque, Status::Failed);
             return;
         }
-        let store = &shared.0.store;
-        let class = |len: usize| store.item_class(r.key.len(), len);
-        let (found, class) = match buf {
+        let args = store_args(r.opcode, &r.key, r.flags, r.exptime, r.cas);
+        let status = match buf {
             Some(b) => match b.downcast::<ItemTarget>() {
-                Ok(item) => {
-                    let c = class(item.0.value_len());
-                    let mode = set_mode(r.opcode);
-                    (store.store_pending_found(mode, item.0, r.cas), c)
-                }
+                Ok(item) => command::store_pending(&ctx, &args, item.0),
                 Err(b) => match b.downcast::<Vec<u8>>() {
-                    Ok(v) => (
-                        store.store_found(
-                            set_mode(r.opcode),
-                            &r.key,
-                            &v,
-                            r.flags,
-                            r.exptime,
-                            r.cas,
-                        ),
-                        class(v.len()),
-                    ),
-                    Err(_) => (Found::unfound(StoreStatus::NotStored), None),
+                    Ok(v) => command::store(&ctx, &args, &v),
+                    Err(_) => StoreStatus::NotStored,
                 },
             },
-            None => (Found::unfound(StoreStatus::NotStored), None),
+            None => StoreStatus::NotStored,
         };
-        self.stored(
-            &mut ctx, r.session, r.opcode, r.opaque, &r.key, r.cas, found, class, r.noreply,
-        );
+        self.answer_store(r.session, r.opcode, r.opaque, status, r.noreply);
     }
 
-    /// `stored` for a request at hand.
-    fn stored_req(
+    /// Answer a storage outcome (counted by the command), as the binary protocol does.
+    fn answer_store(
         &mut self,
-        ctx: &mut ExecCtx<'_>,
-        req: &Request<'_>,
-        found: Found<StoreStatus>,
-        new_class: Option<u8>,
-        noreply: bool,
-    ) {
-        let (s, op, opaque, key, cas) = (req.session, req.opcode, req.opaque, req.key, req.cas);
-        self.stored(ctx, s, op, opaque, key, cas, found, new_class, noreply);
-    }
-
-    /// Count and answer a storage outcome, as the binary protocol does. `new_class`: the
-    /// slab class of the request's item (memcached counts `cmd_set` there, and CAS
-    /// results in the class of the item that was under the key).
-    #[allow(clippy::too_many_arguments)]
-    fn stored(
-        &mut self,
-        ctx: &mut ExecCtx<'_>,
         session: u32,
         op: Opcode,
         opaque: u64,
-        key: &[u8],
-        cas: u64,
-        found: Found<StoreStatus>,
-        new_class: Option<u8>,
+        status: StoreStatus,
         noreply: bool,
     ) {
-        let s = ctx.stats;
-        let status = found.status;
-        let is_cas = op == Opcode::Cas
-            || (cas != 0 && matches!(op, Opcode::Set | Opcode::Add | Opcode::Replace));
-        if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
-            s.count(ClassStat::SetCmds, new_class);
-        }
         let st = match status {
-            StoreStatus::Stored { cas: new_cas } => {
-                if is_cas {
-                    s.count(ClassStat::CasHits, found.class_id);
-                }
+            StoreStatus::Stored { cas } => {
                 if noreply {
                     return;
                 }
                 let mut r = Response::status_only(op, opaque, Status::Ok);
-                r.cas = new_cas;
+                r.cas = cas;
                 self.respond(session, r, None);
                 return;
             }
-            StoreStatus::Exists => {
-                if is_cas {
-                    s.count(ClassStat::CasBadval, found.class_id);
-                }
-                Status::Exists
-            }
-            StoreStatus::NotFound => {
-                if is_cas {
-                    s.cas_misses.incr();
-                }
-                Status::NotFound
-            }
+            StoreStatus::Exists => Status::Exists,
+            StoreStatus::NotFound => Status::NotFound,
             StoreStatus::NotStored => Status::NotStored,
-            StoreStatus::TooLarge => {
-                s.store_too_large.incr();
-                forget_on_failed_set(ctx, op, key);
-                Status::TooLarge
-            }
-            StoreStatus::OutOfMemory => {
-                s.store_no_memory.incr();
-                forget_on_failed_set(ctx, op, key);
-                Status::NoMemory
-            }
+            StoreStatus::TooLarge => Status::TooLarge,
+            StoreStatus::OutOfMemory => Status::NoMemory,
         };
         self.respond_status(session, op, opaque, st);
     }
@@ -1054,44 +1043,50 @@ impl FabricWorker {
     fn execute(&mut self, ctx: &mut ExecCtx<'_>, req: &Request<'_>, noreply: bool) {
         let shared = ctx.shared;
         let store = &shared.store;
-        let s = ctx.stats;
         let (session, op, opaque) = (req.session, req.opcode, req.opaque);
         let ok = Response::status_only(op, opaque, Status::Ok);
         match op {
             Opcode::Get | Opcode::Gat => {
                 let eager_max = shared.fabric.as_ref().map_or(usize::MAX, |f| f.eager_max);
-                let touch =
-                    (op == Opcode::Gat).then(|| store.clock().exptime(i64::from(req.exptime)));
+                let how = if op == Opcode::Gat {
+                    Retrieval::Touch(store.clock().exptime(i64::from(req.exptime)))
+                } else {
+                    Retrieval::Get
+                };
                 // Small values are copied out lock-free; larger eager ones are sent in place
                 // from item memory under the bucket lock (one copy fewer); larger still by
                 // rendezvous from the pinned item.
-                let opts = GetOptions {
-                    touch,
-                    bump: true,
+                let delivery = Delivery {
                     copy_limit: eager_max.min(IN_PLACE_MIN - 1),
+                    pin_large: false,
+                    bump: true,
                 };
-                if touch.is_some() {
-                    s.cmd_touch.incr();
-                }
-                s.cmd_get.incr();
                 // The value lands in a buffer reused across requests; it is copied into an
                 // owned one only if UCX cannot send it at once.
                 let mut value = std::mem::take(&mut self.scratch);
                 value.clear();
-                let hit = store.get_into(req.key, &opts, &mut value, |_, _| {});
-                let Some(info) = hit else {
-                    self.scratch = value;
-                    s.get_misses.incr();
-                    if touch.is_some() {
-                        s.touch_misses.incr();
+                let found = command::get(ctx, req.key, how, delivery, &mut value, |_, _| {});
+                let info = match found {
+                    Lookup::Hit(info, _) => info,
+                    Lookup::Miss => {
+                        self.scratch = value;
+                        self.respond_status(session, op, opaque, Status::NotFound);
+                        return;
                     }
-                    self.respond_status(session, op, opaque, Status::NotFound);
-                    return;
+                    Lookup::Pending(ticket) => {
+                        self.scratch = value;
+                        let held = HeldRequest {
+                            opcode: op,
+                            flags: req.flags,
+                            session,
+                            opaque,
+                            exptime: req.exptime,
+                            key: req.key.to_vec(),
+                        };
+                        self.held.insert(ticket.0, held);
+                        return;
+                    }
                 };
-                s.count(ClassStat::GetHits, Some(info.class_id));
-                if touch.is_some() {
-                    s.count(ClassStat::TouchHits, Some(info.class_id));
-                }
                 let mut r = Response {
                     opcode: op,
                     status: Status::Ok,
@@ -1101,7 +1096,7 @@ impl FabricWorker {
                     value: u64::from(info.value_len),
                 };
                 let len = info.value_len as usize;
-                if len <= opts.copy_limit {
+                if len <= delivery.copy_limit {
                     self.respond_value(session, r, &value);
                     self.scratch = value;
                     return;
@@ -1136,16 +1131,9 @@ impl FabricWorker {
                 }
             }
             Opcode::Delete => {
-                let found = store.delete_found(req.key, req.cas);
-                let st = match found.status {
-                    DeleteStatus::Deleted => {
-                        s.count(ClassStat::DeleteHits, found.class_id);
-                        Status::Ok
-                    }
-                    DeleteStatus::NotFound => {
-                        s.delete_misses.incr();
-                        Status::NotFound
-                    }
+                let st = match command::delete(ctx, req.key, req.cas) {
+                    DeleteStatus::Deleted => Status::Ok,
+                    DeleteStatus::NotFound => Status::NotFound,
                     DeleteStatus::Exists => Status::Exists,
                 };
                 if !(noreply && st == Status::Ok) {
@@ -1153,26 +1141,15 @@ impl FabricWorker {
                 }
             }
             Opcode::Incr | Opcode::Decr => {
-                let incr = op == Opcode::Incr;
-                let found = store.arith_found(req.key, incr, req.cas, &ArithOptions::default());
-                let r = match found.status {
-                    ArithStatus::Value { value, cas } => {
-                        let what = if incr {
-                            ClassStat::IncrHits
-                        } else {
-                            ClassStat::DecrHits
-                        };
-                        s.count(what, found.class_id);
-                        Response { cas, value, ..ok }
-                    }
-                    ArithStatus::NotFound => {
-                        if incr {
-                            s.incr_misses.incr()
-                        } else {
-                            s.decr_misses.incr()
-                        }
-                        Response::status_only(op, opaque, Status::NotFound)
-                    }
+                let a = Arith {
+                    incr: op == Opcode::Incr,
+                    delta: req.cas,
+                    cas: 0,
+                    create: None,
+                };
+                let r = match command::arith(ctx, req.key, a).status {
+                    ArithStatus::Value { value, cas } => Response { cas, value, ..ok },
+                    ArithStatus::NotFound => Response::status_only(op, opaque, Status::NotFound),
                     ArithStatus::NonNumeric => {
                         Response::status_only(op, opaque, Status::NonNumeric)
                     }
@@ -1184,34 +1161,28 @@ impl FabricWorker {
                 }
             }
             Opcode::Touch => {
-                s.cmd_touch.incr();
                 let exptime = store.clock().exptime(i64::from(req.exptime));
-                let st = if let Some(class) = store.touch_found(req.key, exptime) {
-                    s.count(ClassStat::TouchHits, Some(class));
-                    Status::Ok
-                } else {
-                    s.touch_misses.incr();
-                    Status::NotFound
+                let st = match command::touch(ctx, req.key, exptime) {
+                    Some(_) => Status::Ok,
+                    None => Status::NotFound,
                 };
                 if !(noreply && st == Status::Ok) {
                     self.respond_status(session, op, opaque, st);
                 }
             }
-            Opcode::FlushAll => {
-                if !shared.settings.flush_enabled {
-                    self.respond_status(session, op, opaque, Status::Invalid);
-                    return;
+            Opcode::FlushAll => match command::flush_all(ctx, req.exptime, false) {
+                Ok(()) => {
+                    if !noreply {
+                        self.respond(session, ok, None);
+                    }
                 }
-                s.cmd_flush.incr();
-                let at = (req.exptime > 0).then(|| store.clock().exptime(i64::from(req.exptime)));
-                store.flush_all(at);
-                if !noreply {
-                    self.respond(session, ok, None);
+                Err(command::FlushDisabled) => {
+                    self.respond_status(session, op, opaque, Status::Invalid)
                 }
-            }
+            },
             Opcode::Stats => {
                 let group = String::from_utf8_lossy(req.key).into_owned();
-                let pairs = crate::command::stats::collect(ctx, &group);
+                let pairs = command::stats::collect(ctx, &group);
                 match pairs {
                     Some(pairs) => {
                         let mut text = Vec::new();
@@ -1231,7 +1202,7 @@ impl FabricWorker {
                 }
             }
             Opcode::Version => {
-                let text = crate::counters::VERSION.as_bytes().to_vec();
+                let text = command::version().as_bytes().to_vec();
                 let r = Response {
                     value: text.len() as u64,
                     ..ok
@@ -1456,10 +1427,18 @@ fn set_mode(op: Opcode) -> SetMode {
     }
 }
 
-/// memcached unlinks the old item when a SET cannot allocate its new one.
-fn forget_on_failed_set(ctx: &ExecCtx<'_>, op: Opcode, key: &[u8]) {
-    if op == Opcode::Set {
-        let _ = ctx.shared.store.delete(key, 0);
+/// A storage request's arguments (`exptime` absolute). As in the binary protocol, set,
+/// add and replace with a CAS are compare-and-swap.
+fn store_args(op: Opcode, key: &[u8], flags: u32, exptime: u32, cas: u64) -> StoreArgs<'_> {
+    StoreArgs {
+        mode: set_mode(op),
+        key,
+        flags,
+        exptime,
+        cas,
+        counts_as_cas: op == Opcode::Cas
+            || (cas != 0 && matches!(op, Opcode::Set | Opcode::Add | Opcode::Replace)),
+        accounting: StoreAccounting::Text,
     }
 }
 

@@ -16,9 +16,14 @@ use crate::conn::{ConnEntry, ConnState};
 use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
+use crate::shared::{Inbox, Target, Waiter};
 
 /// Datagrams handled per readiness round before other connections get a turn.
 const DATAGRAMS_PER_ROUND: usize = 64;
+
+/// Datagrams one socket may keep waiting for a pending command; past that, datagrams run
+/// with nothing allowed to wait (their commands complete at once).
+const MAX_HELD_DATAGRAMS: usize = 256;
 
 /// A worker's handle on one UDP socket.
 pub struct UdpPort {
@@ -27,6 +32,20 @@ pub struct UdpPort {
     entry: Arc<ConnEntry>,
     buf: Vec<u8>,
     out: OutQueue,
+    /// Datagrams stopped at a pending command: the rest runs when it completes.
+    held: Vec<HeldDatagram>,
+}
+
+/// A datagram whose current request waits for a pending command.
+struct HeldDatagram {
+    ticket: u64,
+    sess: Session,
+    /// The current request's reply so far (with the pending command's hole).
+    out: OutQueue,
+    request_id: u16,
+    peer: SocketAddr,
+    /// The requests after the current one.
+    rest: Vec<u8>,
 }
 
 impl UdpPort {
@@ -42,6 +61,7 @@ impl UdpPort {
             // The largest UDP payload there is.
             buf: vec![0; 65536],
             out: OutQueue::new(),
+            held: Vec::new(),
         }
     }
 
@@ -55,7 +75,13 @@ impl UdpPort {
     }
 
     /// Handle pending datagrams. Returns true if the socket may hold more (call again).
-    pub fn drain(&mut self, shared: &Shared, stats: &ThreadStats) -> bool {
+    pub fn drain(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        inbox: &Arc<Inbox>,
+        index: usize,
+    ) -> bool {
         for _ in 0..DATAGRAMS_PER_ROUND {
             let (n, peer) = match self.sock.recv_from(&mut self.buf) {
                 Ok(x) => x,
@@ -69,26 +95,79 @@ impl UdpPort {
             };
             stats.bytes_read.add(n as u64);
             self.entry.touch(shared.store.clock().now());
-            self.handle(shared, stats, n, peer);
+            let Some(dgram) = self.buf.get(..n) else {
+                continue;
+            };
+            let Ok((hdr, payload)) = udp::parse_request(dgram) else {
+                continue;
+            };
+            let payload = payload.to_vec();
+            let waiter = (self.held.len() < MAX_HELD_DATAGRAMS).then_some(Waiter {
+                inbox,
+                target: Target::Udp(index),
+            });
+            let sess = Session::default();
+            self.run(shared, stats, waiter, sess, hdr.request_id, peer, &payload);
         }
         true
     }
 
-    fn handle(&mut self, shared: &Shared, stats: &ThreadStats, n: usize, peer: SocketAddr) {
-        let Some(dgram) = self.buf.get(..n) else {
+    /// Pending command `ticket` is ready: finish its datagram's request, send its reply
+    /// and run the datagram's remaining requests.
+    pub fn complete(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        inbox: &Arc<Inbox>,
+        index: usize,
+        ticket: u64,
+    ) {
+        let Some(at) = self.held.iter().position(|h| h.ticket == ticket) else {
             return;
         };
-        let (hdr, payload) = match udp::parse_request(dgram) {
-            Ok(x) => x,
-            Err(_) => return,
-        };
-        let mut sess = Session::default();
-        let mut ctx = ExecCtx {
+        let mut h = self.held.swap_remove(at);
+        let ctx = ExecCtx {
             shared,
             stats,
             transport: Transport::Udp,
             conn_id: self.id,
             waiter: None,
+        };
+        exec::resume(&ctx, &mut h.sess, ticket, &mut h.out);
+        if let Some((next, _)) = h.sess.parked.first() {
+            // Another key of the same request still waits.
+            h.ticket = next.0;
+            self.held.push(h);
+            return;
+        }
+        if !h.out.is_empty() {
+            send_reply(&self.sock, &mut h.out, stats, h.request_id, h.peer);
+        }
+        let waiter = Some(Waiter {
+            inbox,
+            target: Target::Udp(index),
+        });
+        self.run(shared, stats, waiter, h.sess, h.request_id, h.peer, &h.rest);
+    }
+
+    /// Run a datagram's requests from `payload`, each reply framed as its own message.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        waiter: Option<Waiter<'_>>,
+        mut sess: Session,
+        request_id: u16,
+        peer: SocketAddr,
+        payload: &[u8],
+    ) {
+        let mut ctx = ExecCtx {
+            shared,
+            stats,
+            transport: Transport::Udp,
+            conn_id: self.id,
+            waiter,
         };
         let mut pos = 0;
         while pos < payload.len() {
@@ -104,8 +183,20 @@ impl UdpPort {
                     break p.close;
                 }
             };
+            if let Some((ticket, _)) = sess.parked.first() {
+                // Its reply waits for a pending command; so do the requests after it.
+                self.held.push(HeldDatagram {
+                    ticket: ticket.0,
+                    sess,
+                    out: std::mem::take(&mut self.out),
+                    request_id,
+                    peer,
+                    rest: payload[(pos + consumed).min(payload.len())..].to_vec(),
+                });
+                return;
+            }
             if !self.out.is_empty() {
-                send_reply(&self.sock, &mut self.out, stats, hdr.request_id, peer);
+                send_reply(&self.sock, &mut self.out, stats, request_id, peer);
             }
             if close || consumed == 0 {
                 break;

@@ -18,6 +18,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
 use crate::counters::ThreadStats;
 use crate::exec::Shared;
+use crate::shared::{Inbox, Target};
 use crate::ucx_frontend::{FabricWorker, EFD_TOKEN};
 use crate::udp::UdpPort;
 
@@ -70,6 +71,7 @@ pub fn spawn(
 ) -> io::Result<WorkerHandle> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let inbox_waker = Arc::clone(&waker);
     let (tx, rx) = mpsc::channel();
     let mut ports = Vec::new();
     for (i, (sock, name)) in udp.into_iter().enumerate() {
@@ -90,7 +92,13 @@ pub fn spawn(
                     None
                 }
             };
+            let inbox = Arc::new(Inbox::new(Arc::clone(&inbox_waker)));
+            let mut fabric = fabric;
+            if let Some(f) = fabric.as_mut() {
+                f.set_inbox(Arc::clone(&inbox));
+            }
             let mut w = Worker {
+                inbox,
                 fabric,
                 shared,
                 stats,
@@ -114,6 +122,8 @@ pub fn spawn(
 }
 
 struct Worker {
+    /// Pending commands of this worker's connections that became ready.
+    inbox: Arc<Inbox>,
     /// This thread's UCX worker and sessions, when the UCX path is on.
     fabric: Option<FabricWorker>,
     shared: Arc<Shared>,
@@ -187,6 +197,7 @@ impl Worker {
                 let t = ev.token();
                 if t == WAKER {
                     self.take_new_conns(now);
+                    self.take_ready(now);
                 } else if t == EFD_TOKEN {
                     // Progressed below.
                 } else if FabricWorker::owns(t) {
@@ -269,10 +280,43 @@ impl Worker {
             tracing::debug!("<{id} new auto-negotiating client connection");
             self.conns.insert(
                 token,
-                Conn::new(stream, id, entry, now, Arc::clone(&self.shared.gauges)),
+                Conn::new(
+                    stream,
+                    id,
+                    token.0,
+                    entry,
+                    now,
+                    Arc::clone(&self.shared.gauges),
+                ),
             );
             // Data sent together with the connect is reported by the registration's
             // first event; nothing to do here.
+        }
+    }
+
+    /// Complete the pending commands that became ready, and go on with their
+    /// connections.
+    fn take_ready(&mut self, now: u32) {
+        for (target, ticket) in self.inbox.take() {
+            match target {
+                Target::Conn(t) => {
+                    let t = Token(t);
+                    if let Some(conn) = self.conns.get_mut(&t) {
+                        conn.complete(&self.shared, &self.stats, ticket);
+                        self.drive(t, false, now);
+                    }
+                }
+                Target::Udp(i) => {
+                    if let Some(port) = self.udp.get_mut(i) {
+                        port.complete(&self.shared, &self.stats, &self.inbox, i, ticket);
+                    }
+                }
+                Target::Ucx => {
+                    if let Some(f) = self.fabric.as_mut() {
+                        f.complete(&self.stats, ticket);
+                    }
+                }
+            }
         }
     }
 
@@ -280,7 +324,7 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(&t) else {
             return;
         };
-        match conn.drive(&self.shared, &self.stats, readable, now) {
+        match conn.drive(&self.shared, &self.stats, &self.inbox, readable, now) {
             Next::Wait => {}
             Next::Again => {
                 if !self.again.contains(&t) {
@@ -295,7 +339,7 @@ impl Worker {
         let Some(port) = self.udp.get_mut(t.0 - 1) else {
             return;
         };
-        if port.drain(&self.shared, &self.stats) && !self.again.contains(&t) {
+        if port.drain(&self.shared, &self.stats, &self.inbox, t.0 - 1) && !self.again.contains(&t) {
             self.again.push(t);
         }
     }
@@ -337,7 +381,7 @@ impl Worker {
         for t in tokens {
             if let Some(c) = self.conns.get_mut(&t) {
                 c.begin_close();
-                let _ = c.drive(&self.shared, &self.stats, false, now);
+                let _ = c.drive(&self.shared, &self.stats, &self.inbox, false, now);
             }
             self.close(t);
         }

@@ -5,7 +5,6 @@
 //! feature we do not have (watch, metadump, extstore, TLS), we answer as memcached does
 //! with that feature disabled; `lru mode`/`lru temp_ttl` are accepted and have no effect
 //! (the store evicts from one queue per class: it has no LRU segments).
-use std::sync::atomic::Ordering;
 
 use memfabric_proto::ascii::{
     self, reply, write_number_line, write_stat, write_value_header, write_version, DetailCmd,
@@ -13,11 +12,11 @@ use memfabric_proto::ascii::{
     StoreRequest, Verb, KEY_MAX_LEN, MAX_VERBOSITY_LEVEL,
 };
 use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, ReassignStatus,
-    SetMode, StoreStatus,
+    ArithStatus, DeleteStatus, PendingItem, ReassignStatus, SetMode, StoreStatus,
 };
 
-use super::{ExecCtx, Finish, Receiving, Session, Step, RECEIVE_IN_PLACE_FROM};
+use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step, RECEIVE_IN_PLACE_FROM};
+use crate::command::{self, Arith, Delivery, Retrieval, StoreAccounting, StoreArgs};
 use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
 
@@ -93,6 +92,11 @@ pub fn process_one(
     if let Some(g) = sess.ascii.get {
         return serve_keys(ctx, sess, g, input, 0, out);
     }
+    if ctx.shared.holds.is_some() {
+        if let Some(step) = debug_release(ctx, input, out) {
+            return step;
+        }
+    }
     let limits = limits(ctx);
     match ascii::parse(input, &limits, sess.ascii.scanned) {
         Parse::Incomplete { need, scanned } => {
@@ -145,6 +149,24 @@ pub fn process_one(
     }
 }
 
+/// `debug release` (only with the test store, `--debug-hold-keys`): complete every held
+/// retrieval. Answers `RELEASED <n>`.
+fn debug_release(ctx: &ExecCtx<'_>, input: &[u8], out: &mut OutQueue) -> Option<Step> {
+    const LINE: &[u8] = b"debug release";
+    let rest = input.strip_prefix(LINE)?;
+    let len = if rest.starts_with(b"\r\n") {
+        LINE.len() + 2
+    } else if rest.starts_with(b"\n") {
+        LINE.len() + 1
+    } else {
+        return None;
+    };
+    let n = ctx.shared.holds.as_ref().map_or(0, |h| h.release_all());
+    out.bytes()
+        .extend_from_slice(format!("RELEASED {n}\r\n").as_bytes());
+    Some(Step::Done(len))
+}
+
 /// Append `line` unless the request said `noreply`.
 fn answer(noreply: bool, line: &[u8], out: &mut Vec<u8>) {
     if !noreply {
@@ -172,8 +194,7 @@ fn execute(
             noreply,
             data_len,
         } => {
-            ctx.stats.store_too_large.incr();
-            unlink_after_failed_set(ctx, cmd, key);
+            command::refuse_too_large(ctx, &store_args(ctx, cmd, key, 0, 0, 0));
             answer(noreply, reply::TOO_LARGE, out);
             // Discard the data block without buffering it: what is here now, and the rest
             // as it arrives.
@@ -182,17 +203,10 @@ fn execute(
             return Step::Done(len + here);
         }
         Request::Delete { key, noreply } => {
-            let found = store.delete_found(key, 0);
-            let line = match found.status {
-                DeleteStatus::Deleted => {
-                    ctx.stats.count(ClassStat::DeleteHits, found.class_id);
-                    reply::DELETED
-                }
+            let line = match command::delete(ctx, key, 0) {
+                DeleteStatus::Deleted => reply::DELETED,
                 // Exists needs a CAS, which the classic delete never gives.
-                DeleteStatus::NotFound | DeleteStatus::Exists => {
-                    ctx.stats.delete_misses.incr();
-                    reply::NOT_FOUND
-                }
+                DeleteStatus::NotFound | DeleteStatus::Exists => reply::NOT_FOUND,
             };
             answer(noreply, line, out);
         }
@@ -207,35 +221,26 @@ fn execute(
             exptime,
             noreply,
         } => {
-            ctx.stats.cmd_touch.incr();
-            let line = if let Some(class) =
-                store.touch_found(key, store.clock().exptime(exptime.into()))
-            {
-                ctx.stats.count(ClassStat::TouchHits, Some(class));
-                reply::TOUCHED
-            } else {
-                ctx.stats.touch_misses.incr();
-                reply::NOT_FOUND
+            let exptime = store.clock().exptime(exptime.into());
+            let line = match command::touch(ctx, key, exptime) {
+                Some(_) => reply::TOUCHED,
+                None => reply::NOT_FOUND,
             };
             answer(noreply, line, out);
         }
         Request::FlushAll { delay, noreply } => {
-            ctx.stats.cmd_flush.incr();
-            if !shared.settings.flush_enabled {
-                answer(noreply, reply::FLUSH_DISABLED, out);
-            } else {
-                // memcached treats a delay of 0 or less as "now".
-                let at = (delay > 0).then(|| store.clock().exptime(delay.into()));
-                store.flush_all(at);
-                answer(noreply, reply::OK, out);
-            }
+            // memcached treats a delay of 0 or less as "now".
+            let delay = u32::try_from(delay).unwrap_or(0);
+            let line = match command::flush_all(ctx, delay, true) {
+                Ok(()) => reply::OK,
+                Err(command::FlushDisabled) => reply::FLUSH_DISABLED,
+            };
+            answer(noreply, line, out);
         }
         Request::Stats(s) => stats(ctx, s, out),
-        Request::Version => write_version(out, crate::counters::VERSION),
+        Request::Version => write_version(out, command::version()),
         Request::Verbosity { level, noreply } => {
-            shared
-                .verbose
-                .store(level.min(MAX_VERBOSITY_LEVEL), Ordering::Relaxed);
+            command::verbosity(ctx, level.min(MAX_VERBOSITY_LEVEL));
             answer(noreply, reply::OK, out);
         }
         // Replies queued before it are still sent (memcached's close_after_write).
@@ -341,19 +346,30 @@ fn start_get(
     let text_start = (keys.raw().as_ptr() as usize).saturating_sub(input.as_ptr() as usize);
     let text_end = text_start + keys.raw().len();
     if keys.iter().any(|k| k.len() > KEY_MAX_LEN) {
-        let opts = GetOptions {
-            touch,
+        // Looked up only to be counted: nothing may wait.
+        let counting = ExecCtx {
+            shared: ctx.shared,
+            stats: ctx.stats,
+            transport: ctx.transport,
+            conn_id: ctx.conn_id,
+            waiter: None,
+        };
+        let delivery = Delivery {
             copy_limit: 0,
-            ..GetOptions::default()
+            pin_large: false,
+            bump: true,
         };
         let mut scratch = Vec::new();
         for key in keys.iter().take_while(|k| k.len() <= KEY_MAX_LEN) {
             scratch.clear();
-            let hit = ctx
-                .shared
-                .store
-                .get_into(key, &opts, &mut scratch, |_, _| {});
-            count_get(ctx, touch.is_some(), hit.map(|i| i.class_id));
+            let _ = command::get(
+                &counting,
+                key,
+                retrieval(touch),
+                delivery,
+                &mut scratch,
+                |_, _| {},
+            );
         }
         ctx.stats.protocol_errors.incr();
         out.bytes()
@@ -424,8 +440,8 @@ fn serve_keys(
             // lines first): what was served is gone, so the error follows it.
             return bad_streamed_key(ctx, sess, g, text_end, tail, out);
         }
-        get_one(ctx, key, g.cas, g.touch, out);
-        if super::output_full(ctx.shared, out) {
+        get_one(ctx, sess, key, g.cas, g.touch, out);
+        if super::output_full(ctx.shared, out) || super::parked_full(sess) {
             if let Some(t) = tail {
                 g.end = Some((text_end - pos, t));
             }
@@ -486,43 +502,38 @@ fn bad_streamed_key(
     }
 }
 
+fn retrieval(touch: Option<u32>) -> Retrieval {
+    touch.map_or(Retrieval::Get, Retrieval::Touch)
+}
+
 /// Look one key up and queue its `VALUE` block: small values are copied, large ones
-/// queued pinned and written from item memory.
-fn get_one(ctx: &ExecCtx<'_>, key: &[u8], cas: bool, touch: Option<u32>, out: &mut OutQueue) {
-    let opts = GetOptions {
-        touch,
-        ..GetOptions::default()
-    };
-    let hit = super::fetch(&ctx.shared.store, key, opts, out, |info, out| {
+/// queued pinned and written from item memory. A key whose value is not ready keeps its
+/// place in the reply (`Resume::AsciiValue`).
+pub fn get_one(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    key: &[u8],
+    cas: bool,
+    touch: Option<u32>,
+    out: &mut OutQueue,
+) {
+    let fetched = super::fetch(ctx, key, retrieval(touch), true, out, |info, out| {
         let len = info.value_len as usize;
         write_value_header(out, key, info.flags, len, cas.then_some(info.cas));
     });
-    if hit.is_some() {
-        out.bytes().extend_from_slice(b"\r\n");
-    }
-    count_get(ctx, touch.is_some(), hit.map(|i| i.class_id));
-}
-
-/// gat counts as a touch, not as a get (memcached's touch_cmds). `hit`: the slab class
-/// of the item found.
-fn count_get(ctx: &ExecCtx<'_>, touch: bool, hit: Option<u8>) {
-    match (touch, hit) {
-        (false, Some(class)) => {
-            ctx.stats.cmd_get.incr();
-            ctx.stats.count(ClassStat::GetHits, Some(class));
-        }
-        (false, None) => {
-            ctx.stats.cmd_get.incr();
-            ctx.stats.get_misses.incr();
-        }
-        (true, Some(class)) => {
-            ctx.stats.cmd_touch.incr();
-            ctx.stats.count(ClassStat::TouchHits, Some(class));
-        }
-        (true, None) => {
-            ctx.stats.cmd_touch.incr();
-            ctx.stats.touch_misses.incr();
-        }
+    match fetched {
+        Fetched::Hit(_) => out.bytes().extend_from_slice(b"\r\n"),
+        Fetched::Miss => {}
+        Fetched::Pending(ticket) => super::park(
+            sess,
+            ticket,
+            Resume::AsciiValue {
+                key: key.to_vec(),
+                cas,
+                touch,
+            },
+            out,
+        ),
     }
 }
 
@@ -537,20 +548,30 @@ fn set_mode(cmd: StoreCmd) -> SetMode {
     }
 }
 
-/// memcached unlinks the old value when a `set` fails for size or memory, so that a
-/// client never reads stale data after a failed overwrite.
-fn unlink_after_failed_set(ctx: &ExecCtx<'_>, cmd: StoreCmd, key: &[u8]) {
-    if cmd == StoreCmd::Set {
-        let _ = ctx.shared.store.delete(key, 0);
+/// A storage command's arguments; `exptime` as the client sent it.
+fn store_args<'k>(
+    ctx: &ExecCtx<'_>,
+    cmd: StoreCmd,
+    key: &'k [u8],
+    flags: u32,
+    exptime: i32,
+    cas: u64,
+) -> StoreArgs<'k> {
+    StoreArgs {
+        mode: set_mode(cmd),
+        key,
+        flags,
+        exptime: ctx.shared.store.clock().exptime(exptime.into()),
+        cas,
+        counts_as_cas: cmd == StoreCmd::Cas,
+        accounting: StoreAccounting::Text,
     }
 }
 
 fn store_value(ctx: &ExecCtx<'_>, s: &StoreRequest<'_>, out: &mut Vec<u8>) {
-    let store = &ctx.shared.store;
-    let exptime = store.clock().exptime(s.exptime.into());
-    let found = store.store_found(set_mode(s.cmd), s.key, s.value, s.flags, exptime, s.cas);
-    let class = store.item_class(s.key.len(), s.value.len());
-    answer_store(ctx, s.cmd, s.key, s.noreply, found, class, out);
+    let args = store_args(ctx, s.cmd, s.key, s.flags, s.exptime, s.cas);
+    let status = command::store(ctx, &args, s.value);
+    answer_store(s.noreply, status, out);
 }
 
 /// A storage command whose large value has not arrived yet: allocate its item now
@@ -561,10 +582,9 @@ fn receive_value(
     p: ascii::PendingStore<'_>,
     out: &mut Vec<u8>,
 ) -> Step {
-    let store = &ctx.shared.store;
     let r = p.req;
-    let exptime = store.clock().exptime(r.exptime.into());
-    match store.alloc_pending(r.key, p.value_len, r.flags, exptime) {
+    let args = store_args(ctx, r.cmd, r.key, r.flags, r.exptime, r.cas);
+    match command::alloc_pending(ctx, &args, p.value_len) {
         Ok(item) => {
             let header = StoreHeader {
                 cmd: r.cmd,
@@ -574,10 +594,9 @@ fn receive_value(
             };
             sess.receiving = Some(Receiving::new(item, b"\r\n", Finish::Ascii(header)));
         }
-        Err(e) => {
+        Err(refused) => {
             // Answered now; the data block is discarded as it arrives.
-            let refused = Found::unfound(e.into());
-            answer_store(ctx, r.cmd, r.key, r.noreply, refused, None, out);
+            answer_store(r.noreply, refused, out);
             sess.swallow = p.value_len + 2;
         }
     }
@@ -593,84 +612,46 @@ pub fn finish_store(
     trailer_ok: bool,
     out: &mut Vec<u8>,
 ) {
-    let store = &ctx.shared.store;
-    let class = store.item_class(h.key.len(), item.value_len());
     if !trailer_ok {
         // As for a buffered data block: counted as a set, the item is not stored.
-        ctx.stats.protocol_errors.incr();
-        ctx.stats.count(ClassStat::SetCmds, class);
+        let class = ctx.shared.store.item_class(h.key.len(), item.value_len());
+        command::bad_data(ctx, class);
         answer(h.noreply, ErrorReply::BadDataChunk.as_bytes(), out);
         return;
     }
-    let found = store.store_pending_found(set_mode(h.cmd), item, h.cas);
-    answer_store(ctx, h.cmd, &h.key, h.noreply, found, class, out);
+    // The exptime and flags are in the item already.
+    let args = store_args(ctx, h.cmd, &h.key, 0, 0, h.cas);
+    let status = command::store_pending(ctx, &args, item);
+    answer_store(h.noreply, status, out);
 }
 
-/// Count a storage command's outcome and answer it. memcached counts `cmd_set` in the
-/// class of the request's item (`new_class`) and CAS results in the class of the item
-/// that was under the key.
-fn answer_store(
-    ctx: &ExecCtx<'_>,
-    cmd: StoreCmd,
-    key: &[u8],
-    noreply: bool,
-    found: Found<StoreStatus>,
-    new_class: Option<u8>,
-    out: &mut Vec<u8>,
-) {
-    let status = found.status;
+/// Answer a storage command's outcome (counted by the command).
+fn answer_store(noreply: bool, status: StoreStatus, out: &mut Vec<u8>) {
     let line = match status {
         StoreStatus::Stored { .. } => reply::STORED,
         StoreStatus::NotStored => reply::NOT_STORED,
         StoreStatus::Exists => reply::EXISTS,
         StoreStatus::NotFound => reply::NOT_FOUND,
-        StoreStatus::TooLarge => {
-            // memcached refuses these before reading the data and does not count a set.
-            ctx.stats.store_too_large.incr();
-            unlink_after_failed_set(ctx, cmd, key);
-            answer(noreply, reply::TOO_LARGE, out);
-            return;
-        }
-        StoreStatus::OutOfMemory => {
-            ctx.stats.store_no_memory.incr();
-            unlink_after_failed_set(ctx, cmd, key);
-            answer(noreply, reply::OUT_OF_MEMORY_STORING, out);
-            return;
-        }
+        StoreStatus::TooLarge => reply::TOO_LARGE,
+        StoreStatus::OutOfMemory => reply::OUT_OF_MEMORY_STORING,
     };
-    ctx.stats.count(ClassStat::SetCmds, new_class);
-    if cmd == StoreCmd::Cas {
-        match status {
-            StoreStatus::Stored { .. } => ctx.stats.count(ClassStat::CasHits, found.class_id),
-            StoreStatus::Exists => ctx.stats.count(ClassStat::CasBadval, found.class_id),
-            StoreStatus::NotFound => ctx.stats.cas_misses.incr(),
-            _ => {}
-        }
-    }
     answer(noreply, line, out);
 }
 
 fn arith(ctx: &ExecCtx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
-    let (hits, misses) = if incr {
-        (ClassStat::IncrHits, &ctx.stats.incr_misses)
-    } else {
-        (ClassStat::DecrHits, &ctx.stats.decr_misses)
+    let a = Arith {
+        incr,
+        delta,
+        cas: 0,
+        create: None,
     };
-    let found = ctx
-        .shared
-        .store
-        .arith_found(key, incr, delta, &ArithOptions::default());
-    match found.status {
+    match command::arith(ctx, key, a).status {
         ArithStatus::Value { value, .. } => {
-            ctx.stats.count(hits, found.class_id);
             if !noreply {
                 write_number_line(out, value);
             }
         }
-        ArithStatus::NotFound => {
-            misses.incr();
-            answer(noreply, reply::NOT_FOUND, out);
-        }
+        ArithStatus::NotFound => answer(noreply, reply::NOT_FOUND, out),
         ArithStatus::NonNumeric => answer(noreply, reply::NON_NUMERIC, out),
         ArithStatus::OutOfMemory => answer(noreply, reply::OUT_OF_MEMORY, out),
         // Only possible with a CAS, which the classic commands never give.

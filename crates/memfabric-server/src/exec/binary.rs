@@ -10,12 +10,10 @@
 use memfabric_proto::binary::{
     self as bp, Command, Frame, FrameError, Request, RequestHeader, Status, StoreHead, StoreOp,
 };
-use memfabric_store::{
-    ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, PendingItem, SetMode, StoreStatus,
-};
+use memfabric_store::{ArithStatus, DeleteStatus, PendingItem, SetMode, StoreStatus};
 
-use super::{ExecCtx, Finish, Receiving, Session, Step};
-use crate::counters::ClassStat;
+use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
+use crate::command::{self, Arith, Retrieval, StoreAccounting, StoreArgs};
 use crate::outqueue::OutQueue;
 
 /// First byte of every binary request.
@@ -70,7 +68,7 @@ pub fn process_one(
             let flow = match request.command {
                 // Retrievals may queue a large value pinned; the rest write bytes.
                 Command::Get { key, return_key } => {
-                    get(ctx, &request, key, None, return_key, queue);
+                    get(ctx, sess, &request, key, None, return_key, queue);
                     Flow::Continue
                 }
                 Command::GetAndTouch {
@@ -78,7 +76,7 @@ pub fn process_one(
                     exptime,
                     return_key,
                 } => {
-                    get(ctx, &request, key, Some(exptime), return_key, queue);
+                    get(ctx, sess, &request, key, Some(exptime), return_key, queue);
                     Flow::Continue
                 }
                 _ => execute(ctx, &request, queue.bytes()),
@@ -120,24 +118,19 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
             initial,
             exptime,
         } => arith(ctx, h, incr, key, delta, initial, exptime, quiet, out),
-        Command::Flush { exptime } => {
-            if !ctx.shared.settings.flush_enabled {
-                // `-F`: memcached refuses with an auth error, even to FLUSHQ, and does
-                // not count it.
-                bp::write_error(out, h.opcode, h.opaque, Status::AuthError);
-                return Flow::Continue;
+        // memcached: a zero exptime (or none) flushes now.
+        Command::Flush { exptime } => match command::flush_all(ctx, exptime.unwrap_or(0), false) {
+            Ok(()) => {
+                if !quiet {
+                    bp::write_ok(out, h.opcode, h.opaque, 0);
+                }
             }
-            ctx.stats.cmd_flush.incr();
-            let store = &ctx.shared.store;
-            // memcached: a zero exptime (or none) flushes now.
-            let at = exptime
-                .filter(|&e| e > 0)
-                .map(|e| store.clock().exptime(i64::from(e)));
-            store.flush_all(at);
-            if !quiet {
-                bp::write_ok(out, h.opcode, h.opaque, 0);
+            // `-F`: memcached refuses with an auth error, even to FLUSHQ, and does not
+            // count it.
+            Err(command::FlushDisabled) => {
+                bp::write_error(out, h.opcode, h.opaque, Status::AuthError)
             }
-        }
+        },
         Command::Noop => bp::write_ok(out, h.opcode, h.opaque, 0),
         Command::Version => bp::write_response(
             out,
@@ -147,7 +140,7 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
             0,
             &[],
             &[],
-            crate::counters::VERSION.as_bytes(),
+            command::version().as_bytes(),
         ),
         Command::Quit => {
             if !quiet {
@@ -161,26 +154,61 @@ fn execute(ctx: &mut ExecCtx<'_>, req: &Request<'_>, out: &mut Vec<u8>) -> Flow 
     Flow::Continue
 }
 
+/// A binary retrieval waiting for its result: what its reply needs.
+pub struct HeldGet {
+    header: RequestHeader,
+    quiet: bool,
+    key: Vec<u8>,
+    touch: Option<u32>,
+    return_key: bool,
+}
+
 /// GET GETQ GETK GETKQ, and with `touch` GAT GATQ GATK GATKQ. A large value is queued
-/// pinned and written from item memory.
+/// pinned and written from item memory; one that is not ready keeps its place.
 fn get(
     ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
     request: &Request<'_>,
     key: &[u8],
     touch: Option<u32>,
     return_key: bool,
     queue: &mut OutQueue,
 ) {
-    let h = &request.header;
-    let quiet = request.quiet();
-    let store = &ctx.shared.store;
-    let opts = GetOptions {
-        touch: touch.map(|e| store.clock().exptime(i64::from(e))),
-        ..GetOptions::default()
+    let clock = ctx.shared.store.clock();
+    let held = HeldGet {
+        header: request.header,
+        quiet: request.quiet(),
+        key: Vec::new(),
+        touch: touch.map(|e| clock.exptime(i64::from(e))),
+        return_key,
     };
-    let reply_key: &[u8] = if return_key { key } else { &[] };
+    if let Some(ticket) = answer_get(ctx, &held, key, queue) {
+        let held = HeldGet {
+            key: key.to_vec(),
+            ..held
+        };
+        super::park(sess, ticket, Resume::Binary(held), queue);
+    }
+}
+
+/// Complete a retrieval whose result is ready (`exec::resume`).
+pub fn resume_get(ctx: &ExecCtx<'_>, held: &HeldGet, queue: &mut OutQueue) {
+    // A context that cannot wait never gets a ticket.
+    let _ = answer_get(ctx, held, &held.key, queue);
+}
+
+/// Look the key up and answer; returns the ticket if the result is not ready.
+fn answer_get(
+    ctx: &ExecCtx<'_>,
+    held: &HeldGet,
+    key: &[u8],
+    queue: &mut OutQueue,
+) -> Option<command::holds::Ticket> {
+    let h = &held.header;
+    let how = held.touch.map_or(Retrieval::Get, Retrieval::Touch);
+    let reply_key: &[u8] = if held.return_key { key } else { &[] };
     let (op, opaque) = (h.opcode, h.opaque);
-    let hit = super::fetch(store, key, opts, queue, |info, out| {
+    let fetched = super::fetch(ctx, key, how, true, queue, |info, out| {
         bp::write_hit_header(
             out,
             op,
@@ -191,77 +219,29 @@ fn get(
             info.value_len,
         )
     });
-    let out = queue.bytes();
-    let s = ctx.stats;
-    let class = hit.map(|i| i.class_id);
-    // memcached counts GAT as a touch, not a get.
-    if touch.is_some() {
-        s.cmd_touch.incr();
-        if hit.is_some() {
-            s.count(ClassStat::TouchHits, class)
-        } else {
-            s.touch_misses.incr()
-        }
-    } else {
-        s.cmd_get.incr();
-        if hit.is_some() {
-            s.count(ClassStat::GetHits, class)
-        } else {
-            s.get_misses.incr()
-        }
+    match fetched {
+        Fetched::Hit(_) => {}
+        Fetched::Pending(ticket) => return Some(ticket),
+        Fetched::Miss if held.quiet => {}
+        Fetched::Miss if held.return_key => bp::write_key_miss(queue.bytes(), op, opaque, key),
+        Fetched::Miss => bp::write_error(queue.bytes(), op, opaque, Status::KeyNotFound),
     }
-    if hit.is_none() && !quiet {
-        if return_key {
-            bp::write_key_miss(out, op, opaque, key);
-        } else {
-            bp::write_error(out, op, opaque, Status::KeyNotFound);
-        }
-    }
+    None
 }
 
 /// TOUCH: new exptime; the reply carries the flags and CAS but no value.
 fn touch(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], exptime: u32, out: &mut Vec<u8>) {
-    let store = &ctx.shared.store;
-    let exptime = store.clock().exptime(i64::from(exptime));
-    // Through a transaction rather than `Store::touch`: the reply needs the flags and CAS,
-    // and copying the value only to drop it would be waste.
-    let hit = store.transact(key, |t| {
-        let info = t.item()?;
-        t.set_exptime(exptime);
-        t.mark_fetched();
-        Some(info)
-    });
-    ctx.stats.cmd_touch.incr();
-    match hit {
-        Some(info) => {
-            ctx.stats.count(ClassStat::TouchHits, Some(info.class_id));
-            bp::write_hit_header(out, h.opcode, h.opaque, info.cas, info.flags, &[], 0);
-        }
-        None => {
-            ctx.stats.touch_misses.incr();
-            bp::write_error(out, h.opcode, h.opaque, Status::KeyNotFound);
-        }
+    let exptime = ctx.shared.store.clock().exptime(i64::from(exptime));
+    match command::touch(ctx, key, exptime) {
+        Some(info) => bp::write_hit_header(out, h.opcode, h.opaque, info.cas, info.flags, &[], 0),
+        None => bp::write_error(out, h.opcode, h.opaque, Status::KeyNotFound),
     }
 }
-
-/// memcached's text when it cannot allocate the item for a storage command (binary
-/// replies carry the ascii error minus its "SERVER_ERROR " prefix).
-const OOM_STORE: &str = "Out of memory allocating item";
-const OOM_INCR: &str = "Out of memory incrementing value";
-const OOM_CREATE: &str = "Out of memory allocating new item";
 
 /// The reply to a value larger than any item can be.
 fn reply_too_large(ctx: &ExecCtx<'_>, h: &RequestHeader, head: &StoreHead<'_>, out: &mut Vec<u8>) {
+    command::refuse_too_large(ctx, &store_args(ctx, h, head.op, head.key, 0, 0));
     bp::write_error(out, h.opcode, h.opaque, Status::TooLarge);
-    forget_on_failed_set(ctx, head);
-}
-
-/// memcached unlinks the old item when a SET cannot even allocate its new one, so that
-/// a failed set never leaves stale data readable.
-fn forget_on_failed_set(ctx: &ExecCtx<'_>, head: &StoreHead<'_>) {
-    if head.op == StoreOp::Set {
-        let _ = ctx.shared.store.delete(head.key, 0);
-    }
 }
 
 fn set_mode(op: StoreOp) -> SetMode {
@@ -274,6 +254,28 @@ fn set_mode(op: StoreOp) -> SetMode {
     }
 }
 
+/// A storage request's arguments (`exptime` as sent). set/add/replace with a CAS are
+/// compare-and-swap (the store switches mode itself).
+fn store_args<'k>(
+    ctx: &ExecCtx<'_>,
+    h: &RequestHeader,
+    op: StoreOp,
+    key: &'k [u8],
+    flags: u32,
+    exptime: u32,
+) -> StoreArgs<'k> {
+    StoreArgs {
+        mode: set_mode(op),
+        key,
+        flags,
+        // The wire exptime is unsigned: memcached never sees a negative one here.
+        exptime: ctx.shared.store.clock().exptime(i64::from(exptime)),
+        cas: h.cas,
+        counts_as_cas: h.cas != 0 && matches!(op, StoreOp::Set | StoreOp::Add | StoreOp::Replace),
+        accounting: StoreAccounting::Binary,
+    }
+}
+
 fn store(
     ctx: &mut ExecCtx<'_>,
     h: &RequestHeader,
@@ -282,19 +284,9 @@ fn store(
     quiet: bool,
     out: &mut Vec<u8>,
 ) {
-    let store = &ctx.shared.store;
-    // The wire exptime is unsigned: memcached never sees a negative one here.
-    let exptime = store.clock().exptime(i64::from(head.exptime));
-    let found = store.store_found(
-        set_mode(head.op),
-        head.key,
-        value,
-        head.flags,
-        exptime,
-        h.cas,
-    );
-    let class = store.item_class(head.key.len(), value.len());
-    answer_store(ctx, h, head, found, class, quiet, out);
+    let args = store_args(ctx, h, head.op, head.key, head.flags, head.exptime);
+    let status = command::store(ctx, &args, value);
+    answer_store(h, head.op, status, quiet, out);
 }
 
 /// The parts of a storage request kept while its value arrives.
@@ -314,10 +306,9 @@ fn receive_value(
     total: usize,
     out: &mut Vec<u8>,
 ) -> Step {
-    let store = &ctx.shared.store;
-    let exptime = store.clock().exptime(i64::from(head.exptime));
     let before_value = total - head.value_len;
-    match store.alloc_pending(head.key, head.value_len, head.flags, exptime) {
+    let args = store_args(ctx, &header, head.op, head.key, head.flags, head.exptime);
+    match command::alloc_pending(ctx, &args, head.value_len) {
         Ok(item) => {
             let pending = StoreHeader {
                 header,
@@ -327,10 +318,9 @@ fn receive_value(
             sess.receiving = Some(Receiving::new(item, b"", Finish::Binary(pending)));
             Step::Done(before_value)
         }
-        Err(e) => {
+        Err(refused) => {
             // Answered now; the value is discarded as it arrives.
-            let refused = Found::unfound(e.into());
-            answer_store(ctx, &header, head, refused, None, header.quiet(), out);
+            answer_store(&header, head.op, refused, header.quiet(), out);
             sess.swallow = head.value_len;
             Step::Done(before_value)
         }
@@ -339,92 +329,59 @@ fn receive_value(
 
 /// The value of a `receive_value` request is here: store it and answer.
 pub fn finish_store(ctx: &mut ExecCtx<'_>, p: StoreHeader, item: PendingItem, out: &mut Vec<u8>) {
-    let store = &ctx.shared.store;
-    let class = store.item_class(p.key.len(), item.value_len());
-    let found = store.store_pending_found(set_mode(p.op), item, p.header.cas);
-    let head = StoreHead {
-        op: p.op,
-        key: &p.key,
-        flags: 0,
-        exptime: 0,
-        value_len: 0,
-    };
-    answer_store(ctx, &p.header, &head, found, class, p.header.quiet(), out);
+    // The flags and exptime are in the item already.
+    let args = store_args(ctx, &p.header, p.op, &p.key, 0, 0);
+    let status = command::store_pending(ctx, &args, item);
+    answer_store(&p.header, p.op, status, p.header.quiet(), out);
 }
 
-/// Count a storage request's outcome and answer it. `new_class`: the slab class of the
-/// request's item (memcached counts `cmd_set` there, CAS results in the old item's).
+/// memcached's text when it cannot allocate the item for a storage command (binary
+/// replies carry the ascii error minus its "SERVER_ERROR " prefix).
+const OOM_STORE: &str = "Out of memory allocating item";
+const OOM_INCR: &str = "Out of memory incrementing value";
+const OOM_CREATE: &str = "Out of memory allocating new item";
+
+/// Answer a storage request's outcome (counted by the command).
 fn answer_store(
-    ctx: &mut ExecCtx<'_>,
     h: &RequestHeader,
-    head: &StoreHead<'_>,
-    found: Found<StoreStatus>,
-    new_class: Option<u8>,
+    op: StoreOp,
+    status: StoreStatus,
     quiet: bool,
     out: &mut Vec<u8>,
 ) {
-    let status = found.status;
-    // set/add/replace with a CAS are compare-and-swap (the store switches mode itself).
-    let is_cas = h.cas != 0 && matches!(head.op, StoreOp::Set | StoreOp::Add | StoreOp::Replace);
-    let s = ctx.stats;
-    // memcached counts a set once the item is allocated, whatever happens next. Its
-    // binary path does not count store_too_large / store_no_memory (ascii does).
-    if !matches!(status, StoreStatus::TooLarge | StoreStatus::OutOfMemory) {
-        s.count(ClassStat::SetCmds, new_class);
-    }
-    let (op, opaque) = (h.opcode, h.opaque);
-    match status {
+    let (opcode, opaque) = (h.opcode, h.opaque);
+    let error = match status {
         StoreStatus::Stored { cas } => {
-            if is_cas {
-                s.count(ClassStat::CasHits, found.class_id);
-            }
             if !quiet {
-                bp::write_ok(out, op, opaque, cas);
+                bp::write_ok(out, opcode, opaque, cas);
             }
+            return;
         }
-        StoreStatus::Exists => {
-            if is_cas {
-                s.count(ClassStat::CasBadval, found.class_id);
-            }
-            bp::write_error(out, op, opaque, Status::KeyExists);
-        }
-        StoreStatus::NotFound => {
-            if is_cas {
-                s.cas_misses.incr();
-            }
-            bp::write_error(out, op, opaque, Status::KeyNotFound);
-        }
-        StoreStatus::NotStored => {
-            // memcached reports a refused add as "exists" and a refused replace as
-            // "not found"; only append/prepend say "not stored".
-            let status = match head.op {
-                StoreOp::Add => Status::KeyExists,
-                StoreOp::Replace => Status::KeyNotFound,
-                _ => Status::NotStored,
-            };
-            bp::write_error(out, op, opaque, status);
-        }
-        StoreStatus::TooLarge => reply_too_large(ctx, h, head, out),
+        StoreStatus::Exists => Status::KeyExists,
+        StoreStatus::NotFound => Status::KeyNotFound,
+        // memcached reports a refused add as "exists" and a refused replace as "not
+        // found"; only append/prepend say "not stored".
+        StoreStatus::NotStored => match op {
+            StoreOp::Add => Status::KeyExists,
+            StoreOp::Replace => Status::KeyNotFound,
+            _ => Status::NotStored,
+        },
+        StoreStatus::TooLarge => Status::TooLarge,
         StoreStatus::OutOfMemory => {
-            bp::write_error_text(out, op, opaque, Status::OutOfMemory, OOM_STORE);
-            forget_on_failed_set(ctx, head);
+            return bp::write_error_text(out, opcode, opaque, Status::OutOfMemory, OOM_STORE)
         }
-    }
+    };
+    bp::write_error(out, opcode, opaque, error);
 }
 
 fn delete(ctx: &mut ExecCtx<'_>, h: &RequestHeader, key: &[u8], quiet: bool, out: &mut Vec<u8>) {
-    let found = ctx.shared.store.delete_found(key, h.cas);
-    match found.status {
+    match command::delete(ctx, key, h.cas) {
         DeleteStatus::Deleted => {
-            ctx.stats.count(ClassStat::DeleteHits, found.class_id);
             if !quiet {
                 bp::write_ok(out, h.opcode, h.opaque, 0);
             }
         }
-        DeleteStatus::NotFound => {
-            ctx.stats.delete_misses.incr();
-            bp::write_error(out, h.opcode, h.opaque, Status::KeyNotFound);
-        }
+        DeleteStatus::NotFound => bp::write_error(out, h.opcode, h.opaque, Status::KeyNotFound),
         DeleteStatus::Exists => bp::write_error(out, h.opcode, h.opaque, Status::KeyExists),
     }
 }
@@ -441,53 +398,27 @@ fn arith(
     quiet: bool,
     out: &mut Vec<u8>,
 ) {
-    let store = &ctx.shared.store;
-    let s = ctx.stats;
     let (op, opaque) = (h.opcode, h.opaque);
-    let first = ArithOptions {
+    let clock = ctx.shared.store.clock();
+    let a = Arith {
+        incr,
+        delta,
         cas: h.cas,
-        create: None,
+        create: (exptime != bp::ARITH_NO_CREATE)
+            .then(|| (initial, 0, clock.exptime(i64::from(exptime)))),
     };
-    // Two steps so that the counters match memcached: a hit counts as a hit, a miss that
-    // creates the item counts as neither, a miss that may not create counts as a miss.
-    let found = store.arith_found(key, incr, delta, &first);
-    let (status, created) = match found.status {
-        ArithStatus::NotFound if exptime != bp::ARITH_NO_CREATE => {
-            let create = ArithOptions {
-                // memcached ignores the CAS when it creates the item.
-                cas: 0,
-                create: Some((initial, 0, store.clock().exptime(i64::from(exptime)))),
-            };
-            (store.arith(key, incr, delta, &create), true)
-        }
-        status => (status, false),
-    };
-    match status {
+    let done = command::arith(ctx, key, a);
+    match done.status {
         ArithStatus::Value { value, cas } => {
-            if !created {
-                let what = if incr {
-                    ClassStat::IncrHits
-                } else {
-                    ClassStat::DecrHits
-                };
-                s.count(what, found.class_id)
-            }
             if !quiet {
                 bp::write_counter(out, op, opaque, cas, value);
             }
         }
-        ArithStatus::NotFound => {
-            if incr {
-                s.incr_misses.incr()
-            } else {
-                s.decr_misses.incr()
-            }
-            bp::write_error(out, op, opaque, Status::KeyNotFound);
-        }
+        ArithStatus::NotFound => bp::write_error(out, op, opaque, Status::KeyNotFound),
         ArithStatus::NonNumeric => bp::write_error(out, op, opaque, Status::DeltaBadValue),
         ArithStatus::Exists => bp::write_error(out, op, opaque, Status::KeyExists),
         ArithStatus::OutOfMemory => {
-            let text = if created { OOM_CREATE } else { OOM_INCR };
+            let text = if done.created { OOM_CREATE } else { OOM_INCR };
             bp::write_error_text(out, op, opaque, Status::OutOfMemory, text);
         }
     }

@@ -13,11 +13,12 @@ use memfabric_proto::meta::{
     self as wire, ArithMode, MetaCommand, MetaError, MetaRequest, StoreMode,
 };
 use memfabric_store::{
-    AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, GetOptions, ItemInfo, LinkOptions,
-    NewItem, PendingItem, SetMode, StoreStatus, Txn,
+    AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, ItemInfo, LinkOptions, NewItem,
+    PendingItem, SetMode, StoreStatus, Txn,
 };
 
-use super::{ExecCtx, Finish, Receiving, Session, Step};
+use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
+use crate::command::{self, Retrieval};
 use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
 
@@ -55,7 +56,7 @@ pub fn process_one(
         MetaCommand::Noop => out.extend_from_slice(wire::NOOP_REPLY),
         MetaCommand::Debug => debug(ctx, &req, out),
         // A retrieval may queue a large value pinned.
-        MetaCommand::Get => get(ctx, &req, queue),
+        MetaCommand::Get => get(ctx, sess, &req, &input[..line_len], queue),
         MetaCommand::Set => return set(ctx, sess, &req, input, line_len, out),
         MetaCommand::Delete => delete(ctx, &req, out),
         MetaCommand::Arith => arith(ctx, &req, out),
@@ -247,33 +248,37 @@ enum MgOutcome {
     Error,
 }
 
-fn get(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, queue: &mut OutQueue) {
+fn get(
+    ctx: &mut ExecCtx<'_>,
+    sess: &mut Session,
+    req: &MetaRequest<'_>,
+    line: &[u8],
+    queue: &mut OutQueue,
+) {
+    if let Some(ticket) = command::holds::hold(ctx, &req.key) {
+        // Not ready: the whole `mg` runs again, in its place, once it is.
+        let resume = Resume::Meta {
+            line: line.to_vec(),
+        };
+        return super::park(sess, ticket, resume, queue);
+    }
     let f = &req.flags;
     let outcome = if f.value && f.vivify.is_none() && f.recache.is_none() && f.ttl.is_none() {
         mg_lockless(ctx, req, queue).unwrap_or_else(|| mg_locked(ctx, req, queue.bytes()))
     } else {
         mg_locked(ctx, req, queue.bytes())
     };
-    let s = ctx.stats;
     match outcome {
+        // `Touch`'s exptime does not matter for counting.
         MgOutcome::Hit {
             touched: true,
             class,
-        } => {
-            s.cmd_touch.incr();
-            s.count(ClassStat::TouchHits, Some(class));
-        }
+        } => command::count_retrieval(ctx, Retrieval::Touch(0), Some(class)),
         MgOutcome::Hit {
             touched: false,
             class,
-        } => {
-            s.cmd_get.incr();
-            s.count(ClassStat::GetHits, Some(class));
-        }
-        MgOutcome::Miss => {
-            s.cmd_get.incr();
-            s.get_misses.incr();
-        }
+        } => command::count_retrieval(ctx, Retrieval::Get, Some(class)),
+        MgOutcome::Miss => command::count_retrieval(ctx, Retrieval::Get, None),
         MgOutcome::Error => {}
     }
 }
@@ -292,32 +297,37 @@ fn mg_lockless(
         // sort it out.
         return None;
     }
-    let store = &ctx.shared.store;
-    let clock = store.clock();
+    let clock = ctx.shared.store.clock();
     let start = queue.mark();
-    let opts = GetOptions {
-        touch: None,
-        bump: !req.flags.no_update,
-        ..GetOptions::default()
-    };
-    let hit = super::fetch(store, &req.key, opts, queue, |info, out| {
-        // Without T/N/R and with the opaque checked, this cannot fail.
-        let _ = mg_hit_line(clock, req, info, false, out);
-    });
+    let bump = !req.flags.no_update;
+    let hit = super::fetch_with(
+        ctx,
+        &req.key,
+        Retrieval::Get,
+        bump,
+        false,
+        queue,
+        |info, out| {
+            // Without T/N/R and with the opaque checked, this cannot fail.
+            let _ = mg_hit_line(clock, req, info, false, out);
+        },
+    );
     match hit {
-        Some(info) if info.stale && !info.token_sent => {
+        // `get` held the key already if it is held.
+        Fetched::Pending(_) => None,
+        Fetched::Hit(info) if info.stale && !info.token_sent => {
             // Handing out the win token changes the item: the locked path redoes it.
             queue.truncate(start);
             None
         }
-        Some(info) => {
+        Fetched::Hit(info) => {
             queue.bytes().extend_from_slice(wire::CRLF);
             Some(MgOutcome::Hit {
                 touched: false,
                 class: info.class_id,
             })
         }
-        None => {
+        Fetched::Miss => {
             mg_miss(req, queue.bytes());
             Some(MgOutcome::Miss)
         }
@@ -683,16 +693,9 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let f = &req.flags;
     let stats = ctx.stats;
     let code = if f.cas.is_none() && !f.invalidate {
-        let found = store.delete_found(&req.key, 0);
-        match found.status {
-            DeleteStatus::Deleted => {
-                stats.count(ClassStat::DeleteHits, found.class_id);
-                wire::HD
-            }
-            DeleteStatus::NotFound | DeleteStatus::Exists => {
-                stats.delete_misses.incr();
-                wire::NF
-            }
+        match command::delete(ctx, &req.key, 0) {
+            DeleteStatus::Deleted => wire::HD,
+            DeleteStatus::NotFound | DeleteStatus::Exists => wire::NF,
         }
     } else {
         let clock = store.clock();

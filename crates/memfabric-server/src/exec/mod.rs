@@ -8,7 +8,10 @@
 //! Files: `ascii.rs` (classic text commands and line framing), `meta.rs` (mg ms md ma mn
 //! me), `binary.rs` (binary protocol). Each exposes a `process_one` with the same shape.
 
-use memfabric_store::{GetOptions, ItemInfo, PendingItem, Store};
+use memfabric_store::{ItemInfo, PendingItem};
+
+use crate::command::holds::Ticket;
+use crate::command::{self, Delivery, Lookup, Retrieval, Value};
 
 use crate::outqueue::OutQueue;
 
@@ -36,9 +39,36 @@ pub struct Session {
     pub receiving: Option<Receiving>,
     pub ascii: ascii::AsciiState,
     pub binary: binary::BinaryState,
+    /// Commands whose reply is not ready, in the order their holes stand in the reply
+    /// queue, with what completes each.
+    pub parked: Vec<(Ticket, Resume)>,
+}
+
+/// Pending commands one connection may have before it stops running requests (until one
+/// completes): bounds the work a client can leave waiting.
+pub const MAX_PARKED: usize = 64;
+
+/// What completes a command that answered "pending": the retrieval again, now that its
+/// result is ready, encoded as its front end does.
+pub enum Resume {
+    /// One key of an ascii get/gets/gat/gats.
+    AsciiValue {
+        key: Vec<u8>,
+        cas: bool,
+        touch: Option<u32>,
+    },
+    /// A binary GET*/GAT* request (its header and key).
+    Binary(binary::HeldGet),
+    /// A meta `mg` line, run again.
+    Meta { line: Vec<u8> },
 }
 
 impl Session {
+    /// Commands waiting for their result.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
     /// A request is part way through (a multiget being served, a value arriving).
     pub fn in_request(&self) -> bool {
         self.receiving.is_some() || self.ascii.in_request()
@@ -225,7 +255,7 @@ pub fn process(
             progress.consumed += r.take(rest);
             continue;
         }
-        if handled >= max_requests || output_full(ctx.shared, out) {
+        if handled >= max_requests || output_full(ctx.shared, out) || parked_full(sess) {
             progress.yielded = true;
             break;
         }
@@ -283,41 +313,100 @@ pub const PIN_VALUES_FROM: usize = 16 << 10;
 /// protocol.
 pub const RECEIVE_IN_PLACE_FROM: usize = 16 << 10;
 
-/// Look `key` up for a reply: on a hit `header` writes the reply's header for the item,
-/// then a small value is copied after it, and a large one (`PIN_VALUES_FROM`) is queued
-/// pinned, to be written from item memory. `opts.touch` and `opts.bump` apply as in
-/// `Store::get_into`. Returns the item that was answered (the pinned one for a large
-/// value: it is looked up again under its lock, after the first look recorded the access;
-/// gone in between is a miss, which is a correct answer).
+/// The outcome of [`fetch`].
+pub enum Fetched {
+    Hit(ItemInfo),
+    Miss,
+    /// The reply's place must be kept (`park`) until the result is ready.
+    Pending(Ticket),
+}
+
+/// Look `key` up for a reply into `out` (`command::get`, counted): on a hit `header`
+/// writes the reply's header, then a small value is copied after it and a large one
+/// (`PIN_VALUES_FROM`) is queued pinned, to be written from item memory.
 pub fn fetch(
-    store: &Store,
+    ctx: &ExecCtx<'_>,
     key: &[u8],
-    opts: GetOptions,
+    how: Retrieval,
+    bump: bool,
     out: &mut OutQueue,
-    mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
-) -> Option<ItemInfo> {
-    let opts = GetOptions {
+    header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Fetched {
+    fetch_with(ctx, key, how, bump, true, out, header)
+}
+
+/// [`fetch`], counted or not (meta's optimistic path counts once it knows the lookup
+/// stands).
+pub fn fetch_with(
+    ctx: &ExecCtx<'_>,
+    key: &[u8],
+    how: Retrieval,
+    bump: bool,
+    counted: bool,
+    out: &mut OutQueue,
+    header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Fetched {
+    let delivery = Delivery {
         copy_limit: PIN_VALUES_FROM - 1,
-        ..opts
+        pin_large: true,
+        bump,
     };
-    let mut large = false;
-    let hit = store.get_into(key, &opts, out.bytes(), |info, out| {
-        large = info.value_len as usize > opts.copy_limit;
-        if !large {
-            header(info, out);
+    let found = if counted {
+        command::get(ctx, key, how, delivery, out.bytes(), header)
+    } else {
+        command::lookup(ctx, key, how, delivery, out.bytes(), header)
+    };
+    match found {
+        Lookup::Hit(info, Value::Pinned(pin)) => {
+            out.push_pinned(pin);
+            Fetched::Hit(info)
         }
-    })?;
-    if !large {
-        return Some(hit);
+        Lookup::Hit(info, _) => Fetched::Hit(info),
+        Lookup::Miss => Fetched::Miss,
+        Lookup::Pending(ticket) => Fetched::Pending(ticket),
     }
-    let quiet = GetOptions {
-        bump: false,
-        ..GetOptions::default()
+}
+
+/// Keep the place of a reply that is not ready, and what completes it.
+pub fn park(sess: &mut Session, ticket: Ticket, resume: Resume, out: &mut OutQueue) {
+    out.push_hole(ticket.0);
+    sess.parked.push((ticket, resume));
+}
+
+/// The connection has as many pending commands as it may.
+pub fn parked_full(sess: &Session) -> bool {
+    sess.parked.len() >= MAX_PARKED
+}
+
+/// Pending command `ticket` can complete: run what completes it and put its reply in its
+/// place. Returns false when the session has no such command (it was a previous
+/// connection's on a reused token).
+pub fn resume(ctx: &ExecCtx<'_>, sess: &mut Session, ticket: u64, out: &mut OutQueue) -> bool {
+    let Some(at) = sess.parked.iter().position(|(t, _)| t.0 == ticket) else {
+        return false;
     };
-    let (info, pin) = store.get_pinned(key, &quiet)?;
-    header(&info, out.bytes());
-    out.push_pinned(pin);
-    Some(info)
+    let (_, what) = sess.parked.remove(at);
+    // The result is ready now: the command completes without waiting again.
+    let now = ExecCtx {
+        shared: ctx.shared,
+        stats: ctx.stats,
+        transport: ctx.transport,
+        conn_id: ctx.conn_id,
+        waiter: None,
+    };
+    let mut reply = OutQueue::new();
+    let mut scratch = Session::default();
+    match what {
+        Resume::AsciiValue { key, cas, touch } => {
+            ascii::get_one(&now, &mut scratch, &key, cas, touch, &mut reply)
+        }
+        Resume::Binary(held) => binary::resume_get(&now, &held, &mut reply),
+        Resume::Meta { line } => {
+            let mut now = now;
+            let _ = meta::process_one(&mut now, &mut scratch, &line, &mut reply);
+        }
+    }
+    out.fill(ticket, reply)
 }
 
 /// A received value is complete: store it and answer as its protocol does.
