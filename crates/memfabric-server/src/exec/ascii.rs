@@ -150,20 +150,25 @@ pub fn process_one(
 }
 
 /// `debug release` (only with the test store, `--debug-hold-keys`): complete every held
-/// retrieval. Answers `RELEASED <n>`.
+/// retrieval, answering `RELEASED <n>`; `debug held`: how many are held (`HELD <n>`).
 fn debug_release(ctx: &ExecCtx<'_>, input: &[u8], out: &mut OutQueue) -> Option<Step> {
-    const LINE: &[u8] = b"debug release";
-    let rest = input.strip_prefix(LINE)?;
-    let len = if rest.starts_with(b"\r\n") {
-        LINE.len() + 2
-    } else if rest.starts_with(b"\n") {
-        LINE.len() + 1
-    } else {
-        return None;
+    let holds = ctx.shared.holds.as_ref()?;
+    let line_end = |rest: &[u8]| match rest {
+        [b'\r', b'\n', ..] => Some(2),
+        [b'\n', ..] => Some(1),
+        _ => None,
     };
-    let n = ctx.shared.holds.as_ref().map_or(0, |h| h.release_all());
+    if let Some(rest) = input.strip_prefix(b"debug release".as_slice()) {
+        let len = 13 + line_end(rest)?;
+        let n = holds.release_all();
+        out.bytes()
+            .extend_from_slice(format!("RELEASED {n}\r\n").as_bytes());
+        return Some(Step::Done(len));
+    }
+    let rest = input.strip_prefix(b"debug held".as_slice())?;
+    let len = 10 + line_end(rest)?;
     out.bytes()
-        .extend_from_slice(format!("RELEASED {n}\r\n").as_bytes());
+        .extend_from_slice(format!("HELD {}\r\n", holds.held()).as_bytes());
     Some(Step::Done(len))
 }
 
