@@ -546,31 +546,3 @@ fn conns(shared: &Shared, v: &mut Stats) {
         );
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn totals_since_a_base_subtract_each_counter() {
-        let t = ThreadStats::default();
-        t.cmd_get.add(5);
-        t.bytes_read.add(100);
-        let mut base = ThreadTotals::default();
-        base.add(&t);
-        t.cmd_get.add(2);
-        let mut now = ThreadTotals::default();
-        now.add(&t);
-        let d = now.since(&base);
-        assert_eq!(d.cmd_get, 2);
-        assert_eq!(d.bytes_read, 0);
-    }
-
-    #[test]
-    fn counter_adds_from_its_single_writer() {
-        let c = Counter::default();
-        c.incr();
-        c.add(41);
-        assert_eq!(c.get(), 42);
-    }
-}
