@@ -15,6 +15,7 @@ pub mod counters;
 pub mod exec;
 pub mod net;
 pub mod outqueue;
+pub mod pending;
 pub mod runtime;
 pub mod settings;
 pub mod shared;

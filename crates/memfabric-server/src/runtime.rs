@@ -160,7 +160,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let threads = settings.threads;
     let holds = settings.debug_hold_keys.clone();
     let mut shared = Shared::new(settings, store);
-    shared.holds = holds.map(crate::command::holds::Holds::new);
+    shared.holds = holds.map(crate::pending::Holds::new);
     if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
         let ctx = Arc::clone(m.context());
         match crate::ucx_context::FabricShared::new(

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use memfabric_store::Store;
 
 use crate::counters::ThreadStats;
+use crate::pending::Holds;
+pub use crate::pending::{Inbox, Target, Waiter};
 use crate::settings::Settings;
 
 /// State shared by every worker.
@@ -39,7 +41,7 @@ pub struct Shared {
     /// What connections hold now (`stats bounds`).
     pub gauges: Arc<crate::bounds::Gauges>,
     /// The test store's held keys (`--debug-hold-keys`), when on.
-    pub holds: Option<crate::command::holds::Holds>,
+    pub holds: Option<Holds>,
 }
 
 impl Shared {
@@ -97,7 +99,7 @@ pub enum Transport {
     Tcp,
     Udp,
     Unix,
-    /// The UCX active-message path (crate::ucx_frontend).
+    /// The UCX active-message path (the server's UCX front end).
     Ucx,
 }
 
@@ -111,55 +113,6 @@ pub struct ExecCtx<'a> {
     /// Where to report that a command which answered "pending" can go on; `None` where
     /// the caller cannot wait (the command then completes at once).
     pub waiter: Option<Waiter<'a>>,
-}
-
-/// Who is waiting for a pending command: a worker's inbox and what in that worker.
-#[derive(Clone, Copy)]
-pub struct Waiter<'a> {
-    pub inbox: &'a Arc<Inbox>,
-    pub target: Target,
-}
-
-/// What in a worker a ready command belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// A stream connection, by its poll token.
-    Conn(usize),
-    /// A UDP socket of the worker, by index.
-    Udp(usize),
-    /// The worker's UCX front end.
-    Ucx,
-}
-
-/// A worker's inbox of pending commands that became ready, filled by other threads and
-/// drained by the worker when its waker fires.
-pub struct Inbox {
-    ready: Mutex<Vec<(Target, u64)>>,
-    waker: Arc<mio::Waker>,
-}
-
-impl Inbox {
-    pub fn new(waker: Arc<mio::Waker>) -> Inbox {
-        Inbox {
-            ready: Mutex::new(Vec::new()),
-            waker,
-        }
-    }
-
-    /// Report pending command `ticket` of `target` ready, and wake the worker.
-    pub fn post(&self, target: Target, ticket: u64) {
-        self.ready
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((target, ticket));
-        // Fails only when the worker's poll is gone, i.e. it has exited.
-        let _ = self.waker.wake();
-    }
-
-    /// Everything reported since the last call.
-    pub fn take(&self) -> Vec<(Target, u64)> {
-        std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
-    }
 }
 
 /// What `stats conns` says a connection is doing (memcached's state names).

@@ -1,0 +1,108 @@
+//! Commands that complete later: who waits for them (a worker's inbox and what in that
+//! worker) and the test store's held keys. The lowest layer: the command layer parks
+//! commands here and workers are told here when they can go on.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Who is waiting for a pending command: a worker's inbox and what in that worker.
+#[derive(Clone, Copy)]
+pub struct Waiter<'a> {
+    pub inbox: &'a Arc<Inbox>,
+    pub target: Target,
+}
+
+/// What in a worker a ready command belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A stream connection, by its poll token.
+    Conn(usize),
+    /// A UDP socket of the worker, by index.
+    Udp(usize),
+    /// The worker's UCX front end.
+    Ucx,
+}
+
+/// A worker's inbox of pending commands that became ready, filled by other threads and
+/// drained by the worker when its waker fires.
+pub struct Inbox {
+    ready: Mutex<Vec<(Target, u64)>>,
+    waker: Arc<mio::Waker>,
+}
+
+impl Inbox {
+    pub fn new(waker: Arc<mio::Waker>) -> Inbox {
+        Inbox {
+            ready: Mutex::new(Vec::new()),
+            waker,
+        }
+    }
+
+    /// Report pending command `ticket` of `target` ready, and wake the worker.
+    pub fn post(&self, target: Target, ticket: u64) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((target, ticket));
+        // Fails only when the worker's poll is gone, i.e. it has exited.
+        let _ = self.waker.wake();
+    }
+
+    /// Everything reported since the last call.
+    pub fn take(&self) -> Vec<(Target, u64)> {
+        std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Identifies one pending command within its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket(pub u64);
+
+/// Keys held until released.
+pub struct Holds {
+    prefix: Vec<u8>,
+    parked: Mutex<Vec<(Arc<Inbox>, Target, u64)>>,
+    next: AtomicU64,
+}
+
+impl Holds {
+    pub fn new(prefix: Vec<u8>) -> Holds {
+        Holds {
+            prefix,
+            parked: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Complete every held command (each is told to its worker). Returns how many.
+    pub fn release_all(&self) -> usize {
+        let parked = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|e| e.into_inner()));
+        for (inbox, target, ticket) in &parked {
+            inbox.post(*target, *ticket);
+        }
+        parked.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<Inbox>, Target, u64)>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ticket no other pending command of the process has.
+    pub fn next_ticket(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Hold a command until `release_all`.
+    pub fn park(&self, inbox: Arc<Inbox>, target: Target, ticket: u64) {
+        self.lock().push((inbox, target, ticket));
+    }
+
+    /// The test store holds retrievals of `key`.
+    pub fn holds(&self, key: &[u8]) -> bool {
+        key.starts_with(&self.prefix)
+    }
+
+    /// Commands held now.
+    pub fn held(&self) -> usize {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
