@@ -23,6 +23,8 @@ pub struct Holdings {
     pub receiving_bytes: i64,
     /// Waiting for the client to read before running more of its requests (0 or 1).
     pub paused_on_output: i64,
+    /// Commands whose reply is not ready yet (at most `exec::MAX_PARKED`).
+    pub pending_commands: i64,
 }
 
 macro_rules! gauges {
@@ -72,6 +74,7 @@ gauges!(
     receiving_values,
     receiving_bytes,
     paused_on_output,
+    pending_commands,
 );
 
 /// A connection's share of the gauges; gives it back when dropped.

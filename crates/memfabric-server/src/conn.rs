@@ -350,6 +350,7 @@ impl Conn {
             receiving_values: self.session.receiving_values() as i64,
             receiving_bytes: self.session.receiving_bytes() as i64,
             paused_on_output: i64::from(self.entry.state() == ConnState::Mwrite),
+            pending_commands: self.session.parked() as i64,
         };
         self.share.update(holdings);
         next
