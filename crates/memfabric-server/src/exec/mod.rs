@@ -149,6 +149,11 @@ impl Receiving {
         self.trailer_got.get(..self.trailer_seen) == self.trailer.get(..self.trailer_seen)
     }
 
+    /// Value bytes still to arrive.
+    pub fn remaining(&self) -> usize {
+        self.item.value_len() - self.filled
+    }
+
     /// The value and what must follow it have all arrived.
     pub fn complete(&self) -> bool {
         self.filled == self.item.value_len() && self.trailer_seen == self.trailer.len()
