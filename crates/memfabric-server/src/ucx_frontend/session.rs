@@ -1,0 +1,346 @@
+//! The UCX front end's sessions: bootstrap connections (HELLO, WELCOME), the endpoint
+//! each session gets, their deadlines, and ending a session with what it has in flight.
+use super::*;
+
+impl FabricWorker {
+    /// Take a new bootstrap connection from the listener.
+    pub fn add_client(&mut self, registry: &Registry, mut stream: mio::net::TcpStream) {
+        let token = Token(TOKEN_BASE + self.next_client);
+        self.next_client = (self.next_client + 1) % (1 << 30);
+        if let Err(e) =
+            registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+        {
+            tracing::warn!("cannot register a UCX bootstrap connection: {e}");
+            // The listener counted it toward `-c`.
+            self.shared()
+                .curr_connections
+                .fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        self.clients.insert(
+            token,
+            Client {
+                stream,
+                inbuf: Vec::new(),
+                outbuf: Vec::new(),
+                refused: false,
+                session: None,
+                accepted: Instant::now(),
+                inflight: 0,
+                waiting: VecDeque::new(),
+                waiting_bytes: 0,
+            },
+        );
+        self.arm_timer();
+    }
+
+    /// Keep the deadline timer ticking while there is a deadline to watch.
+    pub(super) fn arm_timer(&mut self) {
+        use nix::sys::time::TimeSpec;
+        use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+        let settings = &self.shared().settings;
+        let watch_hello =
+            settings.ucx_hello_timeout > 0 && self.clients.values().any(|c| c.session.is_none());
+        let watch_transfers = settings.ucx_transfer_timeout > 0
+            && !(self.sending.is_empty() && self.receiving.is_empty());
+        let want = watch_hello || watch_transfers;
+        if want == self.timer_armed {
+            return;
+        }
+        let r = if want {
+            self.timer.set(
+                Expiration::Interval(TimeSpec::from_duration(TICK)),
+                TimerSetTimeFlags::empty(),
+            )
+        } else {
+            self.timer.unset()
+        };
+        match r {
+            Ok(()) => self.timer_armed = want,
+            Err(e) => tracing::warn!("UCX deadline timer: {e}"),
+        }
+    }
+
+    /// The deadline timer fired: close bootstrap connections that did not say HELLO in
+    /// time, and end sessions whose transfers outlived the transfer deadline (UCX 1.13
+    /// cannot cancel one request: closing the endpoint cancels them all).
+    pub(super) fn on_timer(&mut self, registry: &Registry) {
+        let _ = self.timer.wait();
+        let settings = &self.fs.0.settings;
+        let now = Instant::now();
+        let hello = Duration::from_secs(u64::from(settings.ucx_hello_timeout));
+        let transfer = Duration::from_secs(u64::from(settings.ucx_transfer_timeout));
+        if !hello.is_zero() {
+            let late: Vec<Token> = self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.session.is_none() && now.duration_since(c.accepted) > hello)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in late {
+                if let Some(fs) = self.shared().fabric.as_ref() {
+                    fs.hello_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                self.drop_client(registry, t);
+            }
+        }
+        if !transfer.is_zero() {
+            let mut late: Vec<u32> = self
+                .sending
+                .values()
+                .filter(|x| now.duration_since(x.started) > transfer)
+                .map(|x| x.session)
+                .chain(
+                    self.receiving
+                        .values()
+                        .filter(|x| now.duration_since(x.started) > transfer)
+                        .map(|x| x.session),
+                )
+                .collect();
+            late.sort_unstable();
+            late.dedup();
+            for id in late {
+                let Some(&t) = self.by_session.get(&id) else {
+                    continue;
+                };
+                if let Some(fs) = self.shared().fabric.as_ref() {
+                    fs.transfer_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(
+                    "ucx session {id}: a transfer took longer than {}s; closing the session",
+                    transfer.as_secs()
+                );
+                self.drop_client(registry, t);
+            }
+        }
+        self.arm_timer();
+    }
+
+    /// A bootstrap/lifeline socket is ready.
+    pub fn drive_stream(&mut self, registry: &Registry, token: Token) {
+        if token == TIMER_TOKEN {
+            self.on_timer(registry);
+            return;
+        }
+        let Some(c) = self.clients.get_mut(&token) else {
+            return;
+        };
+        let mut closed = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.stream.read(&mut buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    if c.session.is_some() || c.inbuf.len() + n > HELLO_MAX {
+                        // Nothing may follow HELLO: a confused or hostile peer.
+                        closed = true;
+                        break;
+                    }
+                    c.inbuf.extend_from_slice(&buf[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if !closed && c.session.is_none() && !c.inbuf.is_empty() {
+            match fp::decode_hello(&c.inbuf) {
+                Ok(None) => {}
+                Ok(Some((hello, used))) if used == c.inbuf.len() => {
+                    self.welcome(token, hello);
+                }
+                // Bytes after HELLO, or not a HELLO at all.
+                Ok(Some(_)) | Err(_) => closed = true,
+            }
+        }
+        if !closed {
+            closed = !self.flush_out(token);
+        }
+        if closed {
+            self.drop_client(registry, token);
+        }
+    }
+
+    /// Answer a HELLO: connect to the client's worker and queue WELCOME (a refusal is
+    /// sent too; `flush_out` then drops the client).
+    pub(super) fn welcome(&mut self, token: Token, hello: fp::Hello) {
+        let shared = Arc::clone(&self.fs);
+        let shared = &shared.0;
+        let fs = shared
+            .fabric
+            .as_ref()
+            .expect("fabric worker without fabric");
+        let mut reply = fp::Welcome {
+            version: fp::VERSION,
+            ..Default::default()
+        };
+        if hello.version != fp::VERSION {
+            reply.status = fp::WELCOME_BAD_VERSION;
+        } else {
+            match (self.connect_client(&hello.worker_address), self.w.address()) {
+                (Ok(ep), Ok(addr)) => {
+                    reply.peer_errors = ep.peer_errors();
+                    if ep.peer_errors() {
+                        fs.peer_error_sessions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let id = fs.next_session.fetch_add(1, Ordering::Relaxed);
+                    let store = &shared.store;
+                    reply.session = id;
+                    reply.eager_max = fs.eager_max as u32;
+                    reply.item_size_max = store.config().item_size_max as u64;
+                    reply.clock = store.clock().now();
+                    reply.started_unix = u64::from(store.clock().started());
+                    reply.arena_base = fs.arena.base;
+                    reply.arena_len = fs.arena.len;
+                    reply.index_base = fs.index.base;
+                    reply.index_len = fs.index.len;
+                    reply.worker_address = addr;
+                    reply.arena_rkey = fs.arena.rkey.clone();
+                    reply.index_rkey = fs.index.rkey.clone();
+                    fs.curr_sessions.fetch_add(1, Ordering::Relaxed);
+                    fs.total_sessions.fetch_add(1, Ordering::Relaxed);
+                    self.by_session.insert(id, token);
+                    if let Some(c) = self.clients.get_mut(&token) {
+                        c.session = Some((id, ep));
+                    }
+                    tracing::debug!(
+                        "ucx session {id} on worker {} (client address {} bytes)",
+                        self.worker_index,
+                        hello.worker_address.len()
+                    );
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::debug!("cannot connect to a UCX client: {e}");
+                    reply.status = fp::WELCOME_REFUSED;
+                }
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&token) {
+            c.inbuf.clear();
+            c.outbuf.extend_from_slice(&reply.encode());
+            c.refused = reply.status != fp::WELCOME_OK;
+        }
+    }
+
+    /// An endpoint to a client: with UCX peer-failure handling when the transports in use
+    /// support it (then a client that dies mid-transfer has its transfers cancelled and
+    /// their items freed at once), otherwise without (UCX 1.13's shared-memory transports;
+    /// the lifeline still ends the session). UCX refuses to create the endpoint in peer
+    /// mode when no transport can carry it so.
+    ///
+    /// Nothing is sent on the endpoint here: the client's endpoint to us wires the pair up
+    /// when the client first sends. (A probe sent from here made us open the transport
+    /// connection to the client ourselves, and UCX 1.13 aborts the process when that
+    /// fails mid wire-up, as it does for a client that died after HELLO.)
+    pub(super) fn connect_client(&mut self, address: &[u8]) -> mf::Result<mf::Endpoint> {
+        self.w.set_peer_errors(true);
+        let ep = self.w.connect_address(address).or_else(|_| {
+            self.w.set_peer_errors(false);
+            self.w.connect_address(address)
+        });
+        self.w.set_peer_errors(false);
+        ep
+    }
+
+    /// Write queued WELCOME bytes. `false` if the socket failed.
+    pub(super) fn flush_out(&mut self, token: Token) -> bool {
+        let Some(c) = self.clients.get_mut(&token) else {
+            return false;
+        };
+        while !c.outbuf.is_empty() {
+            match c.stream.write(&c.outbuf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    c.outbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        // A refused client has been told; now let it go.
+        !c.refused
+    }
+
+    /// A pinned send is over (done, or given up with its session): count the pin gone.
+    pub(super) fn unpinned(&self, x: &Sending) {
+        if let (Some(fs), Some(_)) = (self.shared().fabric.as_ref(), x.pin.as_ref()) {
+            fs.pins.fetch_sub(1, Ordering::Relaxed);
+            fs.pinned_bytes.fetch_sub(x.bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn drop_client(&mut self, registry: &Registry, token: Token) {
+        let Some(mut c) = self.clients.remove(&token) else {
+            return;
+        };
+        let _ = registry.deregister(&mut c.stream);
+        // Closed first: a client still alive (stalled) sees its session end before any
+        // pinned memory below is let go, and does not trust a value it pulls after that.
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        // The bootstrap connection (and the session it became) held a `-c` slot.
+        self.shared()
+            .curr_connections
+            .fetch_sub(1, Ordering::SeqCst);
+        // Requests still waiting are dropped unanswered (the client is gone, or is told
+        // by the lifeline closing); their rendezvous descriptors go back to UCX.
+        c.waiting.clear();
+        if let Some((id, ep)) = c.session.take() {
+            self.by_session.remove(&id);
+            let receiving = self.receiving.values().filter(|r| r.session == id).count();
+            let sending = self.sending.values().filter(|r| r.session == id).count();
+            if let Some(fs) = self.shared().fabric.as_ref() {
+                fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
+                // Without peer-failure handling UCX can neither cancel nor fail a receive
+                // from a gone peer: it is orphaned (counted until UCX completes it).
+                if receiving > 0 && !ep.peer_errors() {
+                    fs.orphaned_receives
+                        .fetch_add(receiving as u64, Ordering::Relaxed);
+                }
+                fs.receives_cancelled
+                    .fetch_add(receiving as u64, Ordering::Relaxed);
+                fs.sends_cancelled
+                    .fetch_add(sending as u64, Ordering::Relaxed);
+            }
+            // The peer is gone (or given up on): a forced close completes every transfer
+            // in flight to it with an error, which frees pending items and unpins items.
+            // Without peer-failure handling UCX completes none of them; sends then let go
+            // of their items' pins here (UCX keeps reading, if ever, from mapped memory).
+            self.w.close(ep, true);
+            let gone: Vec<mf::Token> = self
+                .sending
+                .iter()
+                .filter(|(_, x)| x.session == id)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in gone {
+                if let Some(x) = self.sending.remove(&t) {
+                    if let Some(d) = x.pin.as_ref() {
+                        d.detach();
+                    }
+                    self.unpinned(&x);
+                }
+            }
+            tracing::debug!(
+                "ucx session {id} closed ({receiving} receives, {sending} sends in flight)"
+            );
+        }
+    }
+}
+
+/// The endpoint of a live session. A free function over the two maps, so that callers
+/// can hold it while they use the UCX worker (another field of `FabricWorker`).
+pub(super) fn session_ep<'a>(
+    by_session: &HashMap<u32, Token>,
+    clients: &'a HashMap<Token, Client>,
+    session: u32,
+) -> Option<&'a mf::Endpoint> {
+    let t = by_session.get(&session)?;
+    clients.get(t)?.session.as_ref().map(|(_, ep)| ep)
+}
