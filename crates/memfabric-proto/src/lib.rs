@@ -5,10 +5,17 @@
 //! reply to a buffer. `fabric` holds the UCX active-message headers and the bootstrap
 //! frames of memfabric's own protocol (docs/fabric-protocol.md); `onesided` decodes and
 //! checks what a client reads from the server's memory with RMA (docs/one-sided.md).
+//! `number` is the one decimal parser (memcached's `safe_strto*`) both text protocols use.
+//! Limits every protocol shares are defined here, once.
 
 pub mod ascii;
 pub mod binary;
 pub mod meta;
+pub mod number;
 pub mod onesided;
 pub mod ucx_wire;
 pub mod udp;
+
+/// Longest key memcached accepts, in every protocol (ascii, meta, binary) and on the UCX
+/// path.
+pub const KEY_MAX_LEN: usize = 250;
