@@ -30,7 +30,7 @@
 //! Files, one concern each: `framing` (where a line ends, long lines), `tokens`
 //! (tokenizing), `command` (a line to a typed request), `storage` (storage headers and
 //! their data blocks), `multiget` (streaming a multiget's keys), `request` (the typed
-//! requests), `encode` (requests to bytes), `reply` (reply encoding).
+//! requests), `encode` (requests to bytes), `reply` (reply encoding), `tests`.
 
 mod command;
 mod encode;
@@ -42,6 +42,8 @@ mod tokens;
 
 pub mod reply;
 
+// The names ascii callers have always used for memcached's number helpers, which live in
+// `crate::number` (shared with meta).
 pub use crate::number::{
     push_i64, push_u64, safe_strtod as parse_f64, safe_strtol as parse_i32,
     safe_strtoul as parse_u32, safe_strtoull as parse_u64,
