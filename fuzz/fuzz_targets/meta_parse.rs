@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         let r = meta::parse(line);
         if let Ok(req) = &r {
             assert!(req.flags.tokens().len() <= meta::MAX_FLAGS);
-            assert!(req.key.len() <= meta::KEY_MAX_LEN);
+            assert!(req.key.len() <= memfabric_proto::KEY_MAX_LEN);
             assert!(req.flags.tokens().iter().all(|t| !t.is_empty()));
             if req.command != MetaCommand::Set {
                 assert_eq!(req.data_len, 0);

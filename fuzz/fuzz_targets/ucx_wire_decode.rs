@@ -6,7 +6,7 @@ use memfabric_proto::ucx_wire;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(r) = ucx_wire::decode_request(data) {
-        assert!(r.key.len() <= ucx_wire::KEY_MAX);
+        assert!(r.key.len() <= memfabric_proto::KEY_MAX_LEN);
         assert_eq!(r.to_vec(), data);
     }
     if let Ok(r) = ucx_wire::decode_response(data) {

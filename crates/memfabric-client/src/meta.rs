@@ -1,49 +1,20 @@
-//! memcached's meta protocol (plus classic `touch`, `flush_all`, `stats`, `version`) as the TCP
-//! transport speaks it: requests are encoded into an [`OutQueue`], replies are parsed
-//! incrementally from a read buffer, one reply per request, in order.
-//!
-//! | op | request | replies |
-//! |---|---|---|
-//! | get / gets | `mg <key> v f [c]` | `VA <n> f<flags> [c<cas>]` + data, `EN` |
-//! | gat | `mg <key> v f c T<exptime>` | as get |
-//! | store | `ms <key> <n> T<exptime> F<flags> c M<S/E/R/A/P> [C<cas>]` + data | `HD c<cas>`, `NS`, `EX`, `NF` |
-//! | delete | `md <key>` | `HD`, `NF` |
-//! | incr/decr | `ma <key> v D<delta> M<I/D>` | `VA <n>` + number, `NF` |
-//! | touch | `touch <key> <exptime>` | `TOUCHED`, `NOT_FOUND` |
-//! | flush_all | `flush_all [<delay>]` | `OK` |
-//! | stats | `stats [<group>]` | `STAT <k> <v>`... `END` |
-//! | version | `version` | `VERSION <v>` |
-//! | noop | `mn` | `MN` |
-//!
-//! Any request may instead be answered `ERROR`, `CLIENT_ERROR <msg>` or `SERVER_ERROR <msg>`:
-//! these complete that request with an error and keep the stream in step.
+//! The TCP transport's side of memcached's meta protocol: the send queue requests are
+//! encoded into, and the glue between the client's operations and replies and the codec
+//! in `memfabric_proto::meta_client` (which owns the wire format; see its table).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use bytes::{Buf, Bytes, BytesMut};
 
+pub use memfabric_proto::meta_client::Expect;
+use memfabric_proto::meta_client::{self as codec, Decoded, ErrorReply};
+
 use crate::error::Error;
-use crate::op::{valid_key, Op, Reply, StoreMode, StoreStatus, Value};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 
 /// Values at least this long are queued by reference instead of copied into the send buffer.
 const ZERO_COPY_MIN: usize = 16 * 1024;
-/// A reply line longer than this (without a newline) means the stream is not memcached's.
-pub const MAX_LINE: usize = 64 * 1024;
-
-/// What reply a request waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    Get,
-    Store,
-    Delete,
-    Arith,
-    Touch,
-    FlushAll,
-    Stats,
-    Version,
-    Noop,
-}
 
 /// Bytes waiting to be sent: small pieces are copied into `tail`, large values are kept as
 /// shared [`Bytes`] (no copy).
@@ -110,33 +81,15 @@ impl OutQueue {
     }
 }
 
-fn check_key(key: &[u8]) -> Result<(), Error> {
-    if valid_key(key) {
-        Ok(())
-    } else {
-        Err(Error::InvalidKey)
-    }
-}
-
 /// Encodes `op` onto `out` and says which reply to expect. Nothing is queued on error.
 pub fn encode(op: Op, out: &mut OutQueue) -> Result<Expect, Error> {
-    if let Some(key) = op.key() {
-        check_key(key)?;
-    }
     let mut line = Vec::with_capacity(64);
-    let expect = match op {
-        Op::Get { key, cas } => {
-            line.extend_from_slice(b"mg ");
-            line.extend_from_slice(&key);
-            line.extend_from_slice(if cas { b" v f c\r\n" } else { b" v f\r\n" });
-            Expect::Get
-        }
-        Op::Gat { key, exptime } => {
-            line.extend_from_slice(b"mg ");
-            line.extend_from_slice(&key);
-            line.extend_from_slice(format!(" v f c T{exptime}\r\n").as_bytes());
-            Expect::Get
-        }
+    let request = match &op {
+        Op::Get { key, cas } => codec::Request::Get { key, cas: *cas },
+        Op::Gat { key, exptime } => codec::Request::Gat {
+            key,
+            exptime: *exptime,
+        },
         Op::Store {
             mode,
             key,
@@ -144,77 +97,48 @@ pub fn encode(op: Op, out: &mut OutQueue) -> Result<Expect, Error> {
             flags,
             exptime,
             cas,
-        } => {
-            let m = match mode {
-                StoreMode::Set | StoreMode::Cas => 'S',
-                StoreMode::Add => 'E',
-                StoreMode::Replace => 'R',
-                StoreMode::Append => 'A',
-                StoreMode::Prepend => 'P',
-            };
-            line.extend_from_slice(b"ms ");
-            line.extend_from_slice(&key);
-            line.extend_from_slice(
-                format!(" {} T{exptime} F{flags} c M{m}", value.len()).as_bytes(),
-            );
-            if mode == StoreMode::Cas {
-                line.extend_from_slice(format!(" C{cas}").as_bytes());
-            }
-            line.extend_from_slice(b"\r\n");
-            out.put(&line);
-            out.put_bytes(value);
-            out.put(b"\r\n");
-            return Ok(Expect::Store);
-        }
-        Op::Delete { key } => {
-            line.extend_from_slice(b"md ");
-            line.extend_from_slice(&key);
-            line.extend_from_slice(b"\r\n");
-            Expect::Delete
-        }
-        Op::Arith { key, delta, incr } => {
-            line.extend_from_slice(b"ma ");
-            line.extend_from_slice(&key);
-            let m = if incr { 'I' } else { 'D' };
-            line.extend_from_slice(format!(" v D{delta} M{m}\r\n").as_bytes());
-            Expect::Arith
-        }
-        Op::Touch { key, exptime } => {
-            line.extend_from_slice(b"touch ");
-            line.extend_from_slice(&key);
-            line.extend_from_slice(format!(" {exptime}\r\n").as_bytes());
-            Expect::Touch
-        }
-        Op::FlushAll { delay } => {
-            if delay == 0 {
-                line.extend_from_slice(b"flush_all\r\n");
-            } else {
-                line.extend_from_slice(format!("flush_all {delay}\r\n").as_bytes());
-            }
-            Expect::FlushAll
-        }
-        Op::Stats { group } => {
-            match group {
-                Some(g) if !g.is_empty() => {
-                    if !valid_key(g.as_bytes()) {
-                        return Err(Error::Client("bad stats group".into()));
-                    }
-                    line.extend_from_slice(format!("stats {g}\r\n").as_bytes());
-                }
-                _ => line.extend_from_slice(b"stats\r\n"),
-            }
-            Expect::Stats
-        }
-        Op::Version => {
-            line.extend_from_slice(b"version\r\n");
-            Expect::Version
-        }
-        Op::Noop => {
-            line.extend_from_slice(b"mn\r\n");
-            Expect::Noop
-        }
+        } => codec::Request::Store {
+            mode: match mode {
+                StoreMode::Set => codec::StoreMode::Set,
+                StoreMode::Add => codec::StoreMode::Add,
+                StoreMode::Replace => codec::StoreMode::Replace,
+                StoreMode::Append => codec::StoreMode::Append,
+                StoreMode::Prepend => codec::StoreMode::Prepend,
+                StoreMode::Cas => codec::StoreMode::Cas,
+            },
+            key,
+            value_len: value.len(),
+            flags: *flags,
+            exptime: *exptime,
+            cas: *cas,
+        },
+        Op::Delete { key } => codec::Request::Delete { key },
+        Op::Arith { key, delta, incr } => codec::Request::Arith {
+            key,
+            delta: *delta,
+            incr: *incr,
+        },
+        Op::Touch { key, exptime } => codec::Request::Touch {
+            key,
+            exptime: *exptime,
+        },
+        Op::FlushAll { delay } => codec::Request::FlushAll { delay: *delay },
+        Op::Stats { group } => codec::Request::Stats {
+            group: group.as_deref(),
+        },
+        Op::Version => codec::Request::Version,
+        Op::Noop => codec::Request::Noop,
     };
+    let expect = codec::encode(&request, &mut line).map_err(|e| match e {
+        codec::EncodeError::InvalidKey => Error::InvalidKey,
+        codec::EncodeError::BadStatsGroup => Error::Client("bad stats group".into()),
+    })?;
     out.put(&line);
+    if let Op::Store { value, .. } = op {
+        // Queued by reference when large: the caller's buffer is not copied.
+        out.put_bytes(value);
+        out.put(codec::VALUE_TRAILER);
+    }
     Ok(expect)
 }
 
@@ -227,152 +151,49 @@ pub enum Parsed {
     Done(Result<Reply, Error>),
 }
 
-/// The first line of `buf` without its line end, and the length with it.
-fn line(buf: &[u8]) -> Result<Option<(&[u8], usize)>, String> {
-    match buf.iter().position(|&b| b == b'\n') {
-        Some(nl) => {
-            let l = &buf[..nl];
-            Ok(Some((l.strip_suffix(b"\r").unwrap_or(l), nl + 1)))
-        }
-        None if buf.len() > MAX_LINE => Err("reply line too long".into()),
-        None => Ok(None),
-    }
-}
-
-fn num<T: std::str::FromStr>(tok: &[u8]) -> Result<T, String> {
-    std::str::from_utf8(tok)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad number {:?}", String::from_utf8_lossy(tok)))
-}
-
-/// `ERROR`, `CLIENT_ERROR ...`, `SERVER_ERROR ...` as an error, else `None`.
-fn error_line(l: &[u8]) -> Option<Error> {
-    let text = |rest: &[u8]| String::from_utf8_lossy(rest).trim().to_string();
-    if l == b"ERROR" || l.starts_with(b"ERROR ") {
-        Some(Error::Protocol(
-            "server answered ERROR (unknown command)".into(),
-        ))
-    } else if let Some(rest) = l.strip_prefix(b"CLIENT_ERROR") {
-        Some(Error::Client(text(rest)))
-    } else if let Some(rest) = l.strip_prefix(b"SERVER_ERROR") {
-        let msg = text(rest);
-        if msg.contains("too large") {
-            Some(Error::TooLarge)
-        } else {
-            Some(Error::Server(msg))
-        }
-    } else {
-        None
-    }
-}
-
 /// Parses one reply of kind `expect` from the front of `buf`, consuming it when complete.
 /// An `Err` means the stream cannot be trusted any more (the connection must be dropped).
 pub fn parse(buf: &mut BytesMut, expect: Expect) -> Result<Parsed, String> {
-    if expect == Expect::Stats {
-        return parse_stats(buf);
-    }
-    let Some((l, len)) = line(buf)? else {
-        return Ok(Parsed::Incomplete {
-            need: buf.len() + 1,
-        });
+    let (reply, len) = match codec::decode(buf, expect).map_err(|e| e.to_string())? {
+        Decoded::Incomplete { need } => return Ok(Parsed::Incomplete { need }),
+        Decoded::Done { reply, len } => (reply, len),
     };
-    if let Some(e) = error_line(l) {
-        buf.advance(len);
-        return Ok(Parsed::Done(Err(e)));
-    }
-    let mut toks = l.split(|&b| b == b' ').filter(|t| !t.is_empty());
-    let head = toks.next().unwrap_or(b"");
-    let unexpected = || {
-        format!(
-            "unexpected reply {:?} to a {expect:?} request",
-            String::from_utf8_lossy(l)
-        )
-    };
-    let reply = match (expect, head) {
-        (Expect::Get | Expect::Arith, b"VA") => {
-            let n: usize = num(toks.next().ok_or_else(unexpected)?)?;
-            let (mut flags, mut cas) = (0u32, 0u64);
-            for t in toks {
-                match t[0] {
-                    b'f' => flags = num(&t[1..])?,
-                    b'c' => cas = num(&t[1..])?,
-                    _ => {}
-                }
+    let result = match reply {
+        Err(e) => Err(match e {
+            ErrorReply::UnknownCommand => {
+                Error::Protocol("server answered ERROR (unknown command)".into())
             }
-            let total = len + n + 2;
-            if buf.len() < total {
-                return Ok(Parsed::Incomplete { need: total });
-            }
-            if &buf[len + n..total] != b"\r\n" {
-                return Err("value not followed by \\r\\n".into());
-            }
-            buf.advance(len);
-            let data = buf.split_to(n).freeze();
-            buf.advance(2);
-            return Ok(Parsed::Done(Ok(if expect == Expect::Get {
-                Reply::Value(Some(Value { data, flags, cas }))
-            } else {
-                Reply::Counter(Some(num(&data)?))
-            })));
+            ErrorReply::Client(msg) => Error::Client(msg),
+            ErrorReply::TooLarge => Error::TooLarge,
+            ErrorReply::Server(msg) => Error::Server(msg),
+        }),
+        Ok(codec::Reply::Value(Some(v))) => {
+            // The value's bytes are split off the read buffer, not copied.
+            buf.advance(v.data.start);
+            let data = buf.split_to(v.data.len()).freeze();
+            buf.advance(len - v.data.end);
+            return Ok(Parsed::Done(Ok(Reply::Value(Some(Value {
+                data,
+                flags: v.flags,
+                cas: v.cas,
+            })))));
         }
-        (Expect::Get, b"EN") => Reply::Value(None),
-        (Expect::Store, b"HD") => {
-            let cas = toks
-                .find(|t| t[0] == b'c')
-                .map(|t| num(&t[1..]))
-                .transpose()?;
-            Reply::Stored(StoreStatus::Stored {
-                cas: cas.unwrap_or(0),
-            })
-        }
-        (Expect::Store, b"NS") => Reply::Stored(StoreStatus::NotStored),
-        (Expect::Store, b"EX") => Reply::Stored(StoreStatus::Exists),
-        (Expect::Store, b"NF") => Reply::Stored(StoreStatus::NotFound),
-        (Expect::Delete, b"HD") => Reply::Deleted(true),
-        (Expect::Delete, b"NF") => Reply::Deleted(false),
-        (Expect::Arith, b"NF") => Reply::Counter(None),
-        (Expect::Touch, b"TOUCHED") => Reply::Touched(true),
-        (Expect::Touch, b"NOT_FOUND") => Reply::Touched(false),
-        (Expect::FlushAll, b"OK") | (Expect::Noop, b"MN") => Reply::Ok,
-        (Expect::Version, b"VERSION") => {
-            let v = l.strip_prefix(b"VERSION").unwrap_or(b"");
-            Reply::Version(String::from_utf8_lossy(v).trim().to_string())
-        }
-        _ => return Err(unexpected()),
+        Ok(codec::Reply::Value(None)) => Ok(Reply::Value(None)),
+        Ok(codec::Reply::Stored(s)) => Ok(Reply::Stored(match s {
+            codec::StoreStatus::Stored { cas } => StoreStatus::Stored { cas },
+            codec::StoreStatus::NotStored => StoreStatus::NotStored,
+            codec::StoreStatus::Exists => StoreStatus::Exists,
+            codec::StoreStatus::NotFound => StoreStatus::NotFound,
+        })),
+        Ok(codec::Reply::Deleted(found)) => Ok(Reply::Deleted(found)),
+        Ok(codec::Reply::Counter(n)) => Ok(Reply::Counter(n)),
+        Ok(codec::Reply::Touched(found)) => Ok(Reply::Touched(found)),
+        Ok(codec::Reply::Ok) => Ok(Reply::Ok),
+        Ok(codec::Reply::Stats(stats)) => Ok(Reply::Stats(stats)),
+        Ok(codec::Reply::Version(v)) => Ok(Reply::Version(v)),
     };
     buf.advance(len);
-    Ok(Parsed::Done(Ok(reply)))
-}
-
-fn parse_stats(buf: &mut BytesMut) -> Result<Parsed, String> {
-    let mut at = 0;
-    let mut stats = Vec::new();
-    loop {
-        let Some((l, len)) = line(&buf[at..])? else {
-            return Ok(Parsed::Incomplete {
-                need: buf.len() + 1,
-            });
-        };
-        if at == 0 {
-            if let Some(e) = error_line(l) {
-                buf.advance(len);
-                return Ok(Parsed::Done(Err(e)));
-            }
-        }
-        if l == b"END" {
-            buf.advance(at + len);
-            return Ok(Parsed::Done(Ok(Reply::Stats(stats))));
-        }
-        let rest = l
-            .strip_prefix(b"STAT ")
-            .ok_or_else(|| format!("unexpected stats line {:?}", String::from_utf8_lossy(l)))?;
-        let rest = String::from_utf8_lossy(rest);
-        let (k, v) = rest.split_once(' ').unwrap_or((&rest, ""));
-        stats.push((k.to_string(), v.to_string()));
-        at += len;
-    }
+    Ok(Parsed::Done(result))
 }
 
 #[cfg(test)]

@@ -120,9 +120,9 @@ pub enum Reply {
 }
 
 /// The longest key memcached accepts.
-pub const MAX_KEY_LEN: usize = 250;
+pub use memfabric_proto::KEY_MAX_LEN as MAX_KEY_LEN;
 
 /// A key memcached's text protocols can carry: 1..=250 bytes, no whitespace or control characters.
 pub fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > 0x20 && b != 0x7f)
+    memfabric_proto::is_text_key(key)
 }

@@ -36,8 +36,6 @@ pub const HEADER_LEN: usize = 24;
 pub const REQUEST_MAGIC: u8 = 0x80;
 /// First byte of a response.
 pub const RESPONSE_MAGIC: u8 = 0x81;
-/// Longest key memcached accepts (the binary header allows 65535).
-pub const KEY_MAX_LEN: usize = 250;
 /// Incr/decr exptime meaning "do not create the item on a miss".
 pub const ARITH_NO_CREATE: u32 = 0xffff_ffff;
 
@@ -383,7 +381,8 @@ pub fn parse_request(input: &[u8]) -> Result<Frame<'_>, FrameError> {
     if (kl + el) as u64 > u64::from(h.body_len) {
         return Err(reject(Status::UnknownCommand));
     }
-    if kl > KEY_MAX_LEN {
+    // The header could carry 65535 bytes of key; memcached takes its usual limit.
+    if kl > crate::KEY_MAX_LEN {
         return Err(reject(Status::InvalidArguments));
     }
     let einval = || Err(reject(Status::InvalidArguments));

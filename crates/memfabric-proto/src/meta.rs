@@ -8,8 +8,8 @@
 //! the return flags in the order the client sent them. This module reproduces that pass,
 //! including its odd corners, because clients see them:
 //!
-//! - numbers are parsed like C's `strtol`/`strtoul` on a 64-bit machine and then
-//!   truncated to 32 bits (`T4294967306` is a TTL of 10, `F4294967297` is flags 1);
+//! - numbers are parsed by `crate::number` (memcached's `safe_strto*`, shared with
+//!   ascii): like C's `strtol`/`strtoul` on a 64-bit machine and then truncated to 32 bits (`T4294967306` is a TTL of 10, `F4294967297` is flags 1);
 //! - a flag that fails to parse does not stop the pass: the last error message set wins,
 //!   and a bad `F` token sets no message of its own;
 //! - `md` and `ma` report every flag error as "invalid or duplicate flag";
@@ -23,8 +23,10 @@ use std::borrow::Cow;
 
 use base64::Engine as _;
 
-/// Longest key memcached accepts (checked on the key as sent, before base64 decoding).
-pub const KEY_MAX_LEN: usize = 250;
+// Re-exported so `meta::` keeps naming everything a meta executor needs. The key length
+// limit is checked on the key as sent, before base64 decoding.
+pub use crate::number::{push_i64, push_u64, safe_strtol, safe_strtoul, safe_strtoull};
+pub use crate::KEY_MAX_LEN;
 
 /// Longest opaque token, counting its leading `O` (memcached's MFLAG_MAX_OPAQUE_LENGTH).
 pub const OPAQUE_MAX_LEN: usize = 32;
@@ -545,83 +547,6 @@ pub fn decode_base64_key(src: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// C's `isspace` in the "C" locale.
-fn c_isspace(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// C's `strtoull`/`strtoll` digits scan: `(negative, magnitude or None on overflow,
-/// index after the digits)`, or None when no digits were found.
-fn c_scan(s: &[u8]) -> Option<(bool, Option<u64>, usize)> {
-    let mut i = 0;
-    while i < s.len() && c_isspace(s[i]) {
-        i += 1;
-    }
-    let mut neg = false;
-    if i < s.len() && (s[i] == b'+' || s[i] == b'-') {
-        neg = s[i] == b'-';
-        i += 1;
-    }
-    let start = i;
-    let mut v: Option<u64> = Some(0);
-    while i < s.len() && s[i].is_ascii_digit() {
-        v = v
-            .and_then(|v| v.checked_mul(10))
-            .and_then(|v| v.checked_add((s[i] - b'0') as u64));
-        i += 1;
-    }
-    if i == start {
-        return None;
-    }
-    Some((neg, v, i))
-}
-
-/// What may follow a number: the end of the token, or whitespace.
-fn c_number_ends(s: &[u8], end: usize) -> bool {
-    end >= s.len() || c_isspace(s[end]) || s[end] == 0
-}
-
-/// memcached's `safe_strtoull`: decimal u64; a value that looks negative as i64 is
-/// refused if the token has a `-`.
-pub fn safe_strtoull(s: &[u8]) -> Option<u64> {
-    let (neg, mag, end) = c_scan(s)?;
-    let mag = mag?; // ERANGE
-    if !c_number_ends(s, end) {
-        return None;
-    }
-    let v = if neg { mag.wrapping_neg() } else { mag };
-    if (v as i64) < 0 && s.contains(&b'-') {
-        return None;
-    }
-    Some(v)
-}
-
-/// memcached's `safe_strtoul`: `strtoul` (64-bit) truncated to 32 bits.
-pub fn safe_strtoul(s: &[u8]) -> Option<u32> {
-    safe_strtoull(s).map(|v| v as u32)
-}
-
-/// memcached's `safe_strtol`: `strtol` (64-bit) truncated to 32 bits.
-pub fn safe_strtol(s: &[u8]) -> Option<i32> {
-    let (neg, mag, end) = c_scan(s)?;
-    let mag = mag?;
-    let v: i64 = if neg {
-        if mag > i64::MAX as u64 + 1 {
-            return None; // ERANGE
-        }
-        (mag as i64).wrapping_neg()
-    } else {
-        if mag > i64::MAX as u64 {
-            return None;
-        }
-        mag as i64
-    };
-    if !c_number_ends(s, end) {
-        return None;
-    }
-    Some(v as i32)
-}
-
 // ----- reply pieces -------------------------------------------------------------------
 
 /// `mn`'s reply.
@@ -639,30 +564,6 @@ pub fn push_error(out: &mut Vec<u8>, e: MetaError) {
     use std::io::Write as _;
     // Writing to a Vec cannot fail.
     let _ = write!(out, "{e}\r\n");
-}
-
-/// Append a decimal number.
-pub fn push_u64(out: &mut Vec<u8>, v: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut v = v;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
-}
-
-/// Append a signed decimal number.
-pub fn push_i64(out: &mut Vec<u8>, v: i64) {
-    if v < 0 {
-        out.push(b'-');
-    }
-    push_u64(out, v.unsigned_abs());
 }
 
 /// `VA <len>` (the start of a reply carrying a value).
@@ -1163,6 +1064,18 @@ mod tests {
     }
 
     #[test]
+    fn ma_delta_sign_is_looked_for_in_its_own_token_only() {
+        // As memcached 1.6.18: a '-' in another token does not matter, one in the same
+        // token (after a tab, which does not split tokens) does.
+        assert_eq!(ok("ma k D18446744073709551615 O-x").flags.delta, u64::MAX);
+        assert_eq!(
+            err("ma k D18446744073709551615\t-x"),
+            MetaError::InvalidOrDuplicateFlag
+        );
+        assert_eq!(ok("ma k D5\t-x").flags.delta, 5);
+    }
+
+    #[test]
     fn ma_modes() {
         for (m, want) in [
             ("I", ArithMode::Incr),
@@ -1196,33 +1109,6 @@ mod tests {
         let o = format!("O{}", "x".repeat(32));
         let line = format!("ma k {o}");
         assert!(ok(&line).flags.opaque_too_long());
-    }
-
-    // ----- numbers ----------------------------------------------------------------
-
-    #[test]
-    fn strtoull_follows_memcached() {
-        assert_eq!(safe_strtoull(b"0"), Some(0));
-        assert_eq!(safe_strtoull(b"+5"), Some(5));
-        assert_eq!(safe_strtoull(b" 5"), Some(5));
-        assert_eq!(safe_strtoull(b"5\t"), Some(5));
-        assert_eq!(safe_strtoull(b"-0"), Some(0));
-        // strtoull turns -1 into u64::MAX, negative as i64, and the token has a '-'.
-        assert_eq!(safe_strtoull(b"-1"), None);
-        assert_eq!(safe_strtoull(b"18446744073709551616"), None);
-        assert_eq!(safe_strtoull(b""), None);
-        assert_eq!(safe_strtoull(b"5x"), None);
-        assert_eq!(safe_strtoull(b"x"), None);
-    }
-
-    #[test]
-    fn strtol_truncates_to_i32() {
-        assert_eq!(safe_strtol(b"-1"), Some(-1));
-        assert_eq!(safe_strtol(b"4294967306"), Some(10));
-        assert_eq!(safe_strtol(b"9223372036854775807"), Some(-1));
-        assert_eq!(safe_strtol(b"9223372036854775808"), None);
-        assert_eq!(safe_strtol(b"-9223372036854775808"), Some(0));
-        assert_eq!(safe_strtol(b"-9223372036854775809"), None);
     }
 
     // ----- encoders ---------------------------------------------------------------

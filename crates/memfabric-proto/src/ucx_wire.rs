@@ -25,8 +25,6 @@ pub const AM_HINTS: u16 = 4;
 pub const REQUEST_FIXED: usize = 40;
 /// Size of a response header.
 pub const RESPONSE_LEN: usize = 32;
-/// Longest key, as memcached.
-pub const KEY_MAX: usize = 250;
 /// Largest worker address or rkey accepted in a bootstrap frame.
 pub const BLOB_MAX: usize = 64 * 1024;
 /// Default eager/rendezvous boundary (value bytes).
@@ -189,7 +187,7 @@ pub fn decode_request(b: &[u8]) -> Result<Request<'_>, DecodeError> {
     }
     let opcode = Opcode::from_u8(b[0])?;
     let key_len = u16::from_le_bytes([b[2], b[3]]) as usize;
-    if key_len > KEY_MAX {
+    if key_len > crate::KEY_MAX_LEN {
         return Err(DecodeError::BadKeyLength(key_len));
     }
     let end = REQUEST_FIXED + key_len;

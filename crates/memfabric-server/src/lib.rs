@@ -23,3 +23,7 @@ pub mod ucx_context;
 pub mod ucx_frontend;
 pub mod udp;
 pub mod worker;
+
+// The store sizes its key buffers by its own limit (it knows no protocol); every key the
+// protocols accept must fit them.
+const _: () = assert!(memfabric_store::KEY_MAX_LEN == memfabric_proto::KEY_MAX_LEN);

@@ -1,0 +1,66 @@
+//! memfabric-bench: throughput, latency, YCSB and the memcached comparison. This file holds
+//! the command line's top level and dispatch; each subcommand's arguments and driver live
+//! in its `*_cmd` module, shared arguments in `args`, file output in `output`.
+
+mod args;
+mod compare_cmd;
+mod latency_cmd;
+mod output;
+mod throughput_cmd;
+mod ycsb_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use compare_cmd::{compare_cmd, CompareArgs};
+use latency_cmd::{latency_cmd, LatencyArgs};
+use throughput_cmd::{throughput_cmd, ThroughputArgs};
+use ycsb_cmd::{ycsb_cmd, YcsbArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "memfabric-bench",
+    version,
+    about = "memfabric's benchmark suite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Closed-loop throughput against a running server.
+    Throughput(ThroughputArgs),
+    /// One op at a time per size (ohb_memlat style) against a running server.
+    Latency(LatencyArgs),
+    /// YCSB core workloads A-F adapted to a cache: a load phase, then each run phase.
+    Ycsb(YcsbArgs),
+    /// Start memcached and memfabricd with the same flags and measure memcached-TCP,
+    /// memfabricd-TCP and memfabricd-UCX under the same load: ratios to memcached.
+    Compare(Box<CompareArgs>),
+}
+
+/// What a subcommand returns: its error is printed on stderr and exits with status 2.
+pub(crate) type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Throughput(a) => throughput_cmd(a).map(|()| true),
+        Cmd::Latency(a) => latency_cmd(a).map(|()| true),
+        Cmd::Ycsb(a) => ycsb_cmd(a).map(|()| true),
+        Cmd::Compare(a) => {
+            let check = a.check;
+            compare_cmd(*a).map(|pass| pass || !check)
+        }
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("memfabric-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
