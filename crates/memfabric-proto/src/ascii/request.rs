@@ -132,7 +132,7 @@ pub enum ErrorReply {
 
 impl ErrorReply {
     /// The reply line, `\r\n` included.
-    pub fn as_bytes(self) -> &'static [u8] {
+    pub const fn as_bytes(self) -> &'static [u8] {
         match self {
             ErrorReply::Error => b"ERROR\r\n",
             ErrorReply::BadFormat => b"CLIENT_ERROR bad command line format\r\n",

@@ -22,11 +22,13 @@ use crate::command::{self, Retrieval};
 use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
 
-const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
-const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
-const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
-const NON_NUMERIC: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
-const ARITH_NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory\r\n";
+// The replies meta shares with the classic commands.
+use memfabric_proto::ascii::reply::{
+    NON_NUMERIC, OUT_OF_MEMORY as ARITH_NO_MEMORY, OUT_OF_MEMORY_STORING as NO_MEMORY, TOO_LARGE,
+};
+use memfabric_proto::ascii::ErrorReply;
+
+const BAD_CHUNK: &[u8] = ErrorReply::BadDataChunk.as_bytes();
 const VIVIFY_NO_MEMORY: &[u8] = b"SERVER_ERROR Out of memory allocating new item\r\n";
 
 /// Called by `ascii::process_one` when `input` starts with a meta command and holds a
