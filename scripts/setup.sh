@@ -86,6 +86,11 @@ fi
 
 [[ $mode == server ]] && exit 0
 
+# --- cargo-fuzz: the bounded fuzzing stage of the tests (scripts/fuzz.sh) -------------------
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  quietly cargo install cargo-fuzz --version 0.13.2 --locked
+fi
+
 # --- Python venv for tests/interop ----------------------------------------------------------
 VENV=$REPO/.venv
 REQ=$REPO/tests/interop/requirements.txt

@@ -27,6 +27,7 @@ stage "cargo test --release (UCX_TLS=posix,cma,self)" \
   env UCX_TLS=posix,cma,self cargo test --release --workspace
 stage "cargo test --release, UCX crates (UCX_TLS=tcp,self)" \
   env UCX_TLS=tcp,self cargo test --release -p memfabric-ucx -p memfabric-client -p memfabric-bench
+stage "fuzz every parser, decoder and the executor (20 s each)" scripts/fuzz.sh 20
 export MEMFABRICD=${MEMFABRICD:-target/release/memfabricd}
 stage "pytest tests/interop (MEMFABRICD=$MEMFABRICD)" .venv/bin/python -m pytest tests/interop
 echo "==> all stages passed"

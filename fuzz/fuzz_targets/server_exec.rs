@@ -25,13 +25,21 @@ fn shared() -> &'static Shared {
     })
 }
 
+/// One worker's counters for every run (registering a worker per run would grow the
+/// server's list of workers without bound).
+fn stats() -> &'static memfabric_server::counters::ThreadStats {
+    static STATS: OnceLock<std::sync::Arc<memfabric_server::counters::ThreadStats>> =
+        OnceLock::new();
+    STATS.get_or_init(|| shared().register_thread())
+}
+
 /// Feed `chunks` one after another like a socket would, keeping unconsumed bytes.
 fn run(chunks: &[&[u8]]) -> Vec<u8> {
     let shared = shared();
-    let stats = shared.register_thread();
+    let stats = stats();
     let mut ctx = ExecCtx {
         shared,
-        stats: &stats,
+        stats,
         transport: Transport::Tcp,
         conn_id: 1,
         waiter: None,
