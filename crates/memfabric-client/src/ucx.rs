@@ -128,6 +128,16 @@ struct GetCounters {
     twosided_conns: u64,
 }
 
+/// How the waits of `progress` on the event fd ended, for `Transport::counters`.
+#[derive(Default)]
+struct WaitCounters {
+    /// Waits ended by an event (the UCX event fd or a lifeline).
+    by_event: u64,
+    /// Waits ended by their timeout, after which UCX had work: an event that did not wake
+    /// us (a missed wake-up the timeout hid). Should stay 0.
+    by_timer: u64,
+}
+
 struct InFlight {
     conn: ConnId,
     id: u64,
@@ -144,6 +154,7 @@ pub struct UcxTransport {
     /// RMA reads that completed inside the call that posted them.
     local_events: std::collections::VecDeque<mf::Event>,
     counters: GetCounters,
+    waits: WaitCounters,
     last_hint_flush: Instant,
     /// Access hints gathered and not yet sent, over all connections.
     pending_hints: usize,
@@ -189,6 +200,7 @@ impl UcxTransport {
             onesided: HashMap::new(),
             local_events: std::collections::VecDeque::new(),
             counters: GetCounters::default(),
+            waits: WaitCounters::default(),
             last_hint_flush: Instant::now(),
             pending_hints: 0,
             address,
@@ -1160,6 +1172,8 @@ impl Transport for UcxTransport {
         v.push(("onesided_hint_messages".into(), c.hint_messages));
         v.push(("conns_onesided".into(), c.onesided_conns));
         v.push(("conns_twosided".into(), c.twosided_conns));
+        v.push(("ucx_waits_by_event".into(), self.waits.by_event));
+        v.push(("ucx_waits_by_timer".into(), self.waits.by_timer));
         v
     }
 
@@ -1176,6 +1190,8 @@ impl Transport for UcxTransport {
         done.append(&mut self.deferred);
         let mut events = std::mem::take(&mut self.events_buf);
         let mut rounds: u32 = 0;
+        // The last wait on the event fd ended by its timeout, not by an event.
+        let mut woke_by_timer = false;
         let result = loop {
             // Progress until UCX is idle.
             loop {
@@ -1184,6 +1200,9 @@ impl Transport for UcxTransport {
                 events.extend(self.local_events.drain(..));
                 if n == 0 && events.is_empty() {
                     break;
+                }
+                if std::mem::take(&mut woke_by_timer) {
+                    self.waits.by_timer += 1;
                 }
                 while let Some(e) = events.pop_front() {
                     self.handle(e, done);
@@ -1211,11 +1230,18 @@ impl Transport for UcxTransport {
                 break Ok(());
             }
             if elapsed < SPIN && self.has_work() {
+                // Give the core away between spins: a server on this host (or another
+                // thread of ours) that our send woke is often queued on this very core,
+                // and would otherwise wait for our spin to end before it can answer
+                // (the "slow UCX mode" of docs/benchmarks.md: replies ~2 ms late).
+                std::thread::yield_now();
                 continue;
             }
-            // Idle: the access hints gathered so far go out before we sleep.
+            // Idle: the access hints gathered so far go out before we sleep, and UCX is
+            // progressed once more (the sends may need it) before it is armed.
             if self.pending_hints > 0 {
                 self.send_all_hints();
+                continue;
             }
             // Sleep on the UCX event fd and the lifelines.
             if !self.local_events.is_empty() || !matches!(self.w.arm(), Ok(true)) {
@@ -1226,6 +1252,11 @@ impl Transport for UcxTransport {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => break Err(Error::Protocol(format!("poll: {e}"))),
+            }
+            if self.events.is_empty() {
+                woke_by_timer = true;
+            } else {
+                self.waits.by_event += 1;
             }
             if self.events.iter().any(|ev| ev.token() != EFD) {
                 self.check_lifelines(done, failed);

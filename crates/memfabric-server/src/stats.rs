@@ -101,6 +101,12 @@ thread_counters! {
     auth_errors,
     /// Connections closed by `-o idle_timeout`.
     idle_kicks,
+    /// Blocking waits of a worker with UCX sessions that its UCX event fd ended (`stats
+    /// fabric`).
+    ucx_wakeups_by_event,
+    /// Blocking waits that ended by their timeout, after which UCX had work: a UCX event
+    /// that did not wake the worker (a missed wake-up hidden by the timer). Should stay 0.
+    ucx_wakeups_by_timer,
 }
 
 /// memcached's per-slab-class command counters, in the order `stats slabs` prints them.
@@ -310,6 +316,9 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "fabric" => {
             v.put("poll_us", shared.settings.poll_us);
             v.0.extend(crate::ucx_frontend::fabric_stats(shared));
+            let t = thread_totals(shared);
+            v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
+            v.put("ucx_wakeups_by_timer", t.ucx_wakeups_by_timer);
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),

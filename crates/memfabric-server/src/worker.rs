@@ -178,6 +178,13 @@ impl Worker {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+            // A blocking wait either ends by an event or by its timeout; with UCX armed,
+            // a timeout after which UCX has work means its event fd missed a wake-up.
+            let blocked = timeout != Some(Duration::ZERO) && self.fabric.is_some();
+            let woke_by_timer = blocked && events.is_empty();
+            if blocked && events.iter().any(|ev| ev.token() == EFD_TOKEN) {
+                self.stats.ucx_wakeups_by_event.incr();
+            }
             if self.shared.is_shutting_down() {
                 return Ok(());
             }
@@ -221,7 +228,11 @@ impl Worker {
                 }
             }
             if let Some(f) = self.fabric.as_mut() {
-                active |= f.progress(self.poll.registry(), &self.stats);
+                let ucx_work = f.progress(self.poll.registry(), &self.stats);
+                if ucx_work && woke_by_timer {
+                    self.stats.ucx_wakeups_by_timer.incr();
+                }
+                active |= ucx_work;
             }
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
