@@ -315,6 +315,7 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         // memfabric's own group: its own settings and the UCX data path.
         "fabric" => {
             v.put("poll_us", shared.settings.poll_us);
+            v.put("ucx_poll_us", shared.settings.ucx_poll_us);
             v.0.extend(crate::ucx_frontend::fabric_stats(shared));
             let t = thread_totals(shared);
             v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
