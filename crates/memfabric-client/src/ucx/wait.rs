@@ -9,8 +9,10 @@ use crate::error::Error;
 use crate::transport::{Completion, ConnId};
 
 /// How long a wait spins on the UCX worker before sleeping on its event fd: a shared
-/// memory round trip takes microseconds, a wake-up tens of them.
-const SPIN: Duration = Duration::from_millis(2);
+/// memory round trip takes microseconds, a wake-up tens of them. Not longer: on a busy
+/// host a server queued behind other work waits for a core, and our spin holds one (with
+/// 2 ms, replies on a loaded 2-core machine came ~2 ms late: when the spin gave up).
+const SPIN: Duration = Duration::from_micros(250);
 
 impl UcxTransport {
     pub(super) fn has_work(&self) -> bool {
