@@ -75,3 +75,25 @@ fn requests_after_idle_gaps_wake_the_server_by_event_twosided() {
 fn requests_after_idle_gaps_wake_the_server_by_event_auto() {
     idle_gaps(GetMode::Auto);
 }
+
+/// TCP clients do not pay for UCX polling: a server with the UCX path on (and default
+/// flags) never starts its adaptive UCX poll for TCP work, only for UCX work.
+#[test]
+fn only_ucx_work_starts_the_adaptive_poll() {
+    let server = Server::start(Kind::MemfabricdUcx, &[]);
+    let mut tcp = Client::new(server.addr().as_str(), Config::default()).expect("tcp client");
+    for i in 0..200u32 {
+        tcp.set(b"tcp-key", &i.to_be_bytes(), 0, 0).expect("set");
+        assert!(tcp.get(b"tcp-key").expect("get").is_some());
+    }
+    assert_eq!(fabric_stat(&mut tcp, "ucx_poll_spins"), 0);
+    let config = Config {
+        get_mode: GetMode::TwoSided,
+        ..Config::default()
+    };
+    let mut ucx = Client::new(server.url().as_str(), config).expect("ucx client");
+    for _ in 0..20 {
+        assert!(ucx.get(b"tcp-key").expect("get").is_some());
+    }
+    assert!(fabric_stat(&mut tcp, "ucx_poll_spins") > 0);
+}

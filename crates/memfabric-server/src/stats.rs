@@ -107,6 +107,8 @@ thread_counters! {
     /// Blocking waits that ended by their timeout, after which UCX had work: a UCX event
     /// that did not wake the worker (a missed wake-up hidden by the timer). Should stay 0.
     ucx_wakeups_by_timer,
+    /// Adaptive UCX polls started (`--ucx-poll-us`): only UCX work starts one.
+    ucx_poll_spins,
 }
 
 /// memcached's per-slab-class command counters, in the order `stats slabs` prints them.
@@ -320,6 +322,7 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             let t = thread_totals(shared);
             v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
             v.put("ucx_wakeups_by_timer", t.ucx_wakeups_by_timer);
+            v.put("ucx_poll_spins", t.ucx_poll_spins);
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),

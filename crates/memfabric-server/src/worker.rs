@@ -167,7 +167,11 @@ impl Worker {
                     loop {
                         if f.progress(self.poll.registry(), &self.stats) {
                             let now = Instant::now();
-                            ucx_poll.work(now, true);
+                            // Caught while spinning (a `--poll-us` spin may start the
+                            // adaptive one).
+                            if ucx_poll.work(now, true) {
+                                self.stats.ucx_poll_spins.incr();
+                            }
                             if !poll_for.is_zero() {
                                 spin_until = Some(now + poll_for);
                             }
@@ -254,7 +258,9 @@ impl Worker {
                     if woke_by_timer {
                         self.stats.ucx_wakeups_by_timer.incr();
                     }
-                    ucx_poll.work(Instant::now(), false);
+                    if ucx_poll.work(Instant::now(), false) {
+                        self.stats.ucx_poll_spins.incr();
+                    }
                 }
                 active |= ucx_work;
             }
@@ -409,10 +415,11 @@ impl AdaptivePoll {
         }
     }
 
-    /// UCX did work at `now`; `caught`: while spinning for it.
-    fn work(&mut self, now: Instant, caught: bool) {
+    /// UCX did work at `now`; `caught`: while spinning for it. Returns whether this starts
+    /// a spin (none was running).
+    fn work(&mut self, now: Instant, caught: bool) -> bool {
         if self.max.is_zero() {
-            return;
+            return false;
         }
         let soon = self
             .last_work
@@ -421,7 +428,9 @@ impl AdaptivePoll {
             self.window = self.max;
         }
         self.last_work = Some(now);
+        let starts = self.until.is_none();
         self.until = Some(now + self.window);
+        starts
     }
 
     /// Whether to keep spinning at `now`; a spin that ran out without work shrinks the
@@ -467,7 +476,7 @@ mod tests {
     fn off_never_spins() {
         let mut p = AdaptivePoll::new(Duration::ZERO);
         let t = Instant::now();
-        p.work(t, true);
+        assert!(!p.work(t, true));
         assert!(!p.spinning(t));
     }
 }
