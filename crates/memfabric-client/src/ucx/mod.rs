@@ -47,6 +47,7 @@ const SEND_TOKEN: mf::Token = 0;
 /// Tokens of one-sided reads: this bit, the GET's opaque shifted by 2, the read's part.
 const RMA_TOKEN: mf::Token = 1 << 63;
 
+/// The UCX event fd's token in the transport's poll (a lifeline's token is its `ConnId`).
 const EFD: Token = Token(usize::MAX - 1);
 
 /// A request value handed to UCX without a copy.
