@@ -7,11 +7,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::addr::{check_one_scheme, ServerAddr};
+use crate::addr::{check_one_scheme, Scheme, ServerAddr};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
-use crate::transport::{make_transport, Completion, ConnId, GetMode, Transport};
+use crate::transport::{Completion, ConnId, GetMode, Transport};
+
+/// The one place a scheme becomes a transport. Here, not in `transport.rs`, so that the
+/// transports depend on the interface and the interface on none of them.
+pub fn make_transport(
+    scheme: Scheme,
+    get_mode: GetMode,
+    access_hints: bool,
+) -> Result<Box<dyn Transport>, Error> {
+    match scheme {
+        Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
+        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(
+            get_mode,
+            access_hints,
+        )?)),
+    }
+}
 
 /// Client settings. `Config::default()` matches the documented defaults.
 #[derive(Debug, Clone)]

@@ -15,8 +15,9 @@
 //!    buffers may be reused) are thin names over the same core.
 //! 3. **Transport** ([`transport`]): how bytes move — one [`Transport`] serves all servers of a
 //!    pool. [`tcp`] speaks memcached's meta protocol ([`meta`]) over non-blocking sockets polled
-//!    together with `mio`, pipelining requests and matching replies in order. A UCX transport
-//!    plugs into [`transport::make_transport`].
+//!    together with `mio`, pipelining requests and matching replies in order; [`ucx`] speaks
+//!    memfabricd's fabric protocol. The transports depend on [`transport`] only; the pool
+//!    picks one per scheme ([`client::make_transport`]).
 //!
 //! ```no_run
 //! use memfabric_client::{Client, Config};

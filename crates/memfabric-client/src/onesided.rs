@@ -1,7 +1,7 @@
 //! One-sided GET: the client reads the key's index buckets and then the item straight
 //! from memfabricd's registered memory with RMA reads, and accepts the value only when
 //! every check passes (docs/one-sided.md). This module holds the read's state machine;
-//! `ucx.rs` posts the reads it asks for and feeds their results back.
+//! `ucx/rma.rs` posts the reads it asks for and feeds their results back.
 //!
 //! A GET takes three rounds of reads:
 //! 1. **probe**: the control block's live words (flush CAS, flush time, clock) and both

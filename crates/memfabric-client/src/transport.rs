@@ -1,8 +1,10 @@
 //! The transport interface: one transport object carries the requests to all servers of a pool.
+//! The transports (`tcp`, `ucx`) depend on this module, never the reverse: the pool
+//! (`client.rs`) is where a scheme picks one.
 
 use std::time::Duration;
 
-use crate::addr::{Scheme, ServerAddr};
+use crate::addr::ServerAddr;
 use crate::error::Error;
 use crate::op::{Op, Reply};
 
@@ -67,20 +69,5 @@ impl std::str::FromStr for GetMode {
                 "unknown GET mode '{s}' (two-sided, one-sided, auto)"
             )),
         }
-    }
-}
-
-/// The one place a scheme becomes a transport. A UCX transport plugs in here (`crate::ucx`).
-pub fn make_transport(
-    scheme: Scheme,
-    get_mode: GetMode,
-    access_hints: bool,
-) -> Result<Box<dyn Transport>, Error> {
-    match scheme {
-        Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
-        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(
-            get_mode,
-            access_hints,
-        )?)),
     }
 }

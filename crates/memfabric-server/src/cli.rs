@@ -195,10 +195,16 @@ pub struct Args {
     /// an unknown one is an error)
     #[arg(short = 'o', long = "extended", value_name = "opt[,opt]", action = ArgAction::Append)]
     pub extended: Vec<String>,
-    /// after activity, keep polling for this many microseconds before sleeping in epoll
-    /// (lower latency under load at the cost of CPU; default: 0, sleep at once)
+    /// after any activity (TCP, UDP or UCX), keep polling for this many microseconds
+    /// before sleeping in epoll (an override: by default only UCX work is followed by a
+    /// short adaptive poll, --ucx-poll-us; default: 0)
     #[arg(long = "poll-us", value_name = "us", default_value_t = 0)]
     pub poll_us: u64,
+    /// UCX: after UCX work, keep progressing UCX for up to this many microseconds before
+    /// sleeping, while the sessions keep the worker busy (the window shrinks when they
+    /// pause); TCP-only work never polls (0 = off)
+    #[arg(long = "ucx-poll-us", value_name = "us", default_value_t = crate::settings::DEFAULT_UCX_POLL_US)]
+    pub ucx_poll_us: u64,
     /// UCX data path: TCP port clients bootstrap their UCX connection on (0 = off). The
     /// UCX transports come from the environment (UCX_TLS), never from here
     #[arg(long = "ucx-port", value_name = "port", default_value_t = 11311)]
@@ -455,6 +461,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.flush_enabled = !a.disable_flush;
     s.dump_enabled = !a.disable_dumping;
     s.poll_us = a.poll_us;
+    s.ucx_poll_us = a.ucx_poll_us;
     s.ucx_port = a.ucx_port;
     s.ucx_eager_max = a.ucx_eager_max;
     s.ucx_hello_timeout = a.ucx_hello_timeout;

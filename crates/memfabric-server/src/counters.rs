@@ -98,6 +98,14 @@ thread_counters! {
     auth_errors,
     /// Connections closed by `-o idle_timeout`.
     idle_kicks,
+    /// Blocking waits of a worker with UCX sessions that its UCX event fd ended (`stats
+    /// fabric`).
+    ucx_wakeups_by_event,
+    /// Blocking waits that ended by their timeout, after which UCX had work: a UCX event
+    /// that did not wake the worker (a missed wake-up hidden by the timer). Should stay 0.
+    ucx_wakeups_by_timer,
+    /// Adaptive UCX polls started (`--ucx-poll-us`): only UCX work starts one.
+    ucx_poll_spins,
 }
 
 /// memcached's per-slab-class command counters, in the order `stats slabs` prints them.

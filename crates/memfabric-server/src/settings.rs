@@ -1,5 +1,9 @@
 //! Server configuration: one struct, memcached's defaults.
 
+/// `--ucx-poll-us`'s default: longer than a client's turnaround between a reply and its
+/// next request on one host (a few µs), far shorter than a wake-up's cost adds up to.
+pub const DEFAULT_UCX_POLL_US: u64 = 50;
+
 /// Everything memfabricd is configured with. Field defaults match memcached 1.6.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -24,8 +28,11 @@ pub struct Settings {
     pub protocol: ProtocolChoice,
     /// Verbosity (`-v` = 1, `-vv` = 2, `-vvv` = 3).
     pub verbose: u32,
-    /// Busy-poll a worker for this many microseconds after activity before sleeping.
+    /// Busy-poll a worker for this many microseconds after any activity before sleeping
+    /// (`--poll-us`, an override; 0 = only the adaptive UCX poll).
     pub poll_us: u64,
+    /// The longest adaptive poll of UCX after UCX work (`--ucx-poll-us`; 0 = off).
+    pub ucx_poll_us: u64,
     /// UCX bootstrap port (`--ucx-port`, default 11311; 0 = no UCX data path).
     pub ucx_port: u16,
     /// Values above this many bytes travel by rendezvous over UCX (`--ucx-eager-max`).
@@ -137,6 +144,7 @@ impl Default for Settings {
             protocol: ProtocolChoice::Auto,
             verbose: 0,
             poll_us: 0,
+            ucx_poll_us: DEFAULT_UCX_POLL_US,
             ucx_port: 11311,
             ucx_eager_max: memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX,
             ucx_hello_timeout: 10,

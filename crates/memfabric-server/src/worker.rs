@@ -140,40 +140,65 @@ struct Worker {
 impl Worker {
     /// The event loop.
     ///
-    /// `--poll-us N`: after a round that did work, keep calling `epoll_wait` with a zero
-    /// timeout for N microseconds before blocking. A blocked thread costs a wake-up (a
-    /// futex/IPI and a context switch, tens of microseconds on a VM) on the next request;
-    /// spinning avoids it, so a closed-loop client sees lower latency and the server higher
-    /// throughput, at the price of a core burning up to N µs after each burst (and all of
-    /// it under steady load). 0 (the default) never spins: right for shared machines and
-    /// many idle workers; a few tens of µs suit dedicated, latency-sensitive hosts.
+    /// A blocked thread costs a wake-up (a futex/IPI and a context switch, tens of
+    /// microseconds on a VM) on the next request, more than a whole shared-memory round
+    /// trip; spinning avoids it at the price of a core. Two spins:
+    ///
+    /// * UCX work is followed by an adaptive poll of the UCX worker alone
+    ///   (`--ucx-poll-us`, [`AdaptivePoll`]): a closed-loop UCX client's next request
+    ///   usually comes within microseconds of our reply, so the worker keeps progressing
+    ///   UCX for up to that window, and shrinks the window when the sessions pause. TCP
+    ///   and UDP work never starts it, so TCP-only use never spins.
+    /// * `--poll-us N` (default 0): after any round that did work, keep polling (UCX and
+    ///   `epoll_wait` with a zero timeout) for N µs. An override for dedicated hosts.
+    ///
+    /// Either spin yields the core between rounds (`sched_yield`): on a shared machine the
+    /// client we serve, or another worker, may be queued on this core, and spinning must
+    /// not keep it from running.
     fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         let poll_for = Duration::from_micros(self.shared.settings.poll_us);
+        let mut ucx_poll =
+            AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
         let idle_timeout = self.shared.settings.idle_timeout;
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         loop {
-            let spinning = spin_until.is_some_and(|t| Instant::now() < t);
-            if spinning && self.again.is_empty() {
+            let now = Instant::now();
+            let spinning = spin_until.is_some_and(|t| now < t);
+            let ucx_spinning = ucx_poll.spinning(now);
+            if (spinning || ucx_spinning) && self.again.is_empty() {
                 if let Some(f) = self.fabric.as_mut() {
                     // While spinning, serve UCX for a short window between epoll checks:
                     // an epoll_wait costs about as much as a shared-memory round trip, and
                     // TCP clients of a spinning worker wait at most this window longer.
-                    let window = Instant::now() + UCX_SPIN_WINDOW;
+                    let window = now + UCX_SPIN_WINDOW;
                     let mut rounds: u32 = 0;
                     loop {
                         if f.progress(self.poll.registry(), &self.stats) {
-                            spin_until = Some(Instant::now() + poll_for);
+                            let now = Instant::now();
+                            // Caught while spinning (a `--poll-us` spin may start the
+                            // adaptive one).
+                            if ucx_poll.work(now, true) {
+                                self.stats.ucx_poll_spins.incr();
+                            }
+                            if !poll_for.is_zero() {
+                                spin_until = Some(now + poll_for);
+                            }
                         }
                         rounds = rounds.wrapping_add(1);
+                        if rounds.is_multiple_of(4) {
+                            std::thread::yield_now();
+                        }
                         if rounds.is_multiple_of(16) && Instant::now() >= window {
                             break;
                         }
                     }
                 }
             }
-            let busy = !self.again.is_empty() || spinning;
+            let busy = !self.again.is_empty()
+                || spin_until.is_some_and(|t| Instant::now() < t)
+                || ucx_poll.spinning(Instant::now());
             // UCX: arm its event fd before sleeping; if it has work already, do not sleep.
             let ucx_busy = !busy && self.fabric.as_mut().is_some_and(|f| !f.arm());
             let timeout = if busy || ucx_busy {
@@ -187,6 +212,13 @@ impl Worker {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
+            }
+            // A blocking wait either ends by an event or by its timeout; with UCX armed,
+            // a timeout after which UCX has work means its event fd missed a wake-up.
+            let blocked = timeout != Some(Duration::ZERO) && self.fabric.is_some();
+            let woke_by_timer = blocked && events.is_empty();
+            if blocked && events.iter().any(|ev| ev.token() == EFD_TOKEN) {
+                self.stats.ucx_wakeups_by_event.incr();
             }
             if self.shared.is_shutting_down() {
                 return Ok(());
@@ -232,7 +264,16 @@ impl Worker {
                 }
             }
             if let Some(f) = self.fabric.as_mut() {
-                active |= f.progress(self.poll.registry(), &self.stats);
+                let ucx_work = f.progress(self.poll.registry(), &self.stats);
+                if ucx_work {
+                    if woke_by_timer {
+                        self.stats.ucx_wakeups_by_timer.incr();
+                    }
+                    if ucx_poll.work(Instant::now(), false) {
+                        self.stats.ucx_poll_spins.incr();
+                    }
+                }
+                active |= ucx_work;
             }
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
@@ -385,5 +426,101 @@ impl Worker {
             }
             self.close(t);
         }
+    }
+}
+
+/// The window of the adaptive UCX poll (`--ucx-poll-us`). After UCX work the worker keeps
+/// progressing UCX until `now + window`. The window is the maximum while the sessions are
+/// busy: a spin caught the next request, or a request came soon after the previous work
+/// even though the worker had gone to sleep (a burst that the shrunken window missed).
+/// Each spin that ends without work halves it, so sessions that pause between requests
+/// (and TCP-only workers, which never start it) cost almost no spinning.
+struct AdaptivePoll {
+    max: Duration,
+    window: Duration,
+    /// The current spin's end, if one is running.
+    until: Option<Instant>,
+    last_work: Option<Instant>,
+}
+
+/// The window never shrinks below this (unless the poll is off): short enough to cost
+/// nothing between idle requests, and it lets a burst be recognised by its gaps.
+const UCX_POLL_MIN: Duration = Duration::from_micros(2);
+/// Work within this many windows of the previous work means the sessions are busy.
+const UCX_BUSY_GAPS: u32 = 4;
+
+impl AdaptivePoll {
+    fn new(max: Duration) -> AdaptivePoll {
+        AdaptivePoll {
+            max,
+            window: max,
+            until: None,
+            last_work: None,
+        }
+    }
+
+    /// UCX did work at `now`; `caught`: while spinning for it. Returns whether this starts
+    /// a spin (none was running).
+    fn work(&mut self, now: Instant, caught: bool) -> bool {
+        if self.max.is_zero() {
+            return false;
+        }
+        let soon = self
+            .last_work
+            .is_some_and(|t| now.duration_since(t) < self.max * UCX_BUSY_GAPS);
+        if caught || soon {
+            self.window = self.max;
+        }
+        self.last_work = Some(now);
+        let starts = self.until.is_none();
+        self.until = Some(now + self.window);
+        starts
+    }
+
+    /// Whether to keep spinning at `now`; a spin that ran out without work shrinks the
+    /// window for the next one.
+    fn spinning(&mut self, now: Instant) -> bool {
+        match self.until {
+            Some(t) if now < t => true,
+            Some(_) => {
+                self.until = None;
+                self.window = (self.window / 2).max(UCX_POLL_MIN.min(self.max));
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_shrinks_over_idle_gaps_and_comes_back_when_busy() {
+        let max = Duration::from_micros(64);
+        let mut p = AdaptivePoll::new(max);
+        let mut t = Instant::now();
+        // Requests 10 ms apart: every spin runs out, the window halves down to the floor.
+        for _ in 0..10 {
+            p.work(t, false);
+            assert!(p.spinning(t));
+            t += Duration::from_millis(10);
+            assert!(!p.spinning(t));
+        }
+        assert_eq!(p.window, UCX_POLL_MIN);
+        // A request soon after the last one (a burst) brings the full window back.
+        p.work(t, false);
+        t += Duration::from_micros(20);
+        p.work(t, false);
+        assert_eq!(p.window, max);
+    }
+
+    #[test]
+    fn off_never_spins() {
+        let mut p = AdaptivePoll::new(Duration::ZERO);
+        let t = Instant::now();
+        assert!(!p.work(t, true));
+        assert!(!p.spinning(t));
     }
 }

@@ -91,7 +91,12 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         // memfabric's own group: its own settings and the UCX data path.
         "fabric" => {
             v.put("poll_us", shared.settings.poll_us);
+            v.put("ucx_poll_us", shared.settings.ucx_poll_us);
             v.0.extend(crate::ucx_context::fabric_stats(shared.fabric.as_ref()));
+            let t = thread_totals(shared);
+            v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
+            v.put("ucx_wakeups_by_timer", t.ucx_wakeups_by_timer);
+            v.put("ucx_poll_spins", t.ucx_poll_spins);
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),
