@@ -48,9 +48,9 @@ pub(crate) struct CompareArgs {
     /// Memory limit of both servers in MB (-m); large enough to hold the key space.
     #[arg(long, default_value_t = 1024)]
     pub(crate) memory: usize,
-    /// memfabricd's --poll-us (busy-poll after activity; UCX clients want it); 0 passes no
-    /// flag.
-    #[arg(long, default_value_t = 50)]
+    /// memfabricd's --poll-us (busy-poll after any activity); 0 passes no flag and leaves
+    /// memfabricd at its defaults (it polls adaptively after UCX work only).
+    #[arg(long, default_value_t = 0)]
     pub(crate) poll_us: u64,
     /// Extra argument for memcached (repeatable).
     #[arg(long, allow_hyphen_values = true)]
