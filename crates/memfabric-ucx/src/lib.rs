@@ -26,7 +26,12 @@ pub mod sys {
         non_snake_case,
         dead_code
     )]
-    #![allow(clippy::all, unsafe_op_in_unsafe_fn)]
+    // Generated code: its unsafe blocks carry no SAFETY comments we could write.
+    #![allow(
+        clippy::all,
+        clippy::undocumented_unsafe_blocks,
+        unsafe_op_in_unsafe_fn
+    )]
     include!(concat!(env!("OUT_DIR"), "/ucx_sys.rs"));
 }
 
