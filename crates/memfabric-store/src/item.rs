@@ -84,8 +84,12 @@ pub struct Header {
 /// later re-load of `seq` that sees the same even value proves the rest is consistent.
 pub fn read_header(a: &Arena, off: usize) -> Header {
     let seq = a.u32_at(off + OFF_SEQ).load(Ordering::Acquire);
+    // The header is five aligned words: five atomic loads, laid out as the bytes were.
+    let words: [u64; HDR / 8] = a.read_words(off);
     let mut raw = [0u8; HDR];
-    a.read(off, &mut raw);
+    for (bytes, w) in raw.chunks_exact_mut(8).zip(words) {
+        bytes.copy_from_slice(&w.to_ne_bytes());
+    }
     let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
     Header {
         seq,

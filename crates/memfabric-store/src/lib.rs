@@ -23,6 +23,7 @@ mod item;
 mod maintenance;
 mod ops;
 mod pins;
+mod racy;
 pub mod remote;
 mod slab;
 mod stats;
