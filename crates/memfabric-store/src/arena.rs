@@ -333,6 +333,19 @@ pub(crate) mod tests {
         }
     }
 
+    impl TestMemory {
+        /// Set every byte to `byte` (memory an allocator handed over dirty).
+        pub(crate) fn fill(&self, byte: u8) {
+            // SAFETY: the mapping is `len` writable bytes owned by this object, and no
+            // arena uses it yet (tests fill it before handing it over).
+            unsafe { ptr::write_bytes(self.base, byte, self.len) };
+        }
+
+        pub(crate) fn base(&self) -> usize {
+            self.base as usize
+        }
+    }
+
     impl Drop for TestMemory {
         fn drop(&mut self) {
             // SAFETY: exactly the mapping map_anonymous returned in `new`; the arena that
@@ -367,88 +380,6 @@ pub(crate) mod tests {
         let short =
             |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n - 4096)?)) };
         assert!(Arena::with_memory(1 << 16, &short).is_err());
-    }
-
-    #[test]
-    fn a_store_on_caller_memory_sets_gets_and_evicts_in_that_memory() {
-        use crate::{GetOptions, SetMode, Store, StoreConfig, StoreStatus};
-        use std::sync::Mutex;
-        // Every mapping handed out, as (base, len), to compare with the store's regions.
-        let given: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-        let alloc = |n: usize| -> io::Result<Box<dyn Memory>> {
-            let m = TestMemory::new(n)?;
-            given.lock().unwrap().push((m.base as usize, m.len));
-            Ok(Box::new(m))
-        };
-        let cfg = StoreConfig {
-            memory_limit: 2 << 20,
-            slab_automove: false,
-            ..StoreConfig::default()
-        };
-        let s = Store::with_memory(cfg, &alloc).unwrap();
-        let given = given.lock().unwrap().clone();
-        assert_eq!(
-            given.len(),
-            2,
-            "one allocation for the arena, one for the index"
-        );
-        let (a, alen) = s.arena_region();
-        let (i, ilen) = s.index_region();
-        assert_eq!((a as usize, alen), given[0]);
-        assert_eq!((i as usize, ilen), given[1]);
-        let power = s.stats().hash_power_level;
-        assert_eq!(ilen, crate::remote::index_len(power));
-        // Fill well past the memory limit: eviction keeps working, recent keys are there.
-        let value = vec![7u8; 1000];
-        for k in 0..10_000u32 {
-            let st = s.store(SetMode::Set, format!("key{k}").as_bytes(), &value, 0, 0, 0);
-            assert!(matches!(st, StoreStatus::Stored { .. }), "{st:?}");
-        }
-        assert!(s.stats().evictions > 0);
-        let mut out = Vec::new();
-        assert!(s
-            .get(b"key9999", &GetOptions::default(), &mut out)
-            .is_some());
-        assert_eq!(out, value);
-        let block = s.control_block();
-        assert_eq!(&block[..4], b"MMFX");
-        drop(s);
-    }
-
-    #[test]
-    fn the_index_is_cleared_even_if_caller_memory_is_not() {
-        use crate::{GetOptions, SetMode, Store, StoreConfig};
-        let dirty = |n: usize| -> io::Result<Box<dyn Memory>> {
-            let m = TestMemory::new(n)?;
-            let a = Arena {
-                base: m.base,
-                len: m.len,
-                owner: Some(Box::new(TestMemory::new(4096)?)),
-            };
-            a.write(0, &vec![0xa5; n]);
-            drop(a);
-            Ok(Box::new(m))
-        };
-        let s = Store::with_memory(StoreConfig::default(), &dirty).unwrap();
-        assert!(s
-            .get(b"k", &GetOptions::default(), &mut Vec::new())
-            .is_none());
-        s.store(SetMode::Set, b"k", b"v", 0, 0, 0);
-        let mut out = Vec::new();
-        assert!(s.get(b"k", &GetOptions::default(), &mut out).is_some());
-        assert_eq!(out, b"v");
-    }
-
-    #[test]
-    fn a_store_refuses_caller_memory_that_is_too_small() {
-        use crate::{Store, StoreConfig};
-        let alloc =
-            |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n / 2)?)) };
-        assert!(Store::with_memory(StoreConfig::default(), &alloc).is_err());
-        let failing = |_: usize| -> io::Result<Box<dyn Memory>> {
-            Err(io::Error::new(io::ErrorKind::OutOfMemory, "no"))
-        };
-        assert!(Store::with_memory(StoreConfig::default(), &failing).is_err());
     }
 
     #[test]

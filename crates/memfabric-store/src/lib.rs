@@ -22,6 +22,7 @@ mod index;
 mod item;
 mod maintenance;
 mod ops;
+mod pin_table;
 mod pins;
 mod racy;
 pub mod remote;
