@@ -37,14 +37,16 @@ pub mod sys {
 
 mod buf;
 mod context;
+mod region;
 mod status;
 pub mod ucx_log;
 mod worker;
 
 pub use buf::{Detach, Detachable, RecvBuf, SendBuf};
 pub use context::Context;
+pub use region::{AllocatedRegion, MemRegion};
 pub use status::{Error, Result};
 pub use worker::{
-    AllocatedRegion, AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener,
-    MemRegion, Posted, Proto, RemoteKey, RndvData, SendHow, Token, Worker,
+    AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener, Posted, Proto,
+    RemoteKey, RndvData, SendHow, Token, Worker,
 };
