@@ -197,8 +197,10 @@ impl Arena {
     #[inline]
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
-        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`,
-        // and cannot overlap `dst`, a Rust buffer outside the arena or a distinct `&mut`.
+        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`;
+        // base and length are page multiples, so every aligned word overlapping it is
+        // mapped too; it cannot overlap `dst`, a buffer outside the arena or a distinct
+        // `&mut`.
         unsafe { racy_copy(dst, self.base.add(off)) }
     }
 
@@ -223,9 +225,10 @@ impl Arena {
         self.check(off, n);
         out.reserve(n);
         let start = out.len();
-        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`;
-        // the destination is `n` bytes of `out`'s spare capacity (reserved above), outside
-        // the arena.
+        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`,
+        // whose page-multiple base and length cover every aligned word overlapping it; the
+        // destination is `n` bytes of `out`'s spare capacity (reserved above), outside the
+        // arena.
         unsafe { racy_copy_uninit(&mut out.spare_capacity_mut()[..n], self.base.add(off)) };
         // SAFETY: racy_copy_uninit initialised the `n` bytes past `start`.
         unsafe { out.set_len(start + n) };
