@@ -126,7 +126,8 @@ impl MemRegion {
         check(unsafe { sys::ucp_rkey_pack(self.ctx.h, self.memh, &mut buf, &mut size) })?;
         // SAFETY: UCX returned `size` bytes at buf; copied, then released once.
         let v = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
-        // SAFETY: buf came from ucp_rkey_pack.
+        // SAFETY: buf came from the successful ucp_rkey_pack above and is released once,
+        // after the copy; nothing refers to it afterwards.
         unsafe { sys::ucp_rkey_buffer_release(buf) };
         Ok(v)
     }

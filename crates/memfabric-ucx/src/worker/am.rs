@@ -124,7 +124,8 @@ impl Worker {
                     // once complete.
                     let s = unsafe { sys::ucp_request_check_status(req) };
                     if s != sys::UCS_INPROGRESS {
-                        // SAFETY: complete; released exactly once.
+                        // SAFETY: the request is complete, so UCX no longer uses it; it is
+                        // freed exactly once and not touched after.
                         unsafe { sys::ucp_request_free(req) };
                         return check(s).map(|()| true);
                     }

@@ -206,7 +206,8 @@ impl Worker {
         if self.has_events() {
             return Ok(false);
         }
-        // SAFETY: h is live.
+        // SAFETY: h is the worker made in `new` and destroyed only in Drop, so it is live
+        // for `&mut self`; we are on its thread (Worker is !Send).
         let st = unsafe { sys::ucp_worker_arm(self.h) };
         if st == sys::UCS_ERR_BUSY {
             return Ok(false);
@@ -217,7 +218,8 @@ impl Worker {
     /// Wake a thread sleeping on this worker's event fd (callable from this thread only;
     /// other threads use their own wake-up channel).
     pub fn signal(&self) -> Result<()> {
-        // SAFETY: h is live.
+        // SAFETY: h is live until Drop (see `arm`); ucp_worker_signal may be called on the
+        // worker's own thread, which is ours (Worker is !Send).
         check(unsafe { sys::ucp_worker_signal(self.h) })
     }
 
@@ -225,7 +227,7 @@ impl Worker {
     pub fn address(&self) -> Result<Vec<u8>> {
         let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
         let mut len: usize = 0;
-        // SAFETY: h is live; addr/len are out-pointers.
+        // SAFETY: h is live until Drop (see `arm`); addr/len are out-pointers UCX fills.
         check(unsafe { sys::ucp_worker_get_address(self.h, &mut addr, &mut len) })?;
         // SAFETY: UCX returned a buffer of `len` bytes at addr; we copy it and release it
         // exactly once.
@@ -246,7 +248,8 @@ impl Worker {
     pub fn finish_closes(&mut self, limit: std::time::Duration) {
         let start = std::time::Instant::now();
         while !self.closing.borrow().is_empty() && start.elapsed() < limit {
-            // SAFETY: h is live for as long as self.
+            // SAFETY: h is live until Drop, and progress runs on the worker's own thread
+            // (Worker is !Send), as UCS_THREAD_MODE_SINGLE requires.
             unsafe { sys::ucp_worker_progress(self.h) };
         }
     }
@@ -304,7 +307,8 @@ pub(super) fn posted(st: PtrStatus, raw: *mut OpCtx) -> Result<Posted> {
             Ok(Posted::Done(op.buf))
         }
         PtrStatus::Failed(e) => {
-            // SAFETY: failed inline: as above.
+            // SAFETY: failed inline: the callback will not run either, so raw (from
+            // Box::into_raw by the caller) is still ours, reclaimed here once.
             drop(unsafe { Box::from_raw(raw) });
             Err(e)
         }

@@ -88,7 +88,8 @@ pub(super) unsafe extern "C" fn conn_request_cb(
 ) {
     // SAFETY: arg is the Listener's ListenerArg, alive while the UCX listener exists.
     let a = unsafe { &*(arg as *const ListenerArg) };
-    // SAFETY: the queue belongs to the live worker.
+    // SAFETY: a.queue points at the worker's boxed Queue, which outlives its listeners'
+    // callbacks (they run inside that worker's progress, on its thread).
     unsafe { &*a.queue }.push(Event::ConnRequest(ConnRequest {
         h: conn_request,
         listener: a.listener,
