@@ -239,7 +239,8 @@ impl Arena {
     #[inline]
     pub fn eq(&self, off: usize, expect: &[u8]) -> bool {
         self.check(off, expect.len());
-        // SAFETY: in bounds (checked) of a mapping that outlives `&self`.
+        // SAFETY: in bounds (checked) of a mapping that outlives `&self`, whose page-multiple
+        // base and length cover every aligned word overlapping the range.
         unsafe { racy_eq(self.base.add(off), expect) }
     }
 

@@ -54,9 +54,10 @@ pub(crate) unsafe fn racy_copy_uninit(dst: &mut [MaybeUninit<u8>], src: *const u
 /// Whether the `expect.len()` bytes starting at `src` equal `expect`.
 ///
 /// # Safety
-/// `src .. src + expect.len()` is valid for reads for the whole call. Other threads may
-/// write it concurrently (the answer is then meaningless, and the caller's validation
-/// says so).
+/// Every 8-aligned word that overlaps `src .. src + expect.len()` is valid for reads for
+/// the whole call (the tail is compared out of one whole word; see `racy_copy`). Other
+/// threads may write it concurrently (the answer is then meaningless, and the caller's
+/// validation says so).
 #[inline]
 pub(crate) unsafe fn racy_eq(src: *const u8, expect: &[u8]) -> bool {
     let len = expect.len();
@@ -78,12 +79,11 @@ pub(crate) unsafe fn racy_eq(src: *const u8, expect: &[u8]) -> bool {
         }
         i += WORD;
     }
-    while i < len {
-        // SAFETY: i < len, as above.
-        if unsafe { load_u8(src.add(i)) != *e.add(i) } {
-            return false;
-        }
-        i += 1;
+    if i < len {
+        // The last len - i (< 8) bytes: one load of the aligned word that holds them.
+        // SAFETY: that word overlaps the source (the contract); src + i is 8-aligned.
+        let word = unsafe { load_u64(src.add(i)) }.to_ne_bytes();
+        return word[..len - i] == expect[i..];
     }
     true
 }
