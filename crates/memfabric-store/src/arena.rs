@@ -5,12 +5,14 @@
 //! Concurrency model: chunk bytes are written only by the thread that owns the chunk (the
 //! allocator hands it out; see `slab.rs`) or by a writer holding the item's index bucket
 //! lock, always inside the item's seqlock (`seq` odd while writing). Lock-free readers
-//! copy bytes out and then validate the seqlock and the bucket version; a read that raced
-//! a writer is thrown away. The words that readers themselves update (access flags and
+//! copy bytes out with atomic loads (`racy.rs`; never through a `&[u8]`) and then validate
+//! the seqlock and the bucket version; a read that raced a writer is thrown away. The words that readers themselves update (access flags and
 //! time) are atomics.
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use crate::racy::{racy_copy, racy_copy_uninit, racy_eq};
 
 /// Memory the store may use for its arena or index instead of its own anonymous mapping
 /// (for example memory allocated by UCX so that shared-memory peers can read it directly).
@@ -191,14 +193,30 @@ impl Arena {
 
     /// Copy `dst.len()` bytes out of the arena at `off`. The bytes may be concurrently
     /// written by a writer that owns them; callers validate with the seqlock afterwards
-    /// and discard the copy if it raced.
+    /// and discard the copy if it raced (so the copy uses atomic loads: `racy.rs`).
     #[inline]
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
-        // SAFETY: source in bounds (checked), destination is a distinct Rust buffer. A
-        // racing writer can only make the copied bytes stale, which the seqlock
-        // validation that follows every optimistic read detects.
-        unsafe { ptr::copy_nonoverlapping(self.base.add(off), dst.as_mut_ptr(), dst.len()) }
+        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`;
+        // base and length are page multiples, so every aligned word overlapping it is
+        // mapped too; it cannot overlap `dst`, a buffer outside the arena or a distinct
+        // `&mut`.
+        unsafe { racy_copy(dst, self.base.add(off)) }
+    }
+
+    /// The `N` 8-byte words at `off` (8-aligned), each read with one relaxed atomic load:
+    /// an item header in five loads and one bounds check, for readers that may race a
+    /// writer (see `read`).
+    #[inline]
+    pub fn read_words<const N: usize>(&self, off: usize) -> [u64; N] {
+        self.check(off, 8 * N);
+        assert!(off.is_multiple_of(8), "misaligned atomic access at {off}");
+        // SAFETY: N words in bounds (checked) and 8-aligned (checked; the base is
+        // page-aligned) of a mapping that outlives `&self`; each `&AtomicU64` lives only
+        // for its load.
+        std::array::from_fn(|i| unsafe {
+            AtomicU64::from_ptr(self.base.add(off + 8 * i).cast::<u64>()).load(Ordering::Relaxed)
+        })
     }
 
     /// Append `n` bytes at `off` to `out` (see `read` for the race rules).
@@ -207,23 +225,23 @@ impl Arena {
         self.check(off, n);
         out.reserve(n);
         let start = out.len();
-        // SAFETY: the source is in bounds (checked); the destination has `n` bytes of
-        // reserved capacity past `start`, which become initialised by the copy before
-        // `set_len` exposes them.
-        unsafe {
-            ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr().add(start), n);
-            out.set_len(start + n);
-        }
+        // SAFETY: the source is in bounds (checked) of a mapping that outlives `&self`,
+        // whose page-multiple base and length cover every aligned word overlapping it; the
+        // destination is `n` bytes of `out`'s spare capacity (reserved above), outside the
+        // arena.
+        unsafe { racy_copy_uninit(&mut out.spare_capacity_mut()[..n], self.base.add(off)) };
+        // SAFETY: racy_copy_uninit initialised the `n` bytes past `start`.
+        unsafe { out.set_len(start + n) };
     }
 
-    /// Compare `n = expect.len()` arena bytes at `off` with `expect`.
+    /// Compare `n = expect.len()` arena bytes at `off` with `expect`. The bytes may be
+    /// concurrently written: callers validate with the seqlock afterwards.
     #[inline]
     pub fn eq(&self, off: usize, expect: &[u8]) -> bool {
         self.check(off, expect.len());
-        // SAFETY: in bounds (checked); a racing write can only make the comparison wrong,
-        // which the caller's seqlock validation detects.
-        let s = unsafe { std::slice::from_raw_parts(self.base.add(off), expect.len()) };
-        s == expect
+        // SAFETY: in bounds (checked) of a mapping that outlives `&self`, whose page-multiple
+        // base and length cover every aligned word overlapping the range.
+        unsafe { racy_eq(self.base.add(off), expect) }
     }
 
     /// Write `src` at `off`. Only the owner of the chunk (fresh allocation) or a writer
@@ -291,7 +309,6 @@ unsafe fn unmap_anonymous(base: *mut u8, len: usize) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn writes_are_read_back() {
@@ -317,6 +334,19 @@ pub(crate) mod tests {
                 base: map_anonymous(len)?,
                 len,
             })
+        }
+    }
+
+    impl TestMemory {
+        /// Set every byte to `byte` (memory an allocator handed over dirty).
+        pub(crate) fn fill(&self, byte: u8) {
+            // SAFETY: the mapping is `len` writable bytes owned by this object, and no
+            // arena uses it yet (tests fill it before handing it over).
+            unsafe { ptr::write_bytes(self.base, byte, self.len) };
+        }
+
+        pub(crate) fn base(&self) -> usize {
+            self.base as usize
         }
     }
 
@@ -354,88 +384,6 @@ pub(crate) mod tests {
         let short =
             |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n - 4096)?)) };
         assert!(Arena::with_memory(1 << 16, &short).is_err());
-    }
-
-    #[test]
-    fn a_store_on_caller_memory_sets_gets_and_evicts_in_that_memory() {
-        use crate::{GetOptions, SetMode, Store, StoreConfig, StoreStatus};
-        use std::sync::Mutex;
-        // Every mapping handed out, as (base, len), to compare with the store's regions.
-        let given: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-        let alloc = |n: usize| -> io::Result<Box<dyn Memory>> {
-            let m = TestMemory::new(n)?;
-            given.lock().unwrap().push((m.base as usize, m.len));
-            Ok(Box::new(m))
-        };
-        let cfg = StoreConfig {
-            memory_limit: 2 << 20,
-            slab_automove: false,
-            ..StoreConfig::default()
-        };
-        let s = Store::with_memory(cfg, &alloc).unwrap();
-        let given = given.lock().unwrap().clone();
-        assert_eq!(
-            given.len(),
-            2,
-            "one allocation for the arena, one for the index"
-        );
-        let (a, alen) = s.arena_region();
-        let (i, ilen) = s.index_region();
-        assert_eq!((a as usize, alen), given[0]);
-        assert_eq!((i as usize, ilen), given[1]);
-        let power = s.stats().hash_power_level;
-        assert_eq!(ilen, crate::remote::index_len(power));
-        // Fill well past the memory limit: eviction keeps working, recent keys are there.
-        let value = vec![7u8; 1000];
-        for k in 0..10_000u32 {
-            let st = s.store(SetMode::Set, format!("key{k}").as_bytes(), &value, 0, 0, 0);
-            assert!(matches!(st, StoreStatus::Stored { .. }), "{st:?}");
-        }
-        assert!(s.stats().evictions > 0);
-        let mut out = Vec::new();
-        assert!(s
-            .get(b"key9999", &GetOptions::default(), &mut out)
-            .is_some());
-        assert_eq!(out, value);
-        let block = s.control_block();
-        assert_eq!(&block[..4], b"MMFX");
-        drop(s);
-    }
-
-    #[test]
-    fn the_index_is_cleared_even_if_caller_memory_is_not() {
-        use crate::{GetOptions, SetMode, Store, StoreConfig};
-        let dirty = |n: usize| -> io::Result<Box<dyn Memory>> {
-            let m = TestMemory::new(n)?;
-            let a = Arena {
-                base: m.base,
-                len: m.len,
-                owner: Some(Box::new(TestMemory::new(4096)?)),
-            };
-            a.write(0, &vec![0xa5; n]);
-            drop(a);
-            Ok(Box::new(m))
-        };
-        let s = Store::with_memory(StoreConfig::default(), &dirty).unwrap();
-        assert!(s
-            .get(b"k", &GetOptions::default(), &mut Vec::new())
-            .is_none());
-        s.store(SetMode::Set, b"k", b"v", 0, 0, 0);
-        let mut out = Vec::new();
-        assert!(s.get(b"k", &GetOptions::default(), &mut out).is_some());
-        assert_eq!(out, b"v");
-    }
-
-    #[test]
-    fn a_store_refuses_caller_memory_that_is_too_small() {
-        use crate::{Store, StoreConfig};
-        let alloc =
-            |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n / 2)?)) };
-        assert!(Store::with_memory(StoreConfig::default(), &alloc).is_err());
-        let failing = |_: usize| -> io::Result<Box<dyn Memory>> {
-            Err(io::Error::new(io::ErrorKind::OutOfMemory, "no"))
-        };
-        assert!(Store::with_memory(StoreConfig::default(), &failing).is_err());
     }
 
     #[test]

@@ -18,9 +18,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::arena::{Allocate, Arena};
 use crate::remote;
-
-pub const SLOTS: usize = 7;
-pub const BUCKET_BYTES: usize = 64;
+/// Bucket geometry: part of the remotely readable layout, so defined in `remote`.
+pub use crate::remote::{BUCKET_BYTES, SLOTS};
 
 const OFF_MASK: u64 = (1 << 40) - 1;
 

@@ -84,24 +84,33 @@ pub struct Header {
 /// later re-load of `seq` that sees the same even value proves the rest is consistent.
 pub fn read_header(a: &Arena, off: usize) -> Header {
     let seq = a.u32_at(off + OFF_SEQ).load(Ordering::Acquire);
-    let mut raw = [0u8; HDR];
-    a.read(off, &mut raw);
-    let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
+    // The header is five aligned words, each one atomic load; fields are taken out of them
+    // by shifts (the layout is little-endian: field at byte k of a word = bits 8k..).
+    let [w0, cas, w2, w3, _]: [u64; HDR / 8] = a.read_words(off);
     Header {
         seq,
-        state: raw[OFF_STATE],
-        class: raw[OFF_CLASS],
-        key_len: raw[OFF_KEYLEN],
+        state: (w0 >> (8 * OFF_STATE)) as u8,
+        class: (w0 >> (8 * OFF_CLASS)) as u8,
+        key_len: (w0 >> (8 * OFF_KEYLEN)) as u8,
         iflags: a.u8_at(off + OFF_IFLAGS).load(Ordering::Relaxed),
-        cas: u64::from_le_bytes(raw[OFF_CAS..OFF_CAS + 8].try_into().unwrap_or([0; 8])),
-        value_len: u32_at(OFF_VLEN),
-        flags: u32_at(OFF_FLAGS),
-        exptime: u32_at(OFF_EXPTIME),
-        time: u32_at(OFF_TIME),
-        crc: u32_at(OFF_CRC),
+        cas,
+        value_len: w2 as u32,
+        flags: (w2 >> 32) as u32,
+        exptime: w3 as u32,
+        time: (w3 >> 32) as u32,
+        crc: a.u32_at(off + OFF_CRC).load(Ordering::Relaxed),
         atime: a.u32_at(off + OFF_ATIME).load(Ordering::Relaxed),
     }
 }
+
+// `read_header` decodes words by shifts: the byte layout above is little-endian, and so
+// are the fields' offsets within their words.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the item layout is little-endian"
+);
+const _: () = assert!(OFF_VLEN == 16 && OFF_FLAGS == 20 && OFF_EXPTIME == 24 && OFF_TIME == 28);
+const _: () = assert!(OFF_CAS == 8 && OFF_CRC == 32 && OFF_ATIME == 36);
 
 /// Store the fixed fields of a header (owner or locked writer only, inside odd `seq`).
 pub fn write_fields(a: &Arena, off: usize, h: &Header) {

@@ -51,9 +51,10 @@ pub const OFF_CHUNK_SIZES: usize = 64;
 /// The words a reader re-reads with every GET: flush_cas, flush_time, now.
 pub const CTL_LIVE: Range<usize> = OFF_FLUSH_CAS..OFF_NOW + 4;
 
-/// Index bucket geometry (see `index.rs`).
-pub const BUCKET_BYTES: usize = crate::index::BUCKET_BYTES;
-pub const SLOTS: usize = crate::index::SLOTS;
+/// Index bucket geometry (`index.rs` describes a bucket; it takes these from here, so the
+/// dependency runs one way: index -> remote).
+pub const BUCKET_BYTES: usize = 64;
+pub const SLOTS: usize = 7;
 
 /// Item header size and field offsets (see `item.rs`).
 pub const ITEM_HDR: usize = crate::item::HDR;

@@ -76,20 +76,6 @@ impl Context {
     }
 }
 
-impl Context {
-    /// Let UCX allocate and register `len` zero-filled bytes (see `MemRegion::allocate`):
-    /// memory that same-host peers can map directly.
-    pub fn mem_alloc(self: &Arc<Self>, len: usize) -> Result<crate::AllocatedRegion> {
-        crate::MemRegion::allocate(self, len)
-    }
-
-    /// Register `len` bytes at `addr` with UCX (see `Worker::mem_map`). The memory must
-    /// stay mapped while the region lives.
-    pub fn mem_map(self: &Arc<Self>, addr: *mut u8, len: usize) -> Result<crate::MemRegion> {
-        crate::worker::MemRegion::new(self, addr, len)
-    }
-}
-
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every Worker holds an Arc<Context>, so no worker is alive here; h came

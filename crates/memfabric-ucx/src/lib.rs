@@ -26,20 +26,27 @@ pub mod sys {
         non_snake_case,
         dead_code
     )]
-    #![allow(clippy::all, unsafe_op_in_unsafe_fn)]
+    // Generated code: its unsafe blocks carry no SAFETY comments we could write.
+    #![allow(
+        clippy::all,
+        clippy::undocumented_unsafe_blocks,
+        unsafe_op_in_unsafe_fn
+    )]
     include!(concat!(env!("OUT_DIR"), "/ucx_sys.rs"));
 }
 
 mod buf;
 mod context;
+mod region;
 mod status;
 pub mod ucx_log;
 mod worker;
 
 pub use buf::{Detach, Detachable, RecvBuf, SendBuf};
 pub use context::Context;
+pub use region::{AllocatedRegion, MemRegion};
 pub use status::{Error, Result};
 pub use worker::{
-    AllocatedRegion, AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener,
-    MemRegion, Posted, Proto, RemoteKey, RndvData, SendHow, Token, Worker,
+    AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener, Posted, Proto,
+    RemoteKey, RndvData, SendHow, Token, Worker,
 };

@@ -238,8 +238,9 @@ fn ucx_allocated_region_is_zeroed_writable_and_remotely_readable() {
     let sep = server.connect_address(&client.address().unwrap()).unwrap();
     let region = ctx.mem_alloc(1 << 20).unwrap();
     assert!(region.len() >= 1 << 20);
-    // SAFETY (test): the region owns len() zero-filled bytes until it is dropped below;
-    // nothing else writes them while this slice lives.
+    // SAFETY: the region owns len() zero-filled bytes and is dropped only after the last
+    // use of this slice; nothing else writes them meanwhile (the RMA read below only
+    // reads them, after the writes through the slice are done).
     let mem = unsafe { std::slice::from_raw_parts_mut(region.as_mut_ptr(), region.len()) };
     assert!(
         mem.iter().all(|&b| b == 0),

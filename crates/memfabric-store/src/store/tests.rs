@@ -1,0 +1,163 @@
+//! Tests of the store internals that cut across its parts.
+use std::io;
+
+use crate::arena::tests::TestMemory;
+use crate::arena::Memory;
+use crate::{SetMode, Store, StoreConfig};
+
+#[test]
+fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
+    let s = Store::new(StoreConfig {
+        memory_limit: 4 << 20,
+        background_sweeper: false,
+        slab_automove: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    for round in 0..2000 {
+        for k in 0..100 {
+            let v = format!("{round}");
+            s.store(
+                SetMode::Set,
+                format!("k{k}").as_bytes(),
+                v.as_bytes(),
+                0,
+                0,
+                0,
+            );
+        }
+    }
+    assert_eq!(s.stats().evictions, 0);
+    s.inner.compact_queues(true);
+    let class = s.slabs.class_for(40 + 3 + 4).unwrap();
+    let st = s.slabs.lock(class);
+    assert!(!st.pages.is_empty());
+    // Exactly the live items are left, each once.
+    assert_eq!(st.queue.len(), 100);
+}
+
+#[test]
+fn compaction_racing_writers_and_evictions_keeps_every_live_item_queued_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Store::new(StoreConfig {
+        memory_limit: 4 << 20,
+        background_sweeper: false,
+        slab_automove: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let s = &s;
+                sc.spawn(move || {
+                    let mut x = t + 1;
+                    for _ in 0..150_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let key = format!("k{}", x % 60_000);
+                        let value = vec![b'v'; (x % 300) as usize];
+                        s.store(SetMode::Set, key.as_bytes(), &value, 0, 0, 0);
+                    }
+                })
+            })
+            .collect();
+        sc.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                s.inner.compact_queues(true);
+            }
+        });
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    assert!(s.stats().evictions > 0);
+    s.inner.compact_queues(true);
+    for ci in &s.slabs.classes[1..] {
+        let st = s.slabs.lock(ci.id);
+        let items = s.slabs.counters[ci.id as usize]
+            .items
+            .load(Ordering::Relaxed);
+        assert_eq!(st.queue.len() as u64, items, "class {}", ci.id);
+    }
+}
+
+// A store on caller-supplied memory (what UCX-allocated memory is).
+
+#[test]
+fn a_store_on_caller_memory_sets_gets_and_evicts_in_that_memory() {
+    use crate::{GetOptions, SetMode, Store, StoreConfig, StoreStatus};
+    use std::sync::Mutex;
+    // Every mapping handed out, as (base, len), to compare with the store's regions.
+    let given: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let alloc = |n: usize| -> io::Result<Box<dyn Memory>> {
+        let m = TestMemory::new(n)?;
+        given.lock().unwrap().push((m.base(), n));
+        Ok(Box::new(m))
+    };
+    let cfg = StoreConfig {
+        memory_limit: 2 << 20,
+        slab_automove: false,
+        ..StoreConfig::default()
+    };
+    let s = Store::with_memory(cfg, &alloc).unwrap();
+    let given = given.lock().unwrap().clone();
+    assert_eq!(
+        given.len(),
+        2,
+        "one allocation for the arena, one for the index"
+    );
+    let (a, alen) = s.arena_region();
+    let (i, ilen) = s.index_region();
+    assert_eq!((a as usize, alen), given[0]);
+    assert_eq!((i as usize, ilen), given[1]);
+    let power = s.stats().hash_power_level;
+    assert_eq!(ilen, crate::remote::index_len(power));
+    // Fill well past the memory limit: eviction keeps working, recent keys are there.
+    let value = vec![7u8; 1000];
+    for k in 0..10_000u32 {
+        let st = s.store(SetMode::Set, format!("key{k}").as_bytes(), &value, 0, 0, 0);
+        assert!(matches!(st, StoreStatus::Stored { .. }), "{st:?}");
+    }
+    assert!(s.stats().evictions > 0);
+    let mut out = Vec::new();
+    assert!(s
+        .get(b"key9999", &GetOptions::default(), &mut out)
+        .is_some());
+    assert_eq!(out, value);
+    let block = s.control_block();
+    assert_eq!(&block[..4], b"MMFX");
+    drop(s);
+}
+
+#[test]
+fn the_index_is_cleared_even_if_caller_memory_is_not() {
+    use crate::{GetOptions, SetMode, Store, StoreConfig};
+    let dirty = |n: usize| -> io::Result<Box<dyn Memory>> {
+        let m = TestMemory::new(n)?;
+        m.fill(0xa5);
+        Ok(Box::new(m))
+    };
+    let s = Store::with_memory(StoreConfig::default(), &dirty).unwrap();
+    assert!(s
+        .get(b"k", &GetOptions::default(), &mut Vec::new())
+        .is_none());
+    s.store(SetMode::Set, b"k", b"v", 0, 0, 0);
+    let mut out = Vec::new();
+    assert!(s.get(b"k", &GetOptions::default(), &mut out).is_some());
+    assert_eq!(out, b"v");
+}
+
+#[test]
+fn a_store_refuses_caller_memory_that_is_too_small() {
+    use crate::{Store, StoreConfig};
+    let alloc = |n: usize| -> io::Result<Box<dyn Memory>> { Ok(Box::new(TestMemory::new(n / 2)?)) };
+    assert!(Store::with_memory(StoreConfig::default(), &alloc).is_err());
+    let failing = |_: usize| -> io::Result<Box<dyn Memory>> {
+        Err(io::Error::new(io::ErrorKind::OutOfMemory, "no"))
+    };
+    assert!(Store::with_memory(StoreConfig::default(), &failing).is_err());
+}
