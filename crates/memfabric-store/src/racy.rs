@@ -82,8 +82,15 @@ pub(crate) unsafe fn racy_eq(src: *const u8, expect: &[u8]) -> bool {
     if i < len {
         // The last len - i (< 8) bytes: one load of the aligned word that holds them.
         // SAFETY: that word overlaps the source (the contract); src + i is 8-aligned.
-        let word = unsafe { load_u64(src.add(i)) }.to_ne_bytes();
-        return word[..len - i] == expect[i..];
+        let word = u64::from_le_bytes(unsafe { load_u64(src.add(i)) }.to_ne_bytes());
+        // Byte k of the tail at bits 8k, on both sides; a slice compare here would call
+        // memcmp (measured: 6% of a 100-byte GET).
+        let n = len - i;
+        let want = expect[i..]
+            .iter()
+            .enumerate()
+            .fold(0u64, |acc, (k, &b)| acc | (u64::from(b) << (8 * k)));
+        return word & ((1u64 << (8 * n)) - 1) == want;
     }
     true
 }
