@@ -19,6 +19,8 @@ stage() {
 stage "setup" scripts/setup.sh
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings
+stage "no module import cycles in any crate" \
+  bash -c 'for c in crates/*/src; do scripts/module-cycles.sh "$c" >/dev/null || { scripts/module-cycles.sh "$c" | grep cycle; exit 1; }; done'
 stage "cargo build --release" cargo build --release --workspace
 # The UCX tests (fabric runtime, client over UCX, server's UCX path, UCX benchmarks) run
 # under both transport families a machine without RDMA has: shared memory (with the whole

@@ -1,10 +1,20 @@
 //! Command parsing: one tokenized line to a typed request, command by command, with
 //! memcached's token-count checks and error replies.
 
-use super::storage::StoreHeader;
 use super::tokens::{tokenize, Tokens};
 use super::*;
 use crate::number::{safe_strtod, safe_strtol, safe_strtoul, safe_strtoull};
+
+/// A storage command line, waiting for its data block.
+pub(super) struct StoreHeader<'a> {
+    pub(super) cmd: StoreCmd,
+    pub(super) key: &'a [u8],
+    pub(super) flags: u32,
+    pub(super) exptime: i32,
+    pub(super) vlen: usize,
+    pub(super) cas: u64,
+    pub(super) noreply: bool,
+}
 
 pub(super) enum Line<'a> {
     Done(Request<'a>),

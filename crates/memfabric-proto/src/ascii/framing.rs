@@ -2,6 +2,7 @@
 //! (wait, or close), and the command text memcached sees in a line.
 
 use super::command::{parse_line, Line};
+use super::line::{command_text, find_newline};
 use super::storage::storage;
 use super::{multiget_prefix, CloseReason, Limits, Parse};
 
@@ -42,21 +43,4 @@ fn no_newline<'a>(input: &'a [u8], limits: &Limits) -> Parse<'a> {
         return Parse::Close(CloseReason::MultigetTooLong);
     }
     incomplete
-}
-
-pub(super) fn find_newline(bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|&b| b == b'\n')
-}
-
-/// The command text of a line (without its `\n`): drop one trailing `\r` if the line has
-/// more than one byte, then stop at the first NUL, as memcached does.
-pub fn command_text(line: &[u8]) -> &[u8] {
-    let line = match line {
-        [head @ .., b'\r'] if line.len() > 1 => head,
-        _ => line,
-    };
-    match line.iter().position(|&b| b == 0) {
-        Some(nul) => &line[..nul],
-        None => line,
-    }
 }

@@ -35,6 +35,7 @@
 mod command;
 mod encode;
 mod framing;
+mod line;
 mod multiget;
 mod request;
 mod storage;
@@ -49,7 +50,8 @@ pub use crate::number::{
     safe_strtoul as parse_u32, safe_strtoull as parse_u64,
 };
 pub use crate::KEY_MAX_LEN;
-pub use framing::{command_text, parse};
+pub use framing::parse;
+pub use line::command_text;
 pub use multiget::{multiget_prefix, KeyIter, Keys};
 pub use reply::{write_number_line, write_stat, write_value_header, write_version};
 pub use request::*;

@@ -1,9 +1,10 @@
 //! Storage headers: a `set`-family line waiting for its data block, the data block's
 //! checks, and the header of a value that a server receives straight into item memory.
 
+use super::command::StoreHeader;
 use super::command::{parse_line, Line};
-use super::framing::{command_text, find_newline};
-use super::{ErrorReply, Limits, Parse, Request, StoreCmd, StoreRequest, Verb};
+use super::line::{command_text, find_newline};
+use super::{ErrorReply, Limits, Parse, Request, StoreRequest, Verb};
 
 /// See `pending_store`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,17 +45,6 @@ pub fn pending_store<'a>(input: &'a [u8], limits: &Limits) -> Option<PendingStor
         line_len,
         value_len: h.vlen,
     })
-}
-
-/// A storage command line, waiting for its data block.
-pub(super) struct StoreHeader<'a> {
-    pub(super) cmd: StoreCmd,
-    pub(super) key: &'a [u8],
-    pub(super) flags: u32,
-    pub(super) exptime: i32,
-    pub(super) vlen: usize,
-    pub(super) cas: u64,
-    pub(super) noreply: bool,
 }
 
 pub(super) fn storage<'a>(
