@@ -112,6 +112,46 @@ impl Detach {
     }
 }
 
+/// A pinned store item's value as a send source.
+#[cfg(feature = "store-memory")]
+struct PinnedValue(memfabric_store::PinnedItem);
+
+#[cfg(feature = "store-memory")]
+impl SendBuf for PinnedValue {
+    fn slices(&self) -> Vec<&[u8]> {
+        self.0.value_slices()
+    }
+}
+
+#[cfg(feature = "store-memory")]
+impl Detachable {
+    /// Send a pinned item's value straight from the store's arena. `store` keeps the store
+    /// (and so its arena mapping, which a store never unmaps while it lives) alive for as
+    /// long as UCX may read, whether or not the pin is detached first.
+    ///
+    /// Panics if the value does not lie in `store`'s arena (the pin came from another
+    /// store): sending it could then read memory nothing keeps mapped.
+    pub fn from_pinned_item<S>(
+        pin: memfabric_store::PinnedItem,
+        store: std::sync::Arc<S>,
+    ) -> (Detachable, Detach)
+    where
+        S: AsRef<memfabric_store::Store> + 'static,
+    {
+        let (base, len) = store.as_ref().as_ref().arena_region();
+        let (base, end) = (base as usize, base as usize + len);
+        let inside = pin.value_slices().iter().all(|s| {
+            let at = s.as_ptr() as usize;
+            at >= base && at + s.len() <= end
+        });
+        assert!(inside, "a pinned value outside its store's arena");
+        // SAFETY: every slice of the value lies in the arena of the store that `store`
+        // owns (checked above); the store keeps that mapping until it is dropped, and the
+        // Detachable keeps `store` until UCX is done with the send.
+        unsafe { Detachable::new(Box::new(PinnedValue(pin)), Box::new(store)) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

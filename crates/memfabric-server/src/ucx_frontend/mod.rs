@@ -26,9 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memfabric_proto::ucx_wire::{self as fp, Opcode, Request, Response, Status};
-use memfabric_store::{
-    ArithStatus, DeleteStatus, GetOptions, PendingItem, PinnedItem, SetMode, StoreStatus,
-};
+use memfabric_store::{ArithStatus, DeleteStatus, GetOptions, PendingItem, SetMode, StoreStatus};
 use memfabric_ucx as mf;
 use mio::{Interest, Registry, Token};
 
@@ -112,15 +110,6 @@ impl mf::RecvBuf for ItemTarget {
     }
 }
 
-/// A pinned item as a send source: UCX reads the value from item memory.
-struct PinnedSource(PinnedItem);
-
-impl mf::SendBuf for PinnedSource {
-    fn slices(&self) -> Vec<&[u8]> {
-        self.0.value_slices()
-    }
-}
-
 /// A worker thread's share of the fabric: its UCX worker and its clients.
 pub struct FabricWorker {
     fs: Arc<SharedRef>,
@@ -157,6 +146,12 @@ struct HeldRequest {
 
 /// What a fabric worker needs from the server (kept behind one Arc).
 pub struct SharedRef(pub Arc<Shared>);
+
+impl AsRef<memfabric_store::Store> for SharedRef {
+    fn as_ref(&self) -> &memfabric_store::Store {
+        &self.0.store
+    }
+}
 
 impl FabricWorker {
     /// Create this thread's UCX worker and register its event fd with `registry`.

@@ -411,12 +411,9 @@ impl FabricWorker {
                         r.cas = info.cas;
                         r.value = u64::from(info.value_len);
                         let len = r.value;
-                        let mapped = Box::new(Arc::clone(&self.fs));
-                        // SAFETY: the pinned value lies in the store's arena, a mapping owned
-                        // by the store that `mapped` (the server's shared state) keeps alive
-                        // and that is never unmapped while the store lives.
+                        // Sent from item memory; the shared state keeps the store alive.
                         let (data, detach) =
-                            unsafe { mf::Detachable::new(Box::new(PinnedSource(pin)), mapped) };
+                            mf::Detachable::from_pinned_item(pin, Arc::clone(&self.fs));
                         self.send_rndv(session, r, Box::new(data), len, Some(detach));
                     }
                     // Deleted between the two looks: a miss is a correct answer.
