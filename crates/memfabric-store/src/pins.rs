@@ -47,6 +47,12 @@ impl PendingItem {
         self.0.write(offset, bytes)
     }
 
+    /// The value's first `upto` bytes are final: fold them into the item's checksum now
+    /// (see `NewItem::fold_checksum`), so that storing it has only the rest to do.
+    pub fn fold_checksum(&mut self, upto: usize) {
+        self.0.fold_checksum(upto)
+    }
+
     /// The value's memory as (pointer, len) segments in value order: one for a normal
     /// item, one per chained chunk for a large one (none for an empty value). Valid
     /// until the item is stored or dropped; foreign code (UCX) writes the value through

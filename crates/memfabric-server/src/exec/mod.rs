@@ -133,6 +133,8 @@ impl Receiving {
         let n = want.min(input.len());
         self.item.write(self.filled, &input[..n]);
         self.filled += n;
+        // Checksummed as it arrives, while the rest is still on its way.
+        self.item.fold_checksum(self.filled);
         let mut used = n;
         while used < input.len() && self.trailer_seen < self.trailer.len() {
             if let Some(b) = self.trailer_got.get_mut(self.trailer_seen) {
@@ -175,6 +177,7 @@ impl Receiving {
     /// `n` bytes were read into `unfilled_mut`.
     pub fn advance(&mut self, n: usize) {
         self.filled = (self.filled + n).min(self.item.value_len());
+        self.item.fold_checksum(self.filled);
     }
 }
 

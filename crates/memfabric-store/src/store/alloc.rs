@@ -112,6 +112,7 @@ impl Inner {
             chain: Vec::new(),
             value_len,
             key_len: klen,
+            crc_progress: None,
         };
         let a = &self.arena;
         item::write_fields(

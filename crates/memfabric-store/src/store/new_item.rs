@@ -30,6 +30,9 @@ pub struct NewItem<'s> {
     pub(crate) chain: Vec<usize>,
     pub(super) value_len: usize,
     pub(super) key_len: usize,
+    /// The checksum of the key and the value's first bytes, and how many value bytes it
+    /// covers, once some of the value was declared final (`fold_checksum`).
+    pub(super) crc_progress: Option<(u32, usize)>,
 }
 
 impl NewItem<'_> {
@@ -48,6 +51,10 @@ impl NewItem<'_> {
         let end = offset.saturating_add(bytes.len()).min(self.value_len);
         if offset >= end {
             return;
+        }
+        if self.crc_progress.is_some_and(|(_, done)| offset < done) {
+            // Bytes folded into the checksum changed after all: start it again.
+            self.crc_progress = None;
         }
         let a = &self.owner.arena;
         let mut pos = 0;
@@ -88,10 +95,38 @@ impl NewItem<'_> {
 
     /// crc32c of key and value.
     pub(super) fn checksum(&self) -> u32 {
+        self.checksum_to(self.value_len).0
+    }
+
+    /// The value's first `upto` bytes are final (they will not be written again): fold
+    /// them into the checksum now, so that linking the item later has only the rest to
+    /// checksum. A value received over the network is folded in as it arrives.
+    pub fn fold_checksum(&mut self, upto: usize) {
+        self.crc_progress = Some(self.checksum_to(upto.min(self.value_len)));
+    }
+
+    /// The checksum of the key and the value's first `upto` bytes (continuing from what
+    /// was folded already), and how many value bytes it covers.
+    fn checksum_to(&self, upto: usize) -> (u32, usize) {
         let a = &self.owner.arena;
-        let crc = a.crc(0, item::key_off(self.off), self.key_len);
-        self.segments()
-            .fold(crc, |crc, (at, len)| a.crc(crc, at, len))
+        let (mut crc, done) = self
+            .crc_progress
+            .unwrap_or_else(|| (a.crc(0, item::key_off(self.off), self.key_len), 0));
+        if upto <= done {
+            return (crc, done);
+        }
+        let mut pos = 0;
+        for (at, len) in self.segments() {
+            let (lo, hi) = (done.max(pos), upto.min(pos + len));
+            if lo < hi {
+                crc = a.crc(crc, at + (lo - pos), hi - lo);
+            }
+            pos += len;
+            if pos >= upto {
+                break;
+            }
+        }
+        (crc, upto)
     }
 }
 

@@ -161,3 +161,37 @@ fn a_store_refuses_caller_memory_that_is_too_small() {
     };
     assert!(Store::with_memory(StoreConfig::default(), &failing).is_err());
 }
+
+#[test]
+fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
+    let s = Store::new(StoreConfig {
+        memory_limit: 8 << 20,
+        background_sweeper: false,
+        slab_automove: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    // A small value, one of several chunks, and pieces of every size down to one byte.
+    for (len, step) in [(5, 1), (10_000, 333), (700_000, 65_536), (700_000, 7)] {
+        let v: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let mut whole = s.alloc(b"key", len, 0, 0).unwrap();
+        whole.write(0, &v);
+        let mut folded = s.alloc(b"key", len, 0, 0).unwrap();
+        let mut at = 0;
+        while at < len {
+            let n = step.min(len - at);
+            folded.write(at, &v[at..at + n]);
+            at += n;
+            folded.fold_checksum(at);
+        }
+        assert_eq!(folded.checksum(), whole.checksum(), "len {len} step {step}");
+        // Rewriting bytes already folded in starts the checksum again.
+        folded.write(1, b"X");
+        whole.write(1, b"X");
+        assert_eq!(
+            folded.checksum(),
+            whole.checksum(),
+            "len {len} after a rewrite"
+        );
+    }
+}
