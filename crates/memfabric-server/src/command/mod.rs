@@ -22,6 +22,7 @@ use crate::counters::{ClassStat, VERSION};
 use crate::shared::ExecCtx;
 
 pub mod holds;
+pub mod meta;
 pub mod stats;
 
 /// How a retrieval counts: memcached counts a get-and-touch as a touch, not as a get.

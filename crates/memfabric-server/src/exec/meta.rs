@@ -1,23 +1,23 @@
 //! Meta commands: mg ms md ma mn me, executed as memcached 1.6.18 does.
 //!
 //! The parser (`memfabric_proto::meta`) turns a line into a request; this file runs it
-//! against the store and writes the reply. Return flags are echoed in the order the
-//! client sent them, and memcached applies the item-changing flags (`T`, `N`) in that
-//! same pass, so a `t` before a `T` shows the old TTL: the reply loops below keep that.
-//!
-//! Simple requests use the store's lock-free read (`get_into`) and its memcached
-//! storage operations; anything that must inspect and change one key atomically (the
-//! recache win token, invalidation, explicit CAS compare, TTL changes) runs inside
-//! `Store::transact`.
+//! through the command layer and writes the reply. Plain lookups, stores, deletes and
+//! arithmetic are the shared commands (`command::get`, `command::delete`,
+//! `command::arith`); meta's own semantics (an `ms` that compares its CAS up front or
+//! invalidates, an `md` that compares or invalidates, an `ma` that creates its counter)
+//! are `command::meta`. What stays here inside `Store::transact` is what memcached does
+//! while it writes the reply: return flags are echoed in the order the client sent them,
+//! and the item-changing flags (`T`, `N`, `R`'s win token) apply in that same pass, so a
+//! `t` before a `T` shows the old TTL (`mg_locked`, and `ma` with `N`/`T`/`t`).
 use memfabric_proto::meta::{
     self as wire, ArithMode, MetaCommand, MetaError, MetaRequest, StoreMode,
 };
 use memfabric_store::{
-    AllocError, ArithOptions, ArithStatus, Clock, DeleteStatus, ItemInfo, LinkOptions, NewItem,
-    PendingItem, SetMode, StoreStatus, Txn,
+    ArithStatus, Clock, DeleteStatus, ItemInfo, LinkOptions, PendingItem, SetMode, StoreStatus,
 };
 
 use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
+use crate::command::meta::{ArithDone, MetaArith, MetaDelete, MetaStore};
 use crate::command::{self, Retrieval};
 use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
@@ -393,6 +393,30 @@ fn mg_locked(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) ->
 
 // ----- ms -----------------------------------------------------------------------------
 
+/// An `ms`'s arguments for the command layer.
+fn meta_store_args<'k>(ctx: &ExecCtx<'_>, req: &'k MetaRequest<'_>) -> MetaStore<'k> {
+    let f = &req.flags;
+    // Parsing validated the mode.
+    let mode = match f.store_mode().unwrap_or(StoreMode::Set) {
+        StoreMode::Set => SetMode::Set,
+        StoreMode::Add => SetMode::Add,
+        StoreMode::Replace => SetMode::Replace,
+        StoreMode::Append => SetMode::Append,
+        StoreMode::Prepend => SetMode::Prepend,
+    };
+    MetaStore {
+        key: &req.key,
+        mode,
+        flags: f.client_flags,
+        exptime: f
+            .ttl
+            .map_or(0, |t| abs_exptime(ctx.shared.store.clock(), t)),
+        cas: f.cas,
+        invalidate: f.invalidate,
+        base64_key: f.base64,
+    }
+}
+
 fn set(
     ctx: &mut ExecCtx<'_>,
     sess: &mut Session,
@@ -407,8 +431,7 @@ fn set(
     // memcached allocates the item before reading the data, so a value that cannot fit
     // is refused at once and its data discarded as it arrives (never buffered).
     if store.too_large(req.key.len(), data_len, f.client_flags) {
-        ctx.stats.store_too_large.incr();
-        drop_after_failed_store(ctx, req);
+        command::meta::refuse_too_large(ctx, &req.key);
         out.extend_from_slice(TOO_LARGE);
         sess.swallow = data_len + 2;
         return Step::Done(line_len);
@@ -421,57 +444,22 @@ fn set(
         return Step::NeedMore(total);
     }
     let data = &input[line_len..line_len + data_len];
-    ctx.stats.count(
-        ClassStat::SetCmds,
-        store.item_class(req.key.len(), data_len),
-    );
+    command::meta::count_set(ctx, req.key.len(), data_len);
     if &input[line_len + data_len..total] != b"\r\n" {
         out.extend_from_slice(BAD_CHUNK);
         return Step::Done(total);
     }
-    // Parsing validated the mode.
-    let mode = f.store_mode().unwrap_or(StoreMode::Set);
-    let exptime = f.ttl.map_or(0, |t| abs_exptime(store.clock(), t));
-    let status = match f.cas {
-        None => store.store(
-            match mode {
-                StoreMode::Set => SetMode::Set,
-                StoreMode::Add => SetMode::Add,
-                StoreMode::Replace => SetMode::Replace,
-                StoreMode::Append => SetMode::Append,
-                StoreMode::Prepend => SetMode::Prepend,
-            },
-            &req.key,
-            data,
-            f.client_flags,
-            exptime,
-            0,
-        ),
-        Some(cas) => set_with_cas(ctx, req, mode, cas, data, exptime),
-    };
-    if let (StoreStatus::Stored { cas }, true) = (status, f.base64) {
-        // memcached remembers that the key came base64-encoded and echoes it that way on
-        // later hits. The CAS identifies the item this command stored.
-        store.transact(&req.key, |t| {
-            if t.item().is_some_and(|i| i.cas == cas) {
-                t.set_key_binary(true);
-            }
-        });
-    }
+    let status = command::meta::store(ctx, &meta_store_args(ctx, req), data);
     let (code, cas) = match status {
         StoreStatus::Stored { cas } => (wire::HD, cas),
         StoreStatus::NotStored => (wire::NS, 0),
         StoreStatus::Exists => (wire::EX, 0),
         StoreStatus::NotFound => (wire::NF, 0),
         StoreStatus::TooLarge => {
-            ctx.stats.store_too_large.incr();
-            drop_after_failed_store(ctx, req);
             out.extend_from_slice(TOO_LARGE);
             return Step::Done(total);
         }
         StoreStatus::OutOfMemory => {
-            ctx.stats.store_no_memory.incr();
-            drop_after_failed_store(ctx, req);
             out.extend_from_slice(NO_MEMORY);
             return Step::Done(total);
         }
@@ -515,12 +503,8 @@ fn receive_value(
         Err(_) => {
             // As `set` answers an item it cannot allocate; the data is discarded as it
             // arrives.
-            ctx.stats.count(
-                ClassStat::SetCmds,
-                store.item_class(req.key.len(), req.data_len),
-            );
-            ctx.stats.store_no_memory.incr();
-            drop_after_failed_store(ctx, req);
+            command::meta::count_set(ctx, req.key.len(), req.data_len);
+            command::meta::refuse_no_memory(ctx, &req.key);
             out.extend_from_slice(NO_MEMORY);
             sess.swallow = req.data_len + 2;
         }
@@ -556,175 +540,19 @@ pub fn finish_store(
     out.extend_from_slice(&queue.take_vec());
 }
 
-/// memcached unlinks the old value when a store fails for size or memory, so that a
-/// client cannot go on reading data it meant to replace.
-fn drop_after_failed_store(ctx: &ExecCtx<'_>, req: &MetaRequest<'_>) {
-    ctx.shared.store.transact(&req.key, |t| {
-        t.unlink();
-    });
-}
-
-/// A new item for the transaction's key holding `parts` back to back.
-fn fill<'s>(
-    t: &Txn<'s>,
-    flags: u32,
-    exptime: u32,
-    parts: &[&[u8]],
-) -> Result<NewItem<'s>, AllocError> {
-    let len = parts.iter().map(|p| p.len()).sum();
-    t.alloc(len, flags, exptime).map(|mut item| {
-        item.write_parts(parts);
-        item
-    })
-}
-
-/// How a supplied CAS compares with the item's (memcached's `cas_res`).
-#[derive(PartialEq, Eq)]
-enum CasRes {
-    None,
-    Match,
-    /// Older than the item's, with `I`: stored, but marked stale.
-    Stale,
-    BadVal,
-}
-
-/// `ms` with `C`: memcached's `do_store_item` with the CAS compared up front, including
-/// the invalidation mode (`I`) that stores an older value as stale.
-fn set_with_cas(
-    ctx: &ExecCtx<'_>,
-    req: &MetaRequest<'_>,
-    mode: StoreMode,
-    req_cas: u64,
-    data: &[u8],
-    exptime: u32,
-) -> StoreStatus {
-    let f = &req.flags;
-    let stats = ctx.stats;
-    // A compare turns set and replace into cas; add and append/prepend keep their mode.
-    let is_cas = matches!(mode, StoreMode::Set | StoreMode::Replace);
-    let alloc_failed = |e: AllocError| match e {
-        AllocError::TooLarge => StoreStatus::TooLarge,
-        AllocError::OutOfMemory => StoreStatus::OutOfMemory,
-    };
-    ctx.shared.store.transact(&req.key, |t| {
-        let Some(old) = t.item() else {
-            return match mode {
-                StoreMode::Add => match fill(t, f.client_flags, exptime, &[data]) {
-                    Ok(item) => StoreStatus::Stored {
-                        cas: t.link(item, LinkOptions::default()),
-                    },
-                    Err(e) => alloc_failed(e),
-                },
-                _ if is_cas => {
-                    stats.cas_misses.incr();
-                    StoreStatus::NotFound
-                }
-                _ => StoreStatus::NotStored,
-            };
-        };
-        let res = if req_cas == 0 {
-            CasRes::None
-        } else if req_cas == old.cas {
-            CasRes::Match
-        } else if f.invalidate && is_cas && req_cas < old.cas {
-            CasRes::Stale
-        } else {
-            CasRes::BadVal
-        };
-        match mode {
-            StoreMode::Add => StoreStatus::NotStored,
-            StoreMode::Append | StoreMode::Prepend => {
-                if res != CasRes::None && res != CasRes::Match {
-                    return StoreStatus::Exists;
-                }
-                let mut old_value = Vec::with_capacity(old.value_len as usize);
-                t.read_value(&mut old_value);
-                let parts: [&[u8]; 2] = if mode == StoreMode::Append {
-                    [&old_value, data]
-                } else {
-                    [data, &old_value]
-                };
-                // memcached answers NOT_STORED when the combined item cannot be made.
-                match fill(t, old.flags, old.exptime, &parts) {
-                    Ok(item) => StoreStatus::Stored {
-                        cas: t.link(item, LinkOptions::default()),
-                    },
-                    Err(_) => StoreStatus::NotStored,
-                }
-            }
-            StoreMode::Set | StoreMode::Replace => match res {
-                CasRes::Match => match fill(t, f.client_flags, exptime, &[data]) {
-                    Ok(item) => {
-                        stats.count(ClassStat::CasHits, Some(old.class_id));
-                        StoreStatus::Stored {
-                            cas: t.link(item, LinkOptions::default()),
-                        }
-                    }
-                    Err(e) => alloc_failed(e),
-                },
-                CasRes::Stale => {
-                    // The stale value keeps the old TTL and any win token already out.
-                    match fill(t, f.client_flags, old.exptime, &[data]) {
-                        Ok(item) => {
-                            stats.count(ClassStat::CasHits, Some(old.class_id));
-                            let opts = LinkOptions {
-                                explicit_cas: None,
-                                stale: true,
-                                token_sent: old.token_sent,
-                            };
-                            StoreStatus::Stored {
-                                cas: t.link(item, opts),
-                            }
-                        }
-                        Err(e) => alloc_failed(e),
-                    }
-                }
-                CasRes::None | CasRes::BadVal => {
-                    stats.count(ClassStat::CasBadval, Some(old.class_id));
-                    StoreStatus::Exists
-                }
-            },
-        }
-    })
-}
-
 // ----- md -----------------------------------------------------------------------------
 
 fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
-    let store = &ctx.shared.store;
     let f = &req.flags;
-    let stats = ctx.stats;
-    let code = if f.cas.is_none() && !f.invalidate {
-        match command::delete(ctx, &req.key, 0) {
-            DeleteStatus::Deleted => wire::HD,
-            DeleteStatus::NotFound | DeleteStatus::Exists => wire::NF,
-        }
-    } else {
-        let clock = store.clock();
-        store.transact(&req.key, |t| {
-            let Some(item) = t.item() else {
-                stats.delete_misses.incr();
-                return wire::NF;
-            };
-            // Unlike the classic delete, an explicit C0 is compared too.
-            if f.cas.is_some_and(|c| c != item.cas) {
-                stats.delete_misses.incr();
-                return wire::EX;
-            }
-            if f.invalidate {
-                // Keep the item but mark it stale under a new CAS; clearing the token lets
-                // the next reader win the recache.
-                if let Some(ttl) = f.ttl {
-                    t.set_exptime(abs_exptime(clock, ttl));
-                }
-                t.set_marks(Some(true), Some(false));
-                t.bump_cas(None);
-            } else {
-                t.unlink();
-                stats.count(ClassStat::DeleteHits, Some(item.class_id));
-            }
-            wire::HD
-        })
+    let args = MetaDelete {
+        cas: f.cas,
+        invalidate: f.invalidate,
+        exptime: f.ttl.map(|t| abs_exptime(ctx.shared.store.clock(), t)),
+    };
+    let code = match command::meta::delete(ctx, &req.key, &args) {
+        DeleteStatus::Deleted => wire::HD,
+        DeleteStatus::NotFound => wire::NF,
+        DeleteStatus::Exists => wire::EX,
     };
     if code == wire::HD && f.quiet {
         return;
@@ -735,16 +563,6 @@ fn delete(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
 }
 
 // ----- ma -----------------------------------------------------------------------------
-
-/// Result of the arithmetic itself, before the reply.
-enum ArithDone {
-    Value { value: u64, cas: u64, created: bool },
-    NotFound,
-    Exists,
-    NonNumeric,
-    NoMemory,
-    VivifyNoMemory,
-}
 
 fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let store = &ctx.shared.store;
@@ -773,14 +591,15 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let mut reply_error = false;
     let needs_item = f.vivify.is_some() || f.ttl.is_some() || f.has(b't');
     let done = if !needs_item {
-        let opts = ArithOptions {
+        let a = command::Arith {
+            incr,
+            delta: f.delta,
             cas: f.cas.unwrap_or(0),
             create: None,
         };
-        let found = store.arith_found(&req.key, incr, f.delta, &opts);
-        match found.status {
+        // Counted by the command (a miss too).
+        match command::arith(ctx, &req.key, a).status {
             ArithStatus::Value { value, cas } => {
-                count_hit(found.class_id);
                 let done = ArithDone::Value {
                     value,
                     cas,
@@ -794,7 +613,7 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 }
                 done
             }
-            ArithStatus::NotFound => ArithDone::NotFound,
+            ArithStatus::NotFound => return ma_status_line(req, wire::NF, out),
             ArithStatus::NonNumeric => ArithDone::NonNumeric,
             ArithStatus::Exists => ArithDone::Exists,
             ArithStatus::OutOfMemory => ArithDone::NoMemory,
@@ -802,7 +621,14 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     } else {
         store.transact(&req.key, |t| {
             let class = t.item().map(|i| i.class_id);
-            let done = ma_locked(t, req, incr);
+            let args = MetaArith {
+                incr,
+                delta: f.delta,
+                cas: f.cas,
+                vivify: f.vivify.is_some(),
+                initial: f.initial,
+            };
+            let done = command::meta::arith_locked(t, &args);
             if let ArithDone::Value { created, .. } = done {
                 if !created {
                     count_hit(class);
@@ -853,81 +679,19 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             return;
         }
     };
-    if f.opaque_too_long() {
+    ma_status_line(req, code, out);
+}
+
+/// An `ma` status line (`NF`, `EX`) with the opaque and key echoed (an over-long opaque
+/// is an error instead).
+fn ma_status_line(req: &MetaRequest<'_>, code: &[u8], out: &mut Vec<u8>) {
+    if req.flags.opaque_too_long() {
         wire::push_error(out, MetaError::OpaqueTooLong);
         return;
     }
     out.extend_from_slice(code);
     push_echo_flags(req, out);
     out.extend_from_slice(wire::CRLF);
-}
-
-/// memcached's `do_add_delta` (and the vivify on a miss) under the key's lock.
-fn ma_locked(t: &mut Txn<'_>, req: &MetaRequest<'_>, incr: bool) -> ArithDone {
-    let f = &req.flags;
-    let Some(old) = t.item() else {
-        let Some(_) = f.vivify else {
-            return ArithDone::NotFound;
-        };
-        // Created with no TTL; the N flag sets it in the reply loop.
-        let digits = f.initial.to_string();
-        return match t.alloc(digits.len(), 0, 0) {
-            Ok(mut item) => {
-                item.write(0, digits.as_bytes());
-                let cas = t.link(item, LinkOptions::default());
-                ArithDone::Value {
-                    value: f.initial,
-                    cas,
-                    created: true,
-                }
-            }
-            Err(_) => ArithDone::VivifyNoMemory,
-        };
-    };
-    if old.value_len == 0 {
-        return ArithDone::NonNumeric;
-    }
-    if let Some(c) = f.cas {
-        if c != 0 && c != old.cas {
-            return ArithDone::Exists;
-        }
-    }
-    let mut raw = Vec::with_capacity(old.value_len as usize);
-    t.read_value(&mut raw);
-    // The value is a C string to memcached: it ends at a NUL.
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    let Some(current) = wire::safe_strtoull(&raw[..end]) else {
-        return ArithDone::NonNumeric;
-    };
-    let value = if incr {
-        current.wrapping_add(f.delta)
-    } else {
-        current.saturating_sub(f.delta)
-    };
-    let mut digits = value.to_string().into_bytes();
-    // memcached rewrites a number that still fits in place, blanking the rest, and
-    // keeps the item's stale/win marks; a longer number goes into a new item.
-    let in_place = digits.len() <= raw.len();
-    if in_place {
-        digits.resize(raw.len(), b' ');
-    }
-    match t.alloc(digits.len(), old.flags, old.exptime) {
-        Ok(mut item) => {
-            item.write(0, &digits);
-            let opts = LinkOptions {
-                explicit_cas: None,
-                stale: in_place && old.stale,
-                token_sent: in_place && old.token_sent,
-            };
-            let cas = t.link(item, opts);
-            ArithDone::Value {
-                value,
-                cas,
-                created: false,
-            }
-        }
-        Err(_) => ArithDone::NoMemory,
-    }
 }
 
 /// The reply of a successful `ma`, flags in request order; `T` and `N` update `exptime`
