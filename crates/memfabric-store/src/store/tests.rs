@@ -195,3 +195,13 @@ fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
         );
     }
 }
+
+#[test]
+fn the_fast_checksum_continues_exactly_as_crc32c_does() {
+    let v: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 1) as u8).collect();
+    for cut in [0, 1, 7, 1023, 1024, 4096, 65_537, 299_999, 300_000] {
+        let (a, b) = v.split_at(cut);
+        let fast = crate::arena::crc32c_append(crate::arena::crc32c_append(0, a), b);
+        assert_eq!(fast, crc32c::crc32c(&v), "cut at {cut}");
+    }
+}
