@@ -473,7 +473,11 @@ impl Conn {
             if p.close {
                 self.closing = true;
             } else if p.yielded {
-                stats.conn_yields.incr();
+                // memcached's conn_yields counts the -R budget and output stops, not a
+                // connection waiting for its pending commands (completions re-drive it).
+                if !exec::parked_full(&self.session) {
+                    stats.conn_yields.incr();
+                }
                 self.backlog = true;
             }
         }
