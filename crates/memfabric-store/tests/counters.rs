@@ -140,3 +140,26 @@ fn incr_in_place_is_not_a_store_but_a_longer_number_is() {
     assert_eq!(total(), 3);
     assert_eq!(s.stats().curr_items, 1);
 }
+
+#[test]
+fn an_item_stored_on_a_page_swept_before_a_delayed_flush_is_reclaimed_when_it_comes() {
+    let s = store(8 << 20);
+    let now = s.clock().now();
+    // The page is swept before the flush time (its only item expired), and is empty
+    // then; an item stored on it afterwards must still be reclaimed at the flush time.
+    set(&s, "short", "x", now + 1);
+    s.flush_all(Some(now + 3));
+    while s.clock().now() <= now + 1 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(s.reclaim_dead(), 1, "the expired item");
+    set(&s, "later", "y", 0);
+    assert_eq!(s.stats().curr_items, 1);
+    // Bounded: the flush time is three seconds away at most.
+    while s.clock().now() <= now + 3 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(s.reclaim_dead(), 1, "the item the delayed flush killed");
+    assert_eq!(s.stats().curr_items, 0);
+    assert_eq!(get(&s, "later"), None);
+}

@@ -105,6 +105,12 @@ impl Inner {
         if h.exptime != 0 {
             self.slabs.note_due(off, h.exptime);
         }
+        // A delayed flush_all kills this item when it comes: its page must be swept then,
+        // even if the sweeper found the page empty (and so not due) before this link.
+        let flush_time = self.index.flush_time().load(Ordering::Relaxed);
+        if flush_time != 0 && h.time <= flush_time {
+            self.slabs.note_due(off, flush_time);
+        }
         self.queue_push(off, &h);
         self.account(&h, 1);
     }
