@@ -28,47 +28,65 @@ impl Drop for HoldingServer {
 }
 
 impl HoldingServer {
-    /// Start on a port free for TCP and UDP (both listen on it).
+    /// Start on a port free for TCP and UDP (both listen on it). Each test of this file
+    /// takes ports from its own counter (tests run in parallel threads: two probing the
+    /// kernel for a free port at once could be given the same one), and a server that
+    /// exited (its port taken after all) is started again on the next port.
     fn start() -> HoldingServer {
-        let port = loop {
-            let probe = TcpListener::bind("127.0.0.1:0").expect("probe");
-            let port = probe.local_addr().expect("probe addr").port();
-            if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-                break port;
+        for _ in 0..10 {
+            let port = next_free_port();
+            let port_arg = port.to_string();
+            let mut child = Command::new(BIN)
+                .args([
+                    "-p",
+                    &port_arg,
+                    "-U",
+                    &port_arg,
+                    "-l",
+                    "127.0.0.1",
+                    "-t",
+                    "1",
+                ])
+                .args(["--ucx-port", "0", "--debug-hold-keys", "slow:"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn memfabricd");
+            let start = Instant::now();
+            loop {
+                if child.try_wait().expect("memfabricd status").is_some() {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return HoldingServer { child, port };
+                }
+                assert!(start.elapsed() < TIMEOUT, "memfabricd did not come up");
+                std::thread::sleep(Duration::from_millis(20));
             }
-        };
-        let port_arg = port.to_string();
-        let child = Command::new(BIN)
-            .args([
-                "-p",
-                &port_arg,
-                "-U",
-                &port_arg,
-                "-l",
-                "127.0.0.1",
-                "-t",
-                "1",
-            ])
-            .args(["--ucx-port", "0", "--debug-hold-keys", "slow:"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn memfabricd");
-        let server = HoldingServer { child, port };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < TIMEOUT, "memfabricd did not come up");
-            std::thread::sleep(Duration::from_millis(20));
         }
-        server
+        panic!("memfabricd could not start on any port tried");
     }
-
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
         s.set_nodelay(true).expect("nodelay");
         s
+    }
+}
+
+/// A port free for TCP and UDP now, never handed to another test of this process.
+fn next_free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 30000 + (std::process::id() % 500) as u16 * 20;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 10000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
     }
 }
 
