@@ -190,7 +190,8 @@ pub struct Args {
     #[arg(short = 'N', long = "napi_ids", value_name = "num")]
     pub napi_ids: Option<u32>,
     /// comma separated extended options, as memcached 1.6.18's: maxconns_fast, hashpower=N,
-    /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ... (memcached's
+    /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ...
+    /// (no_lru_maintainer: the maintenance thread keeps no 1 ms tick while busy; memcached's
     /// LRU tuning options are accepted and change nothing; ext_* and ssl_* refuse to start;
     /// an unknown one is an error)
     #[arg(short = 'o', long = "extended", value_name = "opt[,opt]", action = ArgAction::Append)]
@@ -561,8 +562,6 @@ const NO_EFFECT_WITH_VALUE: &[&str] = &[
 
 /// The same, as switches without a value.
 const NO_EFFECT_SWITCHES: &[&str] = &[
-    "lru_maintainer",
-    "no_lru_maintainer",
     "no_hashexpand",
     "modern",
     "no_modern",
@@ -662,6 +661,10 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.lru_crawler = false;
             s.store.background_sweeper = false;
         }
+        // memcached's LRU maintainer wakes every millisecond while it has work; the store's
+        // maintenance thread keeps the same busy tick unless told not to.
+        "lru_maintainer" => s.store.busy_tick = memfabric_store::StoreConfig::default().busy_tick,
+        "no_lru_maintainer" => s.store.busy_tick = std::time::Duration::ZERO,
         "slab_chunk_max" => {
             let kb: usize = num(name, val)?;
             s.slab_chunk_max = kb.saturating_mul(1024);
@@ -901,6 +904,10 @@ mod tests {
         assert!(!s.store.background_sweeper);
         assert_eq!(s.slab_chunk_max, 256 * 1024);
         assert_eq!(err(&["-o", "hashpower=70"]).code, 1);
+        let busy = |args: &[&str]| ok(args).settings.store.busy_tick;
+        assert_eq!(busy(&[]), std::time::Duration::from_millis(1));
+        assert!(busy(&["-o", "no_lru_maintainer"]).is_zero());
+        assert!(!busy(&["-o", "no_lru_maintainer,lru_maintainer"]).is_zero());
     }
 
     #[test]

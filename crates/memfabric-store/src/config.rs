@@ -21,6 +21,10 @@ pub struct StoreConfig {
     pub slab_automove: bool,
     /// Reclaim expired items in the background (`lru_crawler`).
     pub background_sweeper: bool,
+    /// While the store is busy (`Store::note_activity`), the maintenance thread wakes this
+    /// often, as memcached's LRU maintainer does (its shortest sleep is 1 ms); idle, it
+    /// backs off to 250 ms. Zero: the idle schedule always.
+    pub busy_tick: std::time::Duration,
 }
 
 impl Default for StoreConfig {
@@ -36,6 +40,7 @@ impl Default for StoreConfig {
             hashpower: None,
             slab_automove: true,
             background_sweeper: true,
+            busy_tick: std::time::Duration::from_millis(1),
         }
     }
 }

@@ -1,9 +1,12 @@
-//! The store's own background work: the expiry sweeper and the slab automover.
+//! The store's own background work: the expiry sweeper and the slab automover, on one
+//! thread that ticks every `StoreConfig::busy_tick` (1 ms) while requests arrive and
+//! backs off to 250 ms when they stop, as memcached's LRU maintainer does.
 //!
 //! Sweeper: every page records when its first linked item may die (smallest exptime, or
-//! a flush time; `Slabs::page_due`). Each tick the sweeper scans the pages that are due
-//! and removes their expired or flushed items, so `curr_items`/`bytes` are right within
-//! a tick of a mass expiry or a `flush_all` (memcached's LRU maintainer reclaims them
+//! a flush time; `Slabs::page_due`). Each pass (every 250 ms, when the clock enters a new
+//! second, and when woken) the sweeper scans the pages that are due and removes their
+//! expired or flushed items, so `curr_items`/`bytes` are right within a pass of a mass
+//! expiry or a `flush_all` (memcached's LRU maintainer reclaims them
 //! within about a second; measured, see docs/store.md), and memory held by dead items
 //! returns without waiting for a reader or for eviction to trip over it.
 //!
@@ -20,9 +23,13 @@ use crate::index;
 use crate::item;
 use crate::store::Inner;
 
-/// Pages the sweeper visits per tick at most (a tick is at most 250 ms; 64 pages of the
-/// smallest class hold ~760k items).
+/// Pages the sweeper visits per pass at most (a pass every 250 ms at most; 64 pages of
+/// the smallest class hold ~760k items).
 const SWEEP_PAGES_PER_TICK: usize = 64;
+/// The maintenance tick of an idle store, and the longest between sweeper passes.
+const IDLE_TICK: Duration = Duration::from_millis(250);
+/// Between passes while due pages are left over.
+const MORE_TICK: Duration = Duration::from_millis(10);
 /// Evicting windows in a row before a class receives a page.
 const AUTOMOVE_WINDOWS: u32 = 3;
 
@@ -31,16 +38,41 @@ impl Inner {
         let mut streak = vec![0u32; self.slabs.classes.len()];
         let mut quiet = vec![0u32; self.slabs.classes.len()];
         let mut last_move_check = Instant::now();
+        let mut last_pass = Instant::now();
+        let mut passed_second = self.clock.now();
         let mut more = false;
+        let mut tick = IDLE_TICK;
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
             // With due pages left over, come back soon (not at once: a workload whose
             // items keep expiring must not turn this thread into a busy loop).
-            self.wait_for_work(Duration::from_millis(if more { 10 } else { 250 }));
+            let woken = self.wait_for_work(if more { tick.min(MORE_TICK) } else { tick });
             if self.is_shutting_down() {
                 break;
             }
-            self.refresh_remote_clock(self.clock.now());
+            let now = self.clock.now();
+            self.refresh_remote_clock(now);
+            // Busy: the short tick, as memcached's LRU maintainer sleeps 1 ms while it
+            // has work. It keeps the one-sided readers' clock and the sweeper within a
+            // tick of a new second; and on virtual machines whose idle vCPUs halt (the
+            // 2-core VM of docs/benchmarks.md) a process that ticks like this gets its
+            // request wake-ups measurably sooner, as memcached does from its maintainer.
+            // Idle: back off by doubling to the idle tick.
+            let busy = self.activity.0.swap(false, Ordering::Relaxed);
+            tick = if busy && !self.cfg.busy_tick.is_zero() {
+                self.cfg.busy_tick.min(IDLE_TICK)
+            } else {
+                (tick * 2).min(IDLE_TICK)
+            };
+            // The passes below on their own schedule: every idle tick (or sooner with
+            // due pages left over), when woken, and when the clock enters a new second
+            // (when items with an exptime become due).
+            let pass_every = if more { MORE_TICK } else { IDLE_TICK };
+            if !(woken || now != passed_second || last_pass.elapsed() >= pass_every) {
+                continue;
+            }
+            last_pass = Instant::now();
+            passed_second = now;
             // A mass expiry or a flush can leave more than one budget of due pages.
             more = self.cfg.background_sweeper && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
             self.compact_queues(false);
@@ -51,7 +83,8 @@ impl Inner {
         }
     }
 
-    fn wait_for_work(&self, timeout: Duration) {
+    /// Wait until woken (`wake_maintenance`: true) or until `timeout` passes (false).
+    fn wait_for_work(&self, timeout: Duration) -> bool {
         let (m, cv) = self.wake_pair();
         let mut woken = m.lock().unwrap_or_else(|e| e.into_inner());
         if !*woken {
@@ -60,7 +93,7 @@ impl Inner {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        *woken = false;
+        std::mem::replace(&mut *woken, false)
     }
 
     /// Reclaim the dead items of pages that are due (`Slabs::page_due`), visiting at

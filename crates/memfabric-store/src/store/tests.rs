@@ -171,8 +171,8 @@ fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
         ..StoreConfig::default()
     })
     .unwrap();
-    // A small value, one of several chunks, and pieces of every size down to one byte.
-    for (len, step) in [(5, 1), (10_000, 333), (700_000, 65_536), (700_000, 7)] {
+    // A small value, values of one large chunk, and pieces of every size down to one byte.
+    for (len, step) in [(5, 1), (10_000, 333), (400_000, 65_536), (400_000, 7)] {
         let v: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
         let mut whole = s.alloc(b"key", len, 0, 0).unwrap();
         whole.write(0, &v);
@@ -193,6 +193,30 @@ fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
             whole.checksum(),
             "len {len} after a rewrite"
         );
+    }
+}
+
+#[test]
+fn only_items_a_remote_reader_can_read_carry_a_checksum() {
+    let s = Store::new(StoreConfig {
+        memory_limit: 8 << 20,
+        background_sweeper: false,
+        slab_automove: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    for len in [1000, 400_000, 700_000] {
+        let v: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let mut item = s.alloc(b"key", len, 0, 0).unwrap();
+        item.write(0, &v);
+        let chained = !item.chain.is_empty();
+        assert_eq!(chained, len > 500_000, "len {len}");
+        let expect = if chained {
+            0
+        } else {
+            crc32c::crc32c(&[&b"key"[..], &v].concat())
+        };
+        assert_eq!(item.checksum(), expect, "len {len}");
     }
 }
 
