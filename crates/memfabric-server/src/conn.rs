@@ -168,6 +168,11 @@ pub struct Conn {
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
     pub last_active: u32,
+    /// The poller reports this socket's writability too: only while a write stopped at
+    /// `WouldBlock` left bytes queued (as memcached asks for `EV_WRITE` only then). An
+    /// edge-triggered writable interest kept all the time costs an event-queue callback
+    /// on every ACK of every reply (measured: ~2% of a 4 KB GET's server CPU).
+    pub wants_writable: bool,
     /// This connection's part of `stats bounds`.
     share: Share,
 }
@@ -198,8 +203,14 @@ impl Conn {
             closing: false,
             need: 0,
             last_active: now,
+            wants_writable: false,
             share: Share::new(gauges),
         }
+    }
+
+    /// Whether the last drive left bytes it could not write (the socket's buffer full).
+    pub fn blocked_on_write(&self) -> bool {
+        self.out.has_writable()
     }
 
     /// Reply bytes still to write, plus one for each reply still owed (a pending

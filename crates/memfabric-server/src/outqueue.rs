@@ -197,6 +197,16 @@ impl OutQueue {
         self.tail.truncate(mark.tail);
     }
 
+    /// Whether bytes are queued that a write could send now (not all of them behind a
+    /// reply still owed).
+    pub fn has_writable(&self) -> bool {
+        match self.segments.front() {
+            Some(Segment::Hole(_)) => false,
+            Some(_) => true,
+            None => !self.tail.is_empty(),
+        }
+    }
+
     /// Write as much as `w` takes without blocking; returns bytes written. Stops at
     /// `WouldBlock` (returned as `Ok` with what was written before it).
     pub fn write_to(&mut self, w: &mut impl Write) -> io::Result<usize> {
@@ -543,5 +553,22 @@ mod tests {
         assert_eq!(q.read_into(&mut buf), 4);
         assert_eq!(&buf, b"efgh");
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn only_bytes_before_an_owed_reply_are_writable() {
+        let mut q = OutQueue::new();
+        assert!(!q.has_writable());
+        q.push_hole(7);
+        q.bytes().extend_from_slice(b"after");
+        assert!(!q.has_writable(), "everything waits for reply 7");
+        let mut reply = OutQueue::new();
+        reply.bytes().extend_from_slice(b"seven");
+        assert!(q.fill(7, reply));
+        assert!(q.has_writable());
+        let mut sink = Vec::new();
+        q.write_to(&mut sink).unwrap();
+        assert_eq!(sink, b"sevenafter");
+        assert!(!q.has_writable());
     }
 }

@@ -303,11 +303,12 @@ impl Worker {
             if self.next_token >= crate::ucx_frontend::TOKEN_BASE {
                 self.next_token = FIRST_CONN;
             }
-            if let Err(e) = self.poll.registry().register(
-                &mut stream,
-                token,
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
+            // Writability is asked for only while a reply is blocked (`Worker::drive`).
+            if let Err(e) = self
+                .poll
+                .registry()
+                .register(&mut stream, token, Interest::READABLE)
+            {
                 tracing::warn!("cannot register connection: {e}");
                 self.shared.curr_connections.fetch_sub(1, Ordering::SeqCst);
                 continue;
@@ -368,7 +369,27 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(&t) else {
             return;
         };
-        match conn.drive(&self.shared, &self.stats, &self.inbox, readable, now) {
+        let next = conn.drive(&self.shared, &self.stats, &self.inbox, readable, now);
+        let blocked = next != Next::Close && conn.blocked_on_write();
+        if blocked != conn.wants_writable {
+            let interest = if blocked {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            // Edge-triggered: a socket that is writable already reports it at once.
+            if let Err(e) = self
+                .poll
+                .registry()
+                .reregister(&mut conn.stream, t, interest)
+            {
+                tracing::warn!("cannot change a connection's interest: {e}");
+                self.close(t);
+                return;
+            }
+            conn.wants_writable = blocked;
+        }
+        match next {
             Next::Wait => {}
             Next::Again => {
                 if !self.again.contains(&t) {
