@@ -92,7 +92,11 @@ impl Store {
         let arena_len = slabs.total_pages * cfg.page_size;
         let arena = match alloc {
             Some(alloc) => Arena::with_memory(arena_len, alloc)?,
-            None => Arena::new(arena_len)?,
+            None => {
+                let arena = Arena::new(arena_len)?;
+                arena.prefer_huge_pages();
+                arena
+            }
         };
         let power = index_power(&slabs, cfg.hashpower);
         let seed = {
