@@ -58,24 +58,6 @@ impl Arena {
         })
     }
 
-    /// Ask for transparent huge pages over our own mapping (no effect on caller-supplied
-    /// memory, or where THP is off). For the item arena: a GET reads an item header and
-    /// copies a value that may span several 4 KiB pages, and with 4 KiB pages most of
-    /// those are TLB misses; measured with 4 KB values, 10k keys, `-m 1024`, 4 client
-    /// threads: ~20% less user CPU in the server. The arena is carved page by page from
-    /// its start, so at most one 2 MiB page is committed ahead of use. Not for the index,
-    /// whose buckets are spread over the whole mapping: huge pages would commit all of it
-    /// at once, where 4 KiB pages commit what the keys touch.
-    pub fn prefer_huge_pages(&self) {
-        if self.owner.is_some() {
-            return;
-        }
-        // SAFETY: `base`/`len` are our own anonymous mapping (owner is None); the advice
-        // changes how the kernel backs it, never its contents or validity. Best effort:
-        // a kernel without THP refuses, and the arena works the same either way.
-        let _ = unsafe { libc::madvise(self.base.cast(), self.len, libc::MADV_HUGEPAGE) };
-    }
-
     /// Use `len` bytes (rounded up to whole OS pages) of caller-supplied memory, obtained
     /// from `alloc`. Fails if `alloc` fails or returns less than asked, an unaligned or
     /// null base.

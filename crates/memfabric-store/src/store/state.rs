@@ -92,11 +92,7 @@ impl Store {
         let arena_len = slabs.total_pages * cfg.page_size;
         let arena = match alloc {
             Some(alloc) => Arena::with_memory(arena_len, alloc)?,
-            None => {
-                let arena = Arena::new(arena_len)?;
-                arena.prefer_huge_pages();
-                arena
-            }
+            None => Arena::new(arena_len)?,
         };
         let power = index_power(&slabs, cfg.hashpower);
         let seed = {
