@@ -15,7 +15,7 @@
 
 use crate::latency::{self, LatencyConfig, LatencyResult};
 use crate::load::{self, LoadConfig, LoadError, MeasuredRun};
-use crate::metrics::{LoadStats, RunSummary};
+use crate::metrics::{pct_us, LoadStats, Progress, RunSummary};
 use crate::responder::Responder;
 use crate::server::{self, ServerError, ServerProcess, ServerSpec};
 use crate::transport::{Connector, TcpConnector};
@@ -487,11 +487,201 @@ pub struct SuiteResult {
     pub memcached_addr: Option<String>,
     pub memfabricd_addr: Option<String>,
     pub latency: Vec<LatencyRow>,
+    /// Where the latency section's client and servers ran (`LatencyPlacement`).
+    pub latency_placement: String,
     pub throughput: Vec<CellResult>,
     pub ycsb_load: Vec<YcsbLoad>,
     pub ycsb: Vec<CellResult>,
     /// The load generator against the in-process responder, by client threads.
     pub ceiling: Vec<CeilingRow>,
+}
+
+/// One target's latency slices so far: histogram (ns), server CPU seconds, transport.
+type Pooled = (Histogram<u64>, Option<f64>, String);
+
+/// Measured ops per latency slice (at least `rounds` slices per row).
+pub const LATENCY_SLICE_OPS: u64 = 100;
+
+/// How many slices a latency row of `iterations` ops is measured in, and their length.
+pub fn latency_slices(iterations: u64, rounds: usize) -> (u64, u64) {
+    let slices = iterations
+        .div_ceil(LATENCY_SLICE_OPS)
+        .max(rounds.max(1) as u64);
+    (slices, iterations.div_ceil(slices).max(1))
+}
+
+/// Where the latency section runs: the client thread on the first CPU, every
+/// thread of every server on the last, so that each request crosses between two cores as
+/// it would between two hosts, on every target alike. Left to the scheduler, a VM puts a
+/// client and a server that sleep between requests on one vCPU for a while (~15 us a
+/// request here) or on two (~50 us), a different choice for each server, and one server's
+/// row would then be measured in the other mode. UCX targets run in the same placement
+/// (moving threads between targets leaves them where the scheduler then puts them, which
+/// for a polling UCX pair was one core: ~5 us a GET instead of ~1). Undone on drop. Needs two CPUs and `taskset` (util-linux); without
+/// them, everything runs unpinned.
+pub struct LatencyPlacement {
+    servers: Vec<u32>,
+    client_tid: Option<u32>,
+    all_cpus: String,
+    server_cpu: String,
+    pinned: bool,
+    /// What the report says about it.
+    pub description: String,
+}
+
+impl LatencyPlacement {
+    pub fn new(server_pids: &[u32]) -> LatencyPlacement {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let client_tid = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
+            .filter(|_| cpus >= 2 && taskset(&["-p", &std::process::id().to_string()]));
+        let mut servers: Vec<u32> = server_pids.to_vec();
+        servers.sort_unstable();
+        servers.dedup();
+        let server_cpu = (cpus.max(2) - 1).to_string();
+        LatencyPlacement {
+            description: match client_tid {
+                Some(_) => {
+                    format!("the client thread on CPU 0, every server thread on CPU {server_cpu}")
+                }
+                None => "client and servers unpinned".into(),
+            },
+            servers,
+            client_tid,
+            all_cpus: format!("0-{}", cpus.saturating_sub(1)),
+            server_cpu,
+            pinned: false,
+        }
+    }
+
+    /// Pin (true) or unpin what runs next.
+    pub fn set(&mut self, pin: bool) {
+        let Some(tid) = self.client_tid else { return };
+        if pin == self.pinned {
+            return;
+        }
+        let (server, client) = if pin {
+            (self.server_cpu.as_str(), "0")
+        } else {
+            (self.all_cpus.as_str(), self.all_cpus.as_str())
+        };
+        for p in &self.servers {
+            taskset(&["-a", "-p", "-c", server, &p.to_string()]);
+        }
+        taskset(&["-p", "-c", client, &tid.to_string()]);
+        self.pinned = pin;
+    }
+}
+
+impl Drop for LatencyPlacement {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+fn taskset(args: &[&str]) -> bool {
+    std::process::Command::new("taskset")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The latency section: each (op, size) row is measured on every TCP target in slices of
+/// about `LATENCY_SLICE_OPS` ops, each on a new connection (UCX rows whole, see below), the targets' order alternating
+/// slice by slice, and each target's slices pooled into its row. A shared machine slows
+/// down for seconds at a time, and on a VM a connection's latency is bimodal (client and
+/// server threads on one vCPU or on two: ~15 against ~50 us here), settled per connection
+/// for a while. A target measured in one block would take a slow stretch, or one mode,
+/// alone; many short interleaved slices give every target the same mixture.
+fn interleaved_latency(
+    endpoints: &[Endpoint],
+    lat: &LatencyConfig,
+    rounds: usize,
+) -> Result<(Vec<LatencyRow>, String), CompareError> {
+    let (rounds, per_slice) = latency_slices(lat.iterations, rounds);
+    let rounds = rounds as usize;
+    let pids: Vec<u32> = endpoints.iter().map(|e| e.pid).collect();
+    let mut placement = LatencyPlacement::new(&pids);
+    let mut rows = Vec::new();
+    let slices = (lat.ops.len() * lat.sizes.len() * rounds * endpoints.len()) as u64;
+    let started = std::time::Instant::now();
+    let mut progress = Progress::new("latency, (op, size, round, target) slices", true);
+    let mut done = 0u64;
+    for &op in &lat.ops {
+        for &size in &lat.sizes {
+            let mut pooled: Vec<Option<Pooled>> = (0..endpoints.len()).map(|_| None).collect();
+            for r in 0..rounds {
+                for i in round_order(endpoints.len(), r) {
+                    progress.tick(started.elapsed(), done, None, Some(slices));
+                    done += 1;
+                    let ep = &endpoints[i];
+                    // A UCX row takes a millisecond or so: no slow stretch to spread out,
+                    // and a new UCX connection every hundred ops would measure its
+                    // wire-up instead. It runs whole, in the first round.
+                    let iterations = match (ep.target.needs_ucx, r) {
+                        (false, _) => per_slice,
+                        (true, 0) => lat.iterations,
+                        (true, _) => continue,
+                    };
+                    placement.set(true);
+                    let cfg = LatencyConfig {
+                        sizes: vec![size],
+                        ops: vec![op],
+                        iterations,
+                        warmup: (iterations / 10).max(10),
+                        server_pid: Some(ep.pid),
+                        ..lat.clone()
+                    };
+                    let (result, h) = latency::run_quiet(ep.connector.as_ref(), &cfg)
+                        .map_err(load_err_named(ep.target.name))?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| {
+                            load_err_named(ep.target.name)(LoadError::Config("no latency row"))
+                        })?;
+                    let cpu = result
+                        .server_cpu_s_per_mop
+                        .map(|c| c * result.ops as f64 / 1e6);
+                    match &mut pooled[i] {
+                        Some((all, total_cpu, _)) => {
+                            all.add(&h).map_err(|_| {
+                                load_err_named(ep.target.name)(LoadError::Config(
+                                    "latency histograms do not merge",
+                                ))
+                            })?;
+                            *total_cpu = total_cpu.zip(cpu).map(|(a, b)| a + b);
+                        }
+                        slot => *slot = Some((h, cpu, result.transport)),
+                    }
+                }
+            }
+            for (ep, p) in endpoints.iter().zip(pooled) {
+                let Some((h, cpu, transport)) = p else {
+                    continue;
+                };
+                rows.push(LatencyRow {
+                    target: ep.target.name.to_string(),
+                    result: LatencyResult {
+                        transport,
+                        op: op.name().to_string(),
+                        size,
+                        p50_us: pct_us(&h, 0.5),
+                        p99_us: pct_us(&h, 0.99),
+                        p999_us: pct_us(&h, 0.999),
+                        ops: h.len(),
+                        server_cpu_s_per_mop: cpu
+                            .filter(|_| !h.is_empty())
+                            .map(|c| c / h.len() as f64 * 1e6),
+                    },
+                });
+            }
+        }
+    }
+    progress.finish();
+    Ok((rows, placement.description.clone()))
 }
 
 /// One line on stderr per step of a comparison (its steps are shorter than the load loop's
@@ -523,18 +713,11 @@ pub fn run_suite(plan: &SuitePlan) -> Result<SuiteResult, CompareError> {
         ..SuiteResult::default()
     };
     if let Some(lat) = &plan.latency {
-        for ep in &endpoints {
-            step(started, &format!("latency by size: {}", ep.target.name));
-            let mut cfg = lat.clone();
-            cfg.server_pid = Some(ep.pid);
-            let rows = latency::run(ep.connector.as_ref(), &cfg)
-                .map_err(load_err_named(ep.target.name))?;
-            out.latency
-                .extend(rows.into_iter().map(|(result, _)| LatencyRow {
-                    target: ep.target.name.to_string(),
-                    result,
-                }));
-        }
+        step(
+            started,
+            "latency by size, targets interleaved per (op, size)",
+        );
+        (out.latency, out.latency_placement) = interleaved_latency(&endpoints, lat, plan.rounds)?;
     }
     if let Some(tp) = &plan.throughput {
         for &size in &tp.value_sizes {

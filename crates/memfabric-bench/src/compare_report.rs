@@ -282,7 +282,10 @@ pub fn text(res: &SuiteResult) -> String {
     if !res.latency.is_empty() {
         let (h, rows) = latency_rows(&res.latency, &res.targets);
         let h: Vec<&str> = h.iter().map(String::as_str).collect();
-        out.push_str("\nlatency, one op at a time:\n");
+        out.push_str(&format!(
+            "\nlatency, one op at a time ({}):\n",
+            res.latency_placement
+        ));
         out.push_str(&table(&h, &rows));
         out.push_str(&table(
             &LATENCY_CPU_HEADERS,
@@ -367,6 +370,9 @@ pub fn markdown(res: &SuiteResult, ctx: &ReportContext<'_>) -> String {
     ));
     if !res.latency.is_empty() {
         s.push_str("### Latency by value size, one op at a time\n\n");
+        if !res.latency_placement.is_empty() {
+            s.push_str(&format!("Placement: {}.\n\n", res.latency_placement));
+        }
         let (h, rows) = latency_rows(&res.latency, &res.targets);
         let h: Vec<&str> = h.iter().map(String::as_str).collect();
         s.push_str(&md_table(&h, &rows));

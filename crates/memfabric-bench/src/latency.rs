@@ -121,13 +121,32 @@ pub fn run(
     connector: &dyn Connector,
     cfg: &LatencyConfig,
 ) -> Result<Vec<(LatencyResult, Histogram<u64>)>, LoadError> {
+    run_with(connector, cfg, true)
+}
+
+/// [`run`] without its progress line (a caller that runs many short slices shows its own).
+pub fn run_quiet(
+    connector: &dyn Connector,
+    cfg: &LatencyConfig,
+) -> Result<Vec<(LatencyResult, Histogram<u64>)>, LoadError> {
+    run_with(connector, cfg, false)
+}
+
+fn run_with(
+    connector: &dyn Connector,
+    cfg: &LatencyConfig,
+    show_progress: bool,
+) -> Result<Vec<(LatencyResult, Histogram<u64>)>, LoadError> {
     let mut tr = connector.connect(1)?;
     let transport = tr.name().to_string();
     let mut out = Vec::new();
     let mut val = Vec::new();
     let rows = cfg.ops.len() * cfg.sizes.len();
     let started = Instant::now();
-    let mut progress = Progress::new(&format!("latency {transport}, (op, size) rows"), true);
+    let mut progress = Progress::new(
+        &format!("latency {transport}, (op, size) rows"),
+        show_progress,
+    );
     for &op in &cfg.ops {
         for &size in &cfg.sizes {
             // Rows done so far against all rows: the progress line's op count and goal.

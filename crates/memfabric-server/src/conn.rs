@@ -265,9 +265,12 @@ impl Conn {
 
     /// One `read` into `dst`; keeps `may_read`/`eof` and the counters up to date.
     /// Returns the bytes read (0 at EOF or when the socket has nothing now).
+    /// `value_left`: bytes of a value being received in place that are still to come; a
+    /// short read that leaves some of them does not end the reading (see below).
     fn read_step(
         stream: &mut Stream,
         dst: &mut [io::IoSliceMut<'_>],
+        value_left: usize,
         peer_closed: bool,
         may_read: &mut bool,
         eof: &mut bool,
@@ -286,8 +289,11 @@ impl Conn {
                     // A short read drained the socket: asking again would only return
                     // WouldBlock (one wasted syscall per request); data that arrives
                     // later raises a new edge-triggered event. Unless the peer's FIN
-                    // already came: no edge will follow it, so read on to the EOF.
-                    if n < want && !peer_closed {
+                    // already came: no edge will follow it, so read on to the EOF. Nor
+                    // in the middle of a large value: its sender is still writing, more
+                    // has usually come by the next read, and reading on (as memcached
+                    // does) saves the trip through epoll_wait.
+                    if n < want && !peer_closed && n >= value_left {
                         *may_read = false;
                     }
                     Ok(n)
@@ -330,6 +336,7 @@ impl Conn {
             let n = Self::read_step(
                 &mut self.stream,
                 &mut bufs,
+                last_piece,
                 self.peer_closed,
                 &mut self.may_read,
                 &mut self.eof,
@@ -344,6 +351,17 @@ impl Conn {
 
     /// Read until `WouldBlock`, EOF or one batch.
     fn fill(&mut self, stats: &ThreadStats) -> io::Result<()> {
+        if self.pending_in() == 0
+            && self
+                .session
+                .receiving
+                .as_ref()
+                .is_some_and(|r| r.remaining() > 0)
+        {
+            // A value is still arriving in place (`fill_value` stopped at its batch):
+            // its bytes go to the item on the next round, not through the read buffer.
+            return Ok(());
+        }
         let mut total = 0;
         while total < READ_BATCH && self.may_read && !self.eof {
             let want = self.need.max(self.pending_in() + 1);
@@ -354,6 +372,7 @@ impl Conn {
             let n = Self::read_step(
                 &mut self.stream,
                 &mut [io::IoSliceMut::new(&mut self.rbuf[self.rend..])],
+                0,
                 self.peer_closed,
                 &mut self.may_read,
                 &mut self.eof,

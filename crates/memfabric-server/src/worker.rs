@@ -199,8 +199,10 @@ impl Worker {
             let busy = !self.again.is_empty()
                 || spin_until.is_some_and(|t| Instant::now() < t)
                 || ucx_poll.spinning(Instant::now());
-            // UCX: arm its event fd before sleeping; if it has work already, do not sleep.
-            let ucx_busy = !busy && self.fabric.as_mut().is_some_and(|f| !f.arm());
+            // UCX, while it has anything to do: arm its event fd before sleeping; if it
+            // has work already, do not sleep.
+            let ucx_armed = self.fabric.as_mut().is_some_and(|f| f.in_use());
+            let ucx_busy = !busy && ucx_armed && self.fabric.as_mut().is_some_and(|f| !f.arm());
             let timeout = if busy || ucx_busy {
                 Some(Duration::ZERO)
             } else if idle_timeout > 0 {
@@ -215,9 +217,10 @@ impl Worker {
             }
             // A blocking wait either ends by an event or by its timeout; with UCX armed,
             // a timeout after which UCX has work means its event fd missed a wake-up.
-            let blocked = timeout != Some(Duration::ZERO) && self.fabric.is_some();
+            let blocked = timeout != Some(Duration::ZERO) && ucx_armed;
             let woke_by_timer = blocked && events.is_empty();
-            if blocked && events.iter().any(|ev| ev.token() == EFD_TOKEN) {
+            let ucx_event = events.iter().any(|ev| ev.token() == EFD_TOKEN);
+            if blocked && ucx_event {
                 self.stats.ucx_wakeups_by_event.incr();
             }
             if self.shared.is_shutting_down() {
@@ -267,7 +270,8 @@ impl Worker {
                 }
             }
             if let Some(f) = self.fabric.as_mut() {
-                let ucx_work = f.progress(self.poll.registry(), &self.stats);
+                let ucx_work =
+                    (ucx_event || f.in_use()) && f.progress(self.poll.registry(), &self.stats);
                 if ucx_work {
                     if woke_by_timer {
                         self.stats.ucx_wakeups_by_timer.incr();

@@ -132,7 +132,13 @@ pub struct FabricWorker {
     inbox: Option<Arc<Inbox>>,
     /// Retrievals waiting for their result, by ticket.
     held: HashMap<u64, HeldRequest>,
+    /// Since when this worker has had no UCX client, transfer or held request.
+    quiet_since: Option<std::time::Instant>,
 }
+
+/// How long a worker keeps arming and progressing UCX after its last client, transfer
+/// and endpoint close are gone (for messages still in flight from a departed peer).
+const UCX_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A request that answered "pending": enough to run it again when it is ready.
 struct HeldRequest {
@@ -202,6 +208,8 @@ impl FabricWorker {
             scratch: Vec::new(),
             inbox: None,
             held: HashMap::new(),
+            // Quiet since long enough: nothing to attend to before a first client.
+            quiet_since: std::time::Instant::now().checked_sub(UCX_LINGER),
         }))
     }
 
@@ -212,6 +220,24 @@ impl FabricWorker {
     /// Where the worker hears that pending commands are ready (its inbox).
     pub fn set_inbox(&mut self, inbox: Arc<Inbox>) {
         self.inbox = Some(inbox);
+    }
+
+    /// Whether UCX needs this worker's attention (arming before a sleep, progress after a
+    /// wake-up): while it has clients, transfers, held requests or endpoints closing, and
+    /// for `UCX_LINGER` after. A worker that never had a UCX client (or not for a while) spends nothing on
+    /// UCX per TCP request: arming reads UCX's event fd, one system call per sleep.
+    pub fn in_use(&mut self) -> bool {
+        let busy = !self.clients.is_empty()
+            || !self.receiving.is_empty()
+            || !self.sending.is_empty()
+            || !self.held.is_empty()
+            || self.w.closing() > 0;
+        if busy {
+            self.quiet_since = None;
+            return true;
+        }
+        let now = std::time::Instant::now();
+        now.duration_since(*self.quiet_since.get_or_insert(now)) < UCX_LINGER
     }
 
     /// Before sleeping: `false` if UCX has work right now (do not block).

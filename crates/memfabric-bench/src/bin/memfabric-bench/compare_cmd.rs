@@ -328,11 +328,13 @@ pub(crate) fn suite_settings(a: &CompareArgs, plan: &SuitePlan) -> Vec<String> {
     if let Some(l) = &plan.latency {
         let ops: Vec<&str> = l.ops.iter().map(|o| o.name()).collect();
         out.push(format!(
-            "Latency: one client, one connection, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row after {} warm-up.",
+            "Latency: one client, one connection, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row in {} slices of {} (each after {} warm-up ops on a new connection), the targets' slices interleaved row by row in alternating order and pooled.",
             ops.join(", "),
             l.sizes,
             l.iterations,
-            l.warmup
+            memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).0,
+            memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).1,
+            (memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).1 / 10).max(10)
         ));
     }
     if let Some(t) = plan.throughput.as_ref().filter(|t| !t.clients.is_empty()) {
