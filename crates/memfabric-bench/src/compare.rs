@@ -13,7 +13,7 @@
 //! time), throughput by number of client threads, YCSB workloads, and the load generator's
 //! own ceiling against the in-process [`Responder`].
 
-use crate::latency::{self, LatencyConfig, LatencyResult};
+use crate::latency::{self, LatencyConfig, LatencyOp, LatencyResult};
 use crate::load::{self, LoadConfig, LoadError, MeasuredRun};
 use crate::metrics::{pct_us, LoadStats, Progress, RunSummary};
 use crate::responder::Responder;
@@ -510,23 +510,20 @@ pub fn latency_slices(iterations: u64, rounds: usize) -> (u64, u64) {
     (slices, iterations.div_ceil(slices).max(1))
 }
 
-/// Where the latency section runs: the client thread on the first CPU, every
-/// thread of every server on the last, so that each request crosses between two cores as
-/// it would between two hosts, on every target alike. Left to the scheduler, a VM puts a
-/// client and a server that sleep between requests on one vCPU for a while (~15 us a
-/// request here) or on two (~50 us), a different choice for each server, and one server's
-/// row would then be measured in the other mode. UCX targets run in the same placement
-/// (moving threads between targets leaves them where the scheduler then puts them, which
-/// for a polling UCX pair was one core: ~5 us a GET instead of ~1). Undone on drop. Needs two CPUs and `taskset` (util-linux); without
-/// them, everything runs unpinned.
+/// Where the latency section runs: the client thread on the first CPU, every thread of
+/// every server on the last, so that each request crosses between two cores as it would
+/// between two hosts, on every target alike. Left to the scheduler, a VM puts a client and
+/// a server that sleep between requests on one vCPU for a while (~15 us a request here)
+/// or on two (~50 us), a different choice for each server, and one server's row would then
+/// be measured in the other mode. A polling UCX pair left to itself also lands on one core
+/// now and then (~5 us a GET instead of ~0.8-1). Undone on drop. Needs two CPUs and
+/// `taskset` (util-linux); without them, everything runs unpinned.
 pub struct LatencyPlacement {
     servers: Vec<u32>,
     client_tid: Option<u32>,
     all_cpus: String,
     server_cpu: String,
     pinned: bool,
-    /// What the report says about it.
-    pub description: String,
 }
 
 impl LatencyPlacement {
@@ -541,17 +538,22 @@ impl LatencyPlacement {
         servers.dedup();
         let server_cpu = (cpus.max(2) - 1).to_string();
         LatencyPlacement {
-            description: match client_tid {
-                Some(_) => {
-                    format!("the client thread on CPU 0, every server thread on CPU {server_cpu}")
-                }
-                None => "client and servers unpinned".into(),
-            },
             servers,
             client_tid,
             all_cpus: format!("0-{}", cpus.saturating_sub(1)),
             server_cpu,
             pinned: false,
+        }
+    }
+
+    /// What the report says about the placement `new` would make.
+    pub fn describe(server_pids: &[u32]) -> String {
+        match LatencyPlacement::new(server_pids).client_tid {
+            Some(_) => format!(
+                "the client thread on CPU 0, every server thread on CPU {}; UCX rows first, then the TCP rows",
+                std::thread::available_parallelism().map_or(1, |n| n.get()).max(2) - 1
+            ),
+            None => "client and servers unpinned".into(),
         }
     }
 
@@ -603,85 +605,101 @@ fn interleaved_latency(
 ) -> Result<(Vec<LatencyRow>, String), CompareError> {
     let (rounds, per_slice) = latency_slices(lat.iterations, rounds);
     let rounds = rounds as usize;
-    let pids: Vec<u32> = endpoints.iter().map(|e| e.pid).collect();
-    let mut placement = LatencyPlacement::new(&pids);
-    let mut rows = Vec::new();
-    let slices = (lat.ops.len() * lat.sizes.len() * rounds * endpoints.len()) as u64;
+    let cells: Vec<(LatencyOp, usize)> = lat
+        .ops
+        .iter()
+        .flat_map(|&op| lat.sizes.iter().map(move |&size| (op, size)))
+        .collect();
+    let mut pooled: Vec<Vec<Option<Pooled>>> = cells
+        .iter()
+        .map(|_| (0..endpoints.len()).map(|_| None).collect())
+        .collect();
+    let ucx = endpoints.iter().filter(|e| e.target.needs_ucx).count();
+    let runs = (cells.len() * (ucx + rounds * (endpoints.len() - ucx))) as u64;
     let started = std::time::Instant::now();
     let mut progress = Progress::new("latency, (op, size, round, target) slices", true);
     let mut done = 0u64;
-    for &op in &lat.ops {
-        for &size in &lat.sizes {
-            let mut pooled: Vec<Option<Pooled>> = (0..endpoints.len()).map(|_| None).collect();
-            for r in 0..rounds {
-                for i in round_order(endpoints.len(), r) {
-                    progress.tick(started.elapsed(), done, None, Some(slices));
-                    done += 1;
-                    let ep = &endpoints[i];
-                    // A UCX row takes a millisecond or so: no slow stretch to spread out,
-                    // and a new UCX connection every hundred ops would measure its
-                    // wire-up instead. It runs whole, in the first round.
-                    let iterations = match (ep.target.needs_ucx, r) {
-                        (false, _) => per_slice,
-                        (true, 0) => lat.iterations,
-                        (true, _) => continue,
-                    };
-                    placement.set(true);
-                    let cfg = LatencyConfig {
-                        sizes: vec![size],
-                        ops: vec![op],
-                        iterations,
-                        warmup: (iterations / 10).max(10),
-                        server_pid: Some(ep.pid),
-                        ..lat.clone()
-                    };
-                    let (result, h) = latency::run_quiet(ep.connector.as_ref(), &cfg)
-                        .map_err(load_err_named(ep.target.name))?
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| {
-                            load_err_named(ep.target.name)(LoadError::Config("no latency row"))
-                        })?;
-                    let cpu = result
-                        .server_cpu_s_per_mop
-                        .map(|c| c * result.ops as f64 / 1e6);
-                    match &mut pooled[i] {
-                        Some((all, total_cpu, _)) => {
-                            all.add(&h).map_err(|_| {
-                                load_err_named(ep.target.name)(LoadError::Config(
-                                    "latency histograms do not merge",
-                                ))
-                            })?;
-                            *total_cpu = total_cpu.zip(cpu).map(|(a, b)| a + b);
-                        }
-                        slot => *slot = Some((h, cpu, result.transport)),
-                    }
+    let mut run =
+        |ep: &Endpoint, op: LatencyOp, size: usize, iterations: u64, slot: &mut Option<Pooled>| {
+            progress.tick(started.elapsed(), done, None, Some(runs));
+            done += 1;
+            let cfg = LatencyConfig {
+                sizes: vec![size],
+                ops: vec![op],
+                iterations,
+                warmup: (iterations / 10).max(10),
+                server_pid: Some(ep.pid),
+                ..lat.clone()
+            };
+            let named = load_err_named(ep.target.name);
+            let (result, h) = latency::run_quiet(ep.connector.as_ref(), &cfg)
+                .map_err(&named)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| named(LoadError::Config("no latency row")))?;
+            let cpu = result
+                .server_cpu_s_per_mop
+                .map(|c| c * result.ops as f64 / 1e6);
+            match slot {
+                Some((all, total_cpu, _)) => {
+                    all.add(&h)
+                        .map_err(|_| named(LoadError::Config("latency histograms do not merge")))?;
+                    *total_cpu = total_cpu.zip(cpu).map(|(a, b)| a + b);
                 }
+                None => *slot = Some((h, cpu, result.transport)),
             }
-            for (ep, p) in endpoints.iter().zip(pooled) {
-                let Some((h, cpu, transport)) = p else {
-                    continue;
-                };
-                rows.push(LatencyRow {
-                    target: ep.target.name.to_string(),
-                    result: LatencyResult {
-                        transport,
-                        op: op.name().to_string(),
-                        size,
-                        p50_us: pct_us(&h, 0.5),
-                        p99_us: pct_us(&h, 0.99),
-                        p999_us: pct_us(&h, 0.999),
-                        ops: h.len(),
-                        server_cpu_s_per_mop: cpu
-                            .filter(|_| !h.is_empty())
-                            .map(|c| c / h.len() as f64 * 1e6),
-                    },
-                });
+            Ok::<(), CompareError>(())
+        };
+    // Everything pinned (`LatencyPlacement`). UCX rows first, whole: a UCX row takes a
+    // millisecond or so (no slow stretch to spread out; a new UCX connection every
+    // hundred ops would measure its wire-up instead).
+    let pids: Vec<u32> = endpoints.iter().map(|e| e.pid).collect();
+    let mut placement = LatencyPlacement::new(&pids);
+    placement.set(true);
+    for (c, &(op, size)) in cells.iter().enumerate() {
+        for (i, ep) in endpoints.iter().enumerate() {
+            if ep.target.needs_ucx {
+                run(ep, op, size, lat.iterations, &mut pooled[c][i])?;
             }
         }
     }
+    // Then the TCP rows in interleaved slices.
+    for (c, &(op, size)) in cells.iter().enumerate() {
+        for r in 0..rounds {
+            for i in round_order(endpoints.len(), r) {
+                let ep = &endpoints[i];
+                if !ep.target.needs_ucx {
+                    run(ep, op, size, per_slice, &mut pooled[c][i])?;
+                }
+            }
+        }
+    }
+    drop(placement);
     progress.finish();
-    Ok((rows, placement.description.clone()))
+    let mut rows = Vec::new();
+    for (&(op, size), row) in cells.iter().zip(pooled) {
+        for (ep, p) in endpoints.iter().zip(row) {
+            let Some((h, cpu, transport)) = p else {
+                continue;
+            };
+            rows.push(LatencyRow {
+                target: ep.target.name.to_string(),
+                result: LatencyResult {
+                    transport,
+                    op: op.name().to_string(),
+                    size,
+                    p50_us: pct_us(&h, 0.5),
+                    p99_us: pct_us(&h, 0.99),
+                    p999_us: pct_us(&h, 0.999),
+                    ops: h.len(),
+                    server_cpu_s_per_mop: cpu
+                        .filter(|_| !h.is_empty())
+                        .map(|c| c / h.len() as f64 * 1e6),
+                },
+            });
+        }
+    }
+    Ok((rows, LatencyPlacement::describe(&pids)))
 }
 
 /// One line on stderr per step of a comparison (its steps are shorter than the load loop's
