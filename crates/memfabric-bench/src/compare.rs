@@ -854,6 +854,14 @@ mod tests {
     }
 
     #[test]
+    fn latency_rows_are_cut_into_slices_of_about_a_hundred_ops() {
+        assert_eq!(latency_slices(1000, 2), (10, 100));
+        assert_eq!(latency_slices(50, 2), (2, 25));
+        assert_eq!(latency_slices(1000, 20), (20, 50));
+        assert_eq!(latency_slices(1, 0), (1, 1));
+    }
+
+    #[test]
     fn rounds_alternate_direction() {
         assert_eq!(round_order(3, 0), vec![0, 1, 2]);
         assert_eq!(round_order(3, 1), vec![2, 1, 0]);
