@@ -15,7 +15,7 @@
 
 use crate::latency::{self, LatencyConfig, LatencyOp, LatencyResult};
 use crate::load::{self, LoadConfig, LoadError, MeasuredRun};
-use crate::metrics::{pct_us, LoadStats, Progress, RunSummary};
+use crate::metrics::{LoadStats, Progress, RunSummary};
 use crate::responder::Responder;
 use crate::server::{self, ServerError, ServerProcess, ServerSpec};
 use crate::transport::{Connector, TcpConnector};
@@ -684,18 +684,7 @@ fn interleaved_latency(
             };
             rows.push(LatencyRow {
                 target: ep.target.name.to_string(),
-                result: LatencyResult {
-                    transport,
-                    op: op.name().to_string(),
-                    size,
-                    p50_us: pct_us(&h, 0.5),
-                    p99_us: pct_us(&h, 0.99),
-                    p999_us: pct_us(&h, 0.999),
-                    ops: h.len(),
-                    server_cpu_s_per_mop: cpu
-                        .filter(|_| !h.is_empty())
-                        .map(|c| c / h.len() as f64 * 1e6),
-                },
+                result: LatencyResult::of(&transport, op, size, &h, cpu),
             });
         }
     }

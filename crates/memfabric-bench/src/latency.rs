@@ -83,6 +83,31 @@ pub struct LatencyResult {
     pub server_cpu_s_per_mop: Option<f64>,
 }
 
+impl LatencyResult {
+    /// The row for `h` (ns) of `op` at `size` over `transport`; `server_cpu_s`: the
+    /// server's CPU seconds over those operations, if known.
+    pub fn of(
+        transport: &str,
+        op: LatencyOp,
+        size: usize,
+        h: &Histogram<u64>,
+        server_cpu_s: Option<f64>,
+    ) -> LatencyResult {
+        LatencyResult {
+            transport: transport.to_string(),
+            op: op.name().to_string(),
+            size,
+            p50_us: pct_us(h, 0.5),
+            p99_us: pct_us(h, 0.99),
+            p999_us: pct_us(h, 0.999),
+            ops: h.len(),
+            server_cpu_s_per_mop: server_cpu_s
+                .filter(|_| !h.is_empty())
+                .map(|c| c / h.len() as f64 * 1e6),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct LatencyReport {
     pub results: Vec<LatencyResult>,
@@ -202,21 +227,7 @@ fn run_with(
                     first: format!("{} of {size} bytes did not succeed", op.name()),
                 });
             }
-            out.push((
-                LatencyResult {
-                    transport: transport.clone(),
-                    op: op.name().to_string(),
-                    size,
-                    p50_us: pct_us(&h, 0.5),
-                    p99_us: pct_us(&h, 0.99),
-                    p999_us: pct_us(&h, 0.999),
-                    ops: h.len(),
-                    server_cpu_s_per_mop: cpu
-                        .filter(|_| !h.is_empty())
-                        .map(|c| c / h.len() as f64 * 1e6),
-                },
-                h,
-            ));
+            out.push((LatencyResult::of(&transport, op, size, &h, cpu), h));
         }
     }
     progress.finish();

@@ -5,15 +5,21 @@ use crate::arena::tests::TestMemory;
 use crate::arena::Memory;
 use crate::{SetMode, Store, StoreConfig};
 
-#[test]
-fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
-    let s = Store::new(StoreConfig {
-        memory_limit: 4 << 20,
+/// A store of `memory_limit` bytes without background threads' work (no sweeper, no
+/// automover), so a test sees only its own operations.
+fn quiet_store(memory_limit: usize) -> Store {
+    Store::new(StoreConfig {
+        memory_limit,
         background_sweeper: false,
         slab_automove: false,
         ..StoreConfig::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
+    let s = quiet_store(4 << 20);
     for round in 0..2000 {
         for k in 0..100 {
             let v = format!("{round}");
@@ -39,13 +45,7 @@ fn compaction_leaves_exactly_the_live_items_queued_after_overwrites() {
 #[test]
 fn compaction_racing_writers_and_evictions_keeps_every_live_item_queued_once() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let s = Store::new(StoreConfig {
-        memory_limit: 4 << 20,
-        background_sweeper: false,
-        slab_automove: false,
-        ..StoreConfig::default()
-    })
-    .unwrap();
+    let s = quiet_store(4 << 20);
     let done = AtomicBool::new(false);
     std::thread::scope(|sc| {
         let writers: Vec<_> = (0..2u64)
@@ -164,13 +164,7 @@ fn a_store_refuses_caller_memory_that_is_too_small() {
 
 #[test]
 fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
-    let s = Store::new(StoreConfig {
-        memory_limit: 8 << 20,
-        background_sweeper: false,
-        slab_automove: false,
-        ..StoreConfig::default()
-    })
-    .unwrap();
+    let s = quiet_store(8 << 20);
     // A small value, values of one large chunk, and pieces of every size down to one byte.
     for (len, step) in [(5, 1), (10_000, 333), (400_000, 65_536), (400_000, 7)] {
         let v: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
@@ -198,13 +192,7 @@ fn a_checksum_folded_as_the_value_arrives_equals_one_computed_at_the_end() {
 
 #[test]
 fn only_items_a_remote_reader_can_read_carry_a_checksum() {
-    let s = Store::new(StoreConfig {
-        memory_limit: 8 << 20,
-        background_sweeper: false,
-        slab_automove: false,
-        ..StoreConfig::default()
-    })
-    .unwrap();
+    let s = quiet_store(8 << 20);
     for len in [1000, 400_000, 700_000] {
         let v: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
         let mut item = s.alloc(b"key", len, 0, 0).unwrap();
