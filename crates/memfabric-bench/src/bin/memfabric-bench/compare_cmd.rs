@@ -328,7 +328,7 @@ pub(crate) fn suite_settings(a: &CompareArgs, plan: &SuitePlan) -> Vec<String> {
     if let Some(l) = &plan.latency {
         let ops: Vec<&str> = l.ops.iter().map(|o| o.name()).collect();
         out.push(format!(
-            "Latency: one client, one connection, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row in {} slices of {} (each after {} warm-up ops on a new connection), the targets' slices interleaved row by row in alternating order and pooled.",
+            "Latency: one client, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row: a UCX row on one connection, a TCP row in {} slices of {} (each on a new connection after {} warm-up ops), the TCP targets' slices interleaved row by row in alternating order and pooled.",
             ops.join(", "),
             l.sizes,
             l.iterations,
