@@ -502,6 +502,11 @@ type Pooled = (Histogram<u64>, Option<f64>, String);
 /// Measured ops per latency slice (at least `rounds` slices per row).
 pub const LATENCY_SLICE_OPS: u64 = 100;
 
+/// Unmeasured operations before `ops` measured ones on a new connection.
+pub fn latency_warmup(ops: u64) -> u64 {
+    (ops / 10).max(10)
+}
+
 /// How many slices a latency row of `iterations` ops is measured in, and their length.
 pub fn latency_slices(iterations: u64, rounds: usize) -> (u64, u64) {
     let slices = iterations
@@ -520,65 +525,60 @@ pub fn latency_slices(iterations: u64, rounds: usize) -> (u64, u64) {
 /// `taskset` (util-linux); without them, everything runs unpinned.
 pub struct LatencyPlacement {
     servers: Vec<u32>,
+    /// The client thread, when the placement was made (else nothing is pinned).
     client_tid: Option<u32>,
     all_cpus: String,
-    server_cpu: String,
-    pinned: bool,
+    server_cpu: usize,
 }
 
 impl LatencyPlacement {
-    pub fn new(server_pids: &[u32]) -> LatencyPlacement {
+    /// Pin the calling thread to CPU 0 and every thread of `server_pids` to the last CPU.
+    pub fn pin(server_pids: &[u32]) -> LatencyPlacement {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let client_tid = std::fs::read_link("/proc/thread-self")
-            .ok()
-            .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
-            .filter(|_| cpus >= 2 && taskset(&["-p", &std::process::id().to_string()]));
         let mut servers: Vec<u32> = server_pids.to_vec();
         servers.sort_unstable();
         servers.dedup();
-        let server_cpu = (cpus.max(2) - 1).to_string();
+        let server_cpu = cpus.max(2) - 1;
+        let client_tid = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
+            .filter(|_| cpus >= 2)
+            .filter(|tid| {
+                let cpu = server_cpu.to_string();
+                servers
+                    .iter()
+                    .all(|p| taskset(&["-a", "-p", "-c", &cpu, &p.to_string()]))
+                    && taskset(&["-p", "-c", "0", &tid.to_string()])
+            });
         LatencyPlacement {
             servers,
             client_tid,
             all_cpus: format!("0-{}", cpus.saturating_sub(1)),
             server_cpu,
-            pinned: false,
         }
     }
 
-    /// What the report says about the placement `new` would make.
-    pub fn describe(server_pids: &[u32]) -> String {
-        match LatencyPlacement::new(server_pids).client_tid {
+    /// What the report says about it.
+    pub fn description(&self) -> String {
+        match self.client_tid {
             Some(_) => format!(
                 "the client thread on CPU 0, every server thread on CPU {}; UCX rows first, then the TCP rows",
-                std::thread::available_parallelism().map_or(1, |n| n.get()).max(2) - 1
+                self.server_cpu
             ),
             None => "client and servers unpinned".into(),
         }
-    }
-
-    /// Pin (true) or unpin what runs next.
-    pub fn set(&mut self, pin: bool) {
-        let Some(tid) = self.client_tid else { return };
-        if pin == self.pinned {
-            return;
-        }
-        let (server, client) = if pin {
-            (self.server_cpu.as_str(), "0")
-        } else {
-            (self.all_cpus.as_str(), self.all_cpus.as_str())
-        };
-        for p in &self.servers {
-            taskset(&["-a", "-p", "-c", server, &p.to_string()]);
-        }
-        taskset(&["-p", "-c", client, &tid.to_string()]);
-        self.pinned = pin;
     }
 }
 
 impl Drop for LatencyPlacement {
     fn drop(&mut self) {
-        self.set(false);
+        // Unpin what was pinned (a server pinned before a later one failed included).
+        for p in &self.servers {
+            taskset(&["-a", "-p", "-c", &self.all_cpus, &p.to_string()]);
+        }
+        if let Some(t) = self.client_tid {
+            taskset(&["-p", "-c", &self.all_cpus, &t.to_string()]);
+        }
     }
 }
 
@@ -592,8 +592,9 @@ fn taskset(args: &[&str]) -> bool {
 }
 
 /// The latency section: each (op, size) row is measured on every TCP target in slices of
-/// about `LATENCY_SLICE_OPS` ops, each on a new connection (UCX rows whole, see below), the targets' order alternating
-/// slice by slice, and each target's slices pooled into its row. A shared machine slows
+/// about `LATENCY_SLICE_OPS` ops, each on a new connection (UCX rows whole, see below),
+/// the targets' order alternating slice by slice, and each target's slices pooled into
+/// its row. A shared machine slows
 /// down for seconds at a time, and on a VM a connection's latency is bimodal (client and
 /// server threads on one vCPU or on two: ~15 against ~50 us here), settled per connection
 /// for a while. A target measured in one block would take a slow stretch, or one mode,
@@ -627,7 +628,7 @@ fn interleaved_latency(
                 sizes: vec![size],
                 ops: vec![op],
                 iterations,
-                warmup: (iterations / 10).max(10),
+                warmup: latency_warmup(iterations),
                 server_pid: Some(ep.pid),
                 ..lat.clone()
             };
@@ -654,8 +655,7 @@ fn interleaved_latency(
     // millisecond or so (no slow stretch to spread out; a new UCX connection every
     // hundred ops would measure its wire-up instead).
     let pids: Vec<u32> = endpoints.iter().map(|e| e.pid).collect();
-    let mut placement = LatencyPlacement::new(&pids);
-    placement.set(true);
+    let placement = LatencyPlacement::pin(&pids);
     for (c, &(op, size)) in cells.iter().enumerate() {
         for (i, ep) in endpoints.iter().enumerate() {
             if ep.target.needs_ucx {
@@ -674,6 +674,7 @@ fn interleaved_latency(
             }
         }
     }
+    let placed = placement.description();
     drop(placement);
     progress.finish();
     let mut rows = Vec::new();
@@ -688,7 +689,7 @@ fn interleaved_latency(
             });
         }
     }
-    Ok((rows, LatencyPlacement::describe(&pids)))
+    Ok((rows, placed))
 }
 
 /// One line on stderr per step of a comparison (its steps are shorter than the load loop's

@@ -224,8 +224,9 @@ impl FabricWorker {
 
     /// Whether UCX needs this worker's attention (arming before a sleep, progress after a
     /// wake-up): while it has clients, transfers, held requests or endpoints closing, and
-    /// for `UCX_LINGER` after. A worker that never had a UCX client (or not for a while) spends nothing on
-    /// UCX per TCP request: arming reads UCX's event fd, one system call per sleep.
+    /// for `UCX_LINGER` after. A worker that never had a UCX client (or not for a while)
+    /// spends nothing on UCX per TCP request: arming reads UCX's event fd, one system
+    /// call per sleep.
     pub fn in_use(&mut self) -> bool {
         let busy = !self.clients.is_empty()
             || !self.receiving.is_empty()

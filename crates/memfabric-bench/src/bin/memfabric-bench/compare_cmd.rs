@@ -195,7 +195,7 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
             sizes: a.latency_sizes.clone(),
             ops,
             iterations: a.latency_iterations,
-            warmup: (a.latency_iterations / 10).max(10),
+            warmup: memfabric_bench::compare::latency_warmup(a.latency_iterations),
             key_prefix: "mfb-lat:".into(),
             server_pid: None,
         })
@@ -327,14 +327,16 @@ pub(crate) fn suite_settings(a: &CompareArgs, plan: &SuitePlan) -> Vec<String> {
     )];
     if let Some(l) = &plan.latency {
         let ops: Vec<&str> = l.ops.iter().map(|o| o.name()).collect();
+        let (slices, per_slice) =
+            memfabric_bench::compare::latency_slices(l.iterations, plan.rounds);
         out.push(format!(
             "Latency: one client, one op at a time; ops {} (mix = 90% get, 10% set), sizes {:?} B, {} measured ops per row: a UCX row on one connection, a TCP row in {} slices of {} (each on a new connection after {} warm-up ops), the TCP targets' slices interleaved row by row in alternating order and pooled.",
             ops.join(", "),
             l.sizes,
             l.iterations,
-            memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).0,
-            memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).1,
-            (memfabric_bench::compare::latency_slices(l.iterations, plan.rounds).1 / 10).max(10)
+            slices,
+            per_slice,
+            memfabric_bench::compare::latency_warmup(per_slice)
         ));
     }
     if let Some(t) = plan.throughput.as_ref().filter(|t| !t.clients.is_empty()) {
