@@ -446,3 +446,67 @@ fn stat_via(c: &mut TcpStream, name: &str) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no stat {name}"))
 }
+
+/// A value received in place is read on after a short read, up to 1 MiB per turn, and the
+/// bytes after it (the next request) are not pulled through the read buffer while it is
+/// still arriving. Drive both edges: a value that trickles in a few bytes at a time, and
+/// one of 3 MB sent at once; each followed in the same write by a pipelined `get`, whose
+/// reply must carry exactly the bytes sent. Nothing is held back, nothing is dropped, and
+/// the connection's buffers give back their memory afterwards.
+#[test]
+fn values_arriving_in_trickles_or_in_one_burst_are_stored_exactly_with_the_request_after_them() {
+    let d = Daemon::start(&["-m", "64", "-I", "4m"]);
+    let value = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| b'a' + ((i as u8).wrapping_mul(7).wrapping_add(seed)) % 26)
+            .collect()
+    };
+    let expect_get = |key: &str, v: &[u8]| -> Vec<u8> {
+        let mut e = format!("VALUE {key} 0 {}\r\n", v.len()).into_bytes();
+        e.extend_from_slice(v);
+        e.extend_from_slice(b"\r\nEND\r\n");
+        e
+    };
+
+    // 200 KB in pieces of 997 bytes, each its own write, with pauses now and then.
+    let slow = value(200_000, 3);
+    let mut c = d.tcp();
+    c.write_all(format!("set trickle 0 0 {}\r\n", slow.len()).as_bytes())
+        .expect("header");
+    for (i, piece) in slow.chunks(997).enumerate() {
+        c.write_all(piece).expect("piece");
+        if i % 20 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    c.write_all(b"\r\nget trickle\r\n")
+        .expect("trailer and get");
+    let mut want = b"STORED\r\n".to_vec();
+    want.extend_from_slice(&expect_get("trickle", &slow));
+    assert_eq!(read_until(&mut c, b"END\r\n"), want);
+
+    // 3 MB at once (three value turns of 1 MiB), the get in the same write.
+    let big = value(3_000_000, 11);
+    let mut burst = format!("set burst 0 0 {}\r\n", big.len()).into_bytes();
+    burst.extend_from_slice(&big);
+    burst.extend_from_slice(b"\r\nget burst\r\n");
+    let mut c2 = d.tcp();
+    let writer = {
+        let mut w = c2.try_clone().expect("clone");
+        std::thread::spawn(move || w.write_all(&burst).expect("burst"))
+    };
+    let mut want = b"STORED\r\n".to_vec();
+    want.extend_from_slice(&expect_get("burst", &big));
+    assert_eq!(read_until(&mut c2, b"END\r\n"), want);
+    writer.join().expect("writer");
+
+    // Done: no value still counted as arriving, no input held.
+    assert_eq!(d.wait_stat_of("bounds", "receiving_values", 0), 0);
+    assert_eq!(d.stat_of("bounds", "receiving_bytes"), 0);
+    assert!(
+        d.stat("read_buf_bytes") < MIB,
+        "read buffers grown and kept"
+    );
+    drop(c);
+    drop(c2);
+}
