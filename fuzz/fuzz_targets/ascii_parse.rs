@@ -6,6 +6,12 @@ use libfuzzer_sys::fuzz_target;
 use memfabric_proto::ascii::{parse, Limits, Parse};
 
 fuzz_target!(|data: &[u8]| {
+    // The prefetch hint names a key inside the input, or nothing.
+    if let Some(k) = memfabric_proto::key_hint::first_key(data) {
+        let inside = data.as_ptr_range();
+        assert!(!k.is_empty() && k.len() <= memfabric_proto::KEY_MAX_LEN);
+        assert!(inside.start <= k.as_ptr() && k.as_ptr_range().end <= inside.end);
+    }
     // Small limits so that the long-line and too-large paths are reached too.
     let limits = Limits {
         max_line: 64,

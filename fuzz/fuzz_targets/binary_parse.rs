@@ -13,6 +13,12 @@ use libfuzzer_sys::fuzz_target;
 use memfabric_proto::binary::{parse_request, Frame, RequestHeader, HEADER_LEN, REQUEST_MAGIC};
 
 fuzz_target!(|data: &[u8]| {
+    // The prefetch hint names a key inside the input, or nothing.
+    if let Some(k) = memfabric_proto::key_hint::first_key(data) {
+        let inside = data.as_ptr_range();
+        assert!(!k.is_empty() && k.len() <= memfabric_proto::KEY_MAX_LEN);
+        assert!(inside.start <= k.as_ptr() && k.as_ptr_range().end <= inside.end);
+    }
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };

@@ -12,6 +12,7 @@ use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
 use crate::bounds::{Gauges, Holdings, Share};
+use crate::command::Prefetch;
 use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
@@ -168,6 +169,8 @@ pub struct Conn {
     peer_closed: bool,
     /// Flush `out`, then close.
     closing: bool,
+    /// A read in `prefill` failed: `drive` closes the connection.
+    read_failed: bool,
     /// Input bytes the pending request needs in total (from `Progress::need`).
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
@@ -205,6 +208,7 @@ impl Conn {
             eof: false,
             peer_closed: false,
             closing: false,
+            read_failed: false,
             need: 0,
             last_active: now,
             wants_writable: false,
@@ -388,6 +392,39 @@ impl Conn {
         Ok(())
     }
 
+    /// The first half of `drive` for a connection the poller says is readable: read what
+    /// the socket has (when `drive` would) and start loading the store memory its first
+    /// request will touch (`exec::prefetch`). The worker does this for every ready
+    /// connection before it drives any, so that one connection's cache misses overlap
+    /// the reads of the others; `drive` (with `readable` false: this was the read) then
+    /// runs what was read.
+    pub fn prefill(&mut self, shared: &Shared, stats: &ThreadStats) {
+        self.may_read = true;
+        if self.closing
+            || self.eof
+            || self.backlog
+            || self.read_failed
+            || exec::output_full(shared, &self.out)
+            || exec::parked_full(&self.session)
+        {
+            return;
+        }
+        self.entry.set_state(ConnState::Read);
+        if self.fill_value(stats).is_err() || self.fill(stats).is_err() {
+            self.read_failed = true;
+            return;
+        }
+        let input = &self.rbuf[self.rstart..self.rend];
+        exec::prefetch(shared, &self.session, input, Prefetch::Buckets);
+    }
+
+    /// The second prefetch step (see `prefill`), for the connection driven next but one:
+    /// its buckets have had time to arrive; start loading its item.
+    pub fn prefetch_item(&self, shared: &Shared) {
+        let input = &self.rbuf[self.rstart..self.rend];
+        exec::prefetch(shared, &self.session, input, Prefetch::Item);
+    }
+
     /// A readiness event arrived (or the worker re-runs us). Do one bounded round of
     /// work.
     pub fn drive(
@@ -424,7 +461,7 @@ impl Conn {
         if readable {
             self.may_read = true;
         }
-        if self.flush(stats).is_err() {
+        if self.read_failed || self.flush(stats).is_err() {
             return Next::Close;
         }
         if self.closing {

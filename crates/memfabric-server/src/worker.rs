@@ -108,6 +108,7 @@ pub fn spawn(
                 next_token: FIRST_CONN,
                 udp: ports,
                 again: Vec::new(),
+                ready: Vec::new(),
             };
             if let Err(e) = w.run() {
                 tracing::error!("worker {n} stopped: {e}");
@@ -135,6 +136,8 @@ struct Worker {
     udp: Vec<UdpPort>,
     /// Tokens to run again on the next round without waiting for readiness.
     again: Vec<Token>,
+    /// The connections an `epoll_wait` returned, and whether each is readable.
+    ready: Vec<(Token, bool)>,
 }
 
 impl Worker {
@@ -164,10 +167,11 @@ impl Worker {
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         loop {
-            let now = Instant::now();
-            let spinning = spin_until.is_some_and(|t| now < t);
-            let ucx_spinning = ucx_poll.spinning(now);
+            // The clock only when a spin may be running (not per TCP request otherwise).
+            let spinning = spin_until.is_some_and(|t| Instant::now() < t);
+            let ucx_spinning = ucx_poll.spinning_now();
             if (spinning || ucx_spinning) && self.again.is_empty() {
+                let now = Instant::now();
                 if let Some(f) = self.fabric.as_mut() {
                     // While spinning, serve UCX for a short window between epoll checks:
                     // an epoll_wait costs about as much as a shared-memory round trip, and
@@ -198,7 +202,7 @@ impl Worker {
             }
             let busy = !self.again.is_empty()
                 || spin_until.is_some_and(|t| Instant::now() < t)
-                || ucx_poll.spinning(Instant::now());
+                || ucx_poll.spinning_now();
             // UCX, while it has anything to do: arm its event fd before sleeping; if it
             // has work already, do not sleep.
             let ucx_armed = self.fabric.as_mut().is_some_and(|f| f.in_use());
@@ -231,6 +235,7 @@ impl Worker {
             }
             let now = self.shared.store.clock().now();
             let mut active = false;
+            self.ready.clear();
             for ev in events.iter() {
                 let t = ev.token();
                 if t == WAKER {
@@ -255,9 +260,10 @@ impl Worker {
                             conn.note_peer_closed();
                         }
                     }
-                    self.drive(t, readable, now);
+                    self.ready.push((t, readable));
                 }
             }
+            self.drive_ready(now);
             if !self.again.is_empty() {
                 active = true;
                 let again = std::mem::take(&mut self.again);
@@ -366,6 +372,31 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    /// Drive the connections an `epoll_wait` returned: first read every readable one
+    /// (each read also starts loading the index buckets of its first request), then run
+    /// them in turn, each while the item of the one after it is being loaded. With
+    /// several connections ready, their cache misses (the index is far larger than the
+    /// cache) overlap each other's system calls instead of stalling one after another.
+    fn drive_ready(&mut self, now: u32) {
+        for &(t, readable) in &self.ready {
+            if let (true, Some(conn)) = (readable, self.conns.get_mut(&t)) {
+                conn.prefill(&self.shared, &self.stats);
+            }
+        }
+        if let (true, Some(conn)) = (
+            self.ready.len() > 1,
+            self.ready.first().and_then(|(t, _)| self.conns.get(t)),
+        ) {
+            conn.prefetch_item(&self.shared);
+        }
+        for i in 0..self.ready.len() {
+            if let Some(conn) = self.ready.get(i + 1).and_then(|(t, _)| self.conns.get(t)) {
+                conn.prefetch_item(&self.shared);
+            }
+            self.drive(self.ready[i].0, false, now);
         }
     }
 
@@ -503,6 +534,12 @@ impl AdaptivePoll {
         let starts = self.until.is_none();
         self.until = Some(now + self.window);
         starts
+    }
+
+    /// [`AdaptivePoll::spinning`] at the current time, reading the clock only while a
+    /// spin is running.
+    fn spinning_now(&mut self) -> bool {
+        self.until.is_some() && self.spinning(Instant::now())
     }
 
     /// Whether to keep spinning at `now`; a spin that ran out without work shrinks the

@@ -58,7 +58,9 @@ impl HoldingServer {
                 if child.try_wait().expect("memfabricd status").is_some() {
                     break;
                 }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                // A round trip, not just a connect: a server that bound its TCP port but
+                // is exiting (its UDP port was taken meanwhile) accepts and then drops.
+                if answers_version(port) && child.try_wait().expect("status").is_none() {
                     return HoldingServer { child, port };
                 }
                 assert!(start.elapsed() < TIMEOUT, "memfabricd did not come up");
@@ -73,6 +75,18 @@ impl HoldingServer {
         s.set_nodelay(true).expect("nodelay");
         s
     }
+}
+
+/// Whether a server on `port` answers `version`.
+fn answers_version(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut reply = [0u8; 8];
+    s.write_all(b"version\r\n").is_ok()
+        && s.read_exact(&mut reply).is_ok()
+        && reply.starts_with(b"VERSION ")
 }
 
 /// A port free for TCP and UDP now, never handed to another test of this process.

@@ -144,6 +144,24 @@ pub fn get(
 }
 
 /// Count one retrieval: `hit` is the slab class of the item found.
+/// How far [`prefetch`] goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// The key's index buckets.
+    Buckets,
+    /// The item the buckets point at (once they are likely cached).
+    Item,
+}
+
+/// Start loading the store memory a request for `key` will touch (a hint: no effect on
+/// any result, no counter).
+pub fn prefetch(shared: &crate::shared::Shared, key: &[u8], step: Prefetch) {
+    match step {
+        Prefetch::Buckets => shared.store.prefetch(key),
+        Prefetch::Item => shared.store.prefetch_item(key),
+    }
+}
+
 pub fn count_retrieval(ctx: &ExecCtx<'_>, how: Retrieval, hit: Option<u8>) {
     let s = ctx.stats;
     match (how, hit) {

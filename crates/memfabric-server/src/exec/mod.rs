@@ -216,6 +216,17 @@ pub struct Progress {
     pub yielded: bool,
 }
 
+/// Start loading the store memory the next request in `input` will touch (`command::
+/// prefetch`), when one starts there and names a key.
+pub fn prefetch(shared: &Shared, sess: &Session, input: &[u8], step: command::Prefetch) {
+    if sess.swallow > 0 || sess.receiving.is_some() {
+        return;
+    }
+    if let Some(key) = memfabric_proto::key_hint::first_key(input) {
+        command::prefetch(shared, key, step);
+    }
+}
+
 /// Copied reply bytes a connection may queue before it stops running requests (pinned
 /// values count only toward `max_pending_output`: their memory is item memory).
 pub const MAX_COPIED_OUTPUT: usize = 256 << 10;

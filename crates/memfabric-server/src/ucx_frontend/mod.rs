@@ -134,6 +134,8 @@ pub struct FabricWorker {
     held: HashMap<u64, HeldRequest>,
     /// Since when this worker has had no UCX client, transfer or held request.
     quiet_since: Option<std::time::Instant>,
+    /// Quiet for at least `UCX_LINGER` (until something makes it busy again).
+    dormant: bool,
 }
 
 /// How long a worker keeps arming and progressing UCX after its last client, transfer
@@ -210,6 +212,7 @@ impl FabricWorker {
             held: HashMap::new(),
             // Quiet since long enough: nothing to attend to before a first client.
             quiet_since: std::time::Instant::now().checked_sub(UCX_LINGER),
+            dormant: false,
         }))
     }
 
@@ -235,10 +238,18 @@ impl FabricWorker {
             || self.w.closing() > 0;
         if busy {
             self.quiet_since = None;
+            self.dormant = false;
             return true;
         }
+        if self.dormant {
+            // Quiet for longer than the linger already: no need to read the clock (this
+            // is asked twice per worker loop, for TCP requests too).
+            return false;
+        }
         let now = std::time::Instant::now();
-        now.duration_since(*self.quiet_since.get_or_insert(now)) < UCX_LINGER
+        let lingering = now.duration_since(*self.quiet_since.get_or_insert(now)) < UCX_LINGER;
+        self.dormant = !lingering;
+        lingering
     }
 
     /// Before sleeping: `false` if UCX has work right now (do not block).
