@@ -171,6 +171,10 @@ pub struct Conn {
     closing: bool,
     /// A read in `prefill` failed: `drive` closes the connection.
     read_failed: bool,
+    /// `prefill` read this round's input: `drive` runs it before reading again (a second
+    /// read first would take a large value's bytes through the read buffer instead of
+    /// receiving them in place once its request has run).
+    prefilled: bool,
     /// Input bytes the pending request needs in total (from `Progress::need`).
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
@@ -209,6 +213,7 @@ impl Conn {
             peer_closed: false,
             closing: false,
             read_failed: false,
+            prefilled: false,
             need: 0,
             last_active: now,
             wants_writable: false,
@@ -414,6 +419,7 @@ impl Conn {
             self.read_failed = true;
             return;
         }
+        self.prefilled = true;
         let input = &self.rbuf[self.rstart..self.rend];
         exec::prefetch(shared, &self.session, input, Prefetch::Buckets);
     }
@@ -461,6 +467,7 @@ impl Conn {
         if readable {
             self.may_read = true;
         }
+        let prefilled = std::mem::take(&mut self.prefilled);
         if self.read_failed || self.flush(stats).is_err() {
             return Next::Close;
         }
@@ -485,7 +492,7 @@ impl Conn {
         }
         // Read only when the input holds no runnable request: a client that pipelines
         // faster than `-R` lets us execute is slowed down (TCP flow control), never cut off.
-        if self.may_read && !self.eof && !self.backlog {
+        if self.may_read && !self.eof && !self.backlog && !prefilled {
             self.entry.set_state(ConnState::Read);
             if self.fill_value(stats).is_err() || self.fill(stats).is_err() {
                 return Next::Close;
