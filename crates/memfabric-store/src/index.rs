@@ -236,11 +236,10 @@ impl Index {
         self.version(b).load(Ordering::Relaxed) == v
     }
 
-    /// Start loading a key's two buckets (see `Store::prefetch`).
+    /// Start loading a key's first bucket (see `Store::prefetch`).
     #[inline]
     pub fn prefetch(&self, kh: &KeyHash) {
         self.mem.prefetch(kh.b1 * BUCKET_BYTES);
-        self.mem.prefetch(kh.b2 * BUCKET_BYTES);
     }
 
     pub fn slot(&self, b: usize, i: usize) -> Option<Slot> {

@@ -97,8 +97,10 @@ impl Store {
         })
     }
 
-    /// Start loading the memory a request for `key` will touch first: its two index
-    /// buckets. A worker that read several connections' requests calls this for each
+    /// Start loading the memory a request for `key` will touch first: its first index
+    /// bucket (where a new key goes while that bucket has room: `Txn::free_slot`; the
+    /// second is read only for a miss, or at high load, and a prefetch that misses the
+    /// TLB costs a page walk even when its line is never used). A worker that read several connections' requests calls this for each
     /// before executing any, so the cache misses of one overlap the work of the others
     /// (the index is sized for the store's worst case and much larger than the cache and
     /// the TLB's reach: its buckets are nearly always misses). Reads nothing.
@@ -109,22 +111,20 @@ impl Store {
         self.index.prefetch(&self.index.hash(key));
     }
 
-    /// The second step of [`Store::prefetch`], once the buckets are likely cached: start
-    /// loading the header (and the key after it) of the item a slot with the key's tag
-    /// points at. A hint: slots are read without validation, and a wrong guess only costs
-    /// a wasted load.
+    /// The second step of [`Store::prefetch`], once the first bucket is likely cached:
+    /// start loading the header (and the key after it) of the item a slot there with the
+    /// key's tag points at. A hint: slots are read without validation, and a wrong guess
+    /// only costs a wasted load.
     pub fn prefetch_item(&self, key: &[u8]) {
         if key.is_empty() || key.len() > KEY_MAX_LEN {
             return;
         }
         let kh = self.index.hash(key);
-        for b in [kh.b1, kh.b2] {
-            for i in 0..index::SLOTS {
-                if let Some(slot) = self.index.slot(b, i).filter(|s| s.tag == kh.tag) {
-                    self.arena.prefetch(slot.off);
-                    self.arena.prefetch(slot.off + 64);
-                    return;
-                }
+        for i in 0..index::SLOTS {
+            if let Some(slot) = self.index.slot(kh.b1, i).filter(|s| s.tag == kh.tag) {
+                self.arena.prefetch(slot.off);
+                self.arena.prefetch(slot.off + 64);
+                return;
             }
         }
     }
