@@ -80,6 +80,12 @@ impl Read for Stream {
     // One `readv` for the end of a value (into item memory) and what follows it (into
     // the read buffer); the default would read only the first piece.
     fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        // One piece: `recv` (what `read` is on a socket), which the kernel serves without
+        // `readv`'s iovec import and file-position lock (~2% of a 4 KB GET's server CPU
+        // in perf between them).
+        if let [one] = bufs {
+            return self.read(one);
+        }
         match self {
             Stream::Tcp(s) => s.read_vectored(bufs),
             Stream::Unix(s) => s.read_vectored(bufs),
@@ -97,6 +103,10 @@ impl Write for Stream {
     // One `writev` for a reply and the pinned values inside it (the default would write
     // only the first piece per call).
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // One piece: `send`, for the same reason as `recv` above.
+        if let [one] = bufs {
+            return self.write(one);
+        }
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
