@@ -224,6 +224,16 @@ impl Cluster {
     pub fn pause(&mut self, i: usize) -> Result<()> {
         self.signal(i, Signal::SIGSTOP)?;
         self.nodes[i].paused = true;
+        // The signal is only queued when `kill` returns: a thread running on another CPU
+        // can still answer a request. Return once every thread has stopped.
+        let pid = self.pid(i).unwrap_or(0);
+        let start = Instant::now();
+        while !all_threads_stopped(pid) {
+            if start.elapsed() > self.cfg.startup_timeout {
+                return Err(Error::Config(format!("server {i} did not stop")));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
@@ -239,35 +249,33 @@ impl Cluster {
     /// namespace's end goes down, so this side keeps its route (the packets go into the
     /// veth and are dropped there, never anywhere else).
     pub fn cut(&mut self, i: usize) -> Result<()> {
-        let node = &self.nodes[i];
-        ip(&[
-            "netns",
-            "exec",
-            &node.netns,
-            "ip",
-            "link",
-            "set",
-            &node.ns_link,
-            "down",
-        ])?;
-        self.nodes[i].cut = true;
-        Ok(())
+        self.set_link(i, false)
     }
 
     /// Bring server `i`'s link back up.
     pub fn heal(&mut self, i: usize) -> Result<()> {
-        let node = &self.nodes[i];
-        ip(&[
-            "netns",
-            "exec",
-            &node.netns,
-            "ip",
-            "link",
-            "set",
-            &node.ns_link,
-            "up",
-        ])?;
-        self.nodes[i].cut = false;
+        self.set_link(i, true)
+    }
+
+    fn set_link(&mut self, i: usize, up: bool) -> Result<()> {
+        let node = &mut self.nodes[i];
+        let state = if up { "up" } else { "down" };
+        let link = ["link", "set", &node.ns_link, state];
+        ip(&[&["netns", "exec", &node.netns, "ip"][..], &link[..]].concat())?;
+        node.cut = !up;
+        if up {
+            // Usable when it says so: carrier on this end, and no neighbour entry left
+            // failed by the cut (the kernel would wait a second before asking again).
+            let start = Instant::now();
+            while !ip_output(&["-o", "link", "show", "dev", &node.host_link])?.contains("LOWER_UP")
+            {
+                if start.elapsed() > self.cfg.startup_timeout {
+                    return Err(Error::Config(format!("link {} stays down", node.host_link)));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = ip(&["neigh", "flush", "dev", &node.host_link]);
+        }
         Ok(())
     }
 
@@ -398,6 +406,20 @@ impl Drop for Cluster {
         let _ = ip(&safety_route("del", self.octet));
         let _ = fs::remove_file(claim_path(self.octet));
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    })
 }
 
 /// Whether a server at `addr` answers `version` within a second.

@@ -110,6 +110,8 @@ fn servers_are_separate_and_fail_as_told() {
 
     // Pause: connected, nothing answered; resumed, the queued request is answered.
     let mut cl = Client::connect(addrs[1]).unwrap();
+    // Answered once first, so the server has accepted this connection before it stops.
+    assert_eq!(cl.get("k1").unwrap(), "VALUE k1 0 2\r\nv1\r\nEND\r\n");
     c.pause(1).unwrap();
     let err = cl.get("k1").unwrap_err();
     assert!(
