@@ -72,11 +72,9 @@ fn cut_paused_and_killed_servers_fail_within_their_deadlines_and_come_back() {
     assert!(matches!(r, Err(Error::Timeout { .. })), "paused: {r:?}");
     let r = bounded(slack, "a get from the killed server", || c.get(&keys[2]));
     assert!(r.is_err(), "killed: {r:?}");
-    for i in 0..3 {
+    for (i, k) in keys.iter().enumerate().take(3) {
         // Marked down: the next operation fails at once, without waiting again.
-        let r = bounded(timeout, "an operation on a server marked down", || {
-            c.get(&keys[i])
-        });
+        let r = bounded(timeout, "an operation on a server marked down", || c.get(k));
         assert!(matches!(r, Err(Error::ServerDown { .. })), "{i}: {r:?}");
     }
     // The healthy server was served throughout, and still is.

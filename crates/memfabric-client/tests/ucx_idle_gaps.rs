@@ -58,10 +58,13 @@ fn idle_gaps(get_mode: GetMode) {
     let events = fabric_stat(&mut c, "ucx_wakeups_by_event") - events_before;
     assert_eq!(fabric_stat(&mut c, "ucx_wakeups_by_timer"), 0);
     assert_eq!(transport_counter(&c, "ucx_waits_by_timer"), 0);
-    // Every SET (and every two-sided GET) after a gap found the worker asleep: those
-    // wake-ups came from the event fd.
+    // The sleeping path was taken, many times: a request after a gap usually finds the
+    // worker asleep and wakes it by the event fd. Not every one: on a loaded machine the
+    // worker may be preempted while it still spins after the previous request and catch
+    // the next one spinning (a CI run with builds beside it counted 91 and 127 of 300,
+    // quiet runs ~300). The invariant is the two zeros above: no wake-up was lost.
     assert!(
-        events >= ROUNDS / 2,
+        events >= ROUNDS / 10,
         "only {events} wake-ups by the UCX event fd for {ROUNDS} requests after idle gaps"
     );
 }
