@@ -434,8 +434,9 @@ impl Conn {
         exec::prefetch(shared, &self.session, input, Prefetch::Buckets);
     }
 
-    /// The second prefetch step (see `prefill`), for the connection driven next but one:
-    /// its buckets have had time to arrive; start loading its item.
+    /// The second prefetch step (see `prefill`), for the connection driven next, while
+    /// the worker runs the one before it: its bucket has had time to arrive; start
+    /// loading its item.
     pub fn prefetch_item(&self, shared: &Shared) {
         let input = &self.rbuf[self.rstart..self.rend];
         exec::prefetch(shared, &self.session, input, Prefetch::Item);
