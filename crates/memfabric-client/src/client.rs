@@ -216,6 +216,17 @@ impl Client {
         self.ring.locate(key).map(|i| &self.servers[i].addr)
     }
 
+    /// The `n` distinct servers along the ring from `key` (ignoring down-marking; fewer
+    /// if the pool has fewer): the key's server first, then where its replicas or the
+    /// other fragments of an erasure-coded value belong ([`Continuum::successors`]).
+    pub fn locate_successors(&self, key: &[u8], n: usize) -> Vec<&ServerAddr> {
+        self.ring
+            .successors(key, n)
+            .into_iter()
+            .map(|i| &self.servers[i].addr)
+            .collect()
+    }
+
     /// Whether the server at `index` is currently marked down.
     pub fn is_down(&self, index: usize) -> bool {
         self.servers[index]

@@ -198,6 +198,34 @@ impl Continuum {
             .find(|&s| live(s))
     }
 
+    /// The first `n` distinct servers met walking the ring from `key`'s position (all of
+    /// them if the ring has fewer): where a key and its replicas (or the fragments of an
+    /// erasure-coded value) go. The first is [`Continuum::locate`]'s server. Because the
+    /// walk follows the ring, a server joining or leaving changes a key's list only by
+    /// that server (the others keep their order) wherever the other servers' points stay
+    /// put: always on the unweighted ring, and on the weighted one while the weights are
+    /// equal (weighted ketama rescales every server's share of points when the total
+    /// changes unevenly).
+    pub fn successors(&self, key: &[u8], n: usize) -> Vec<usize> {
+        let want = n.min(self.servers);
+        let mut out = Vec::with_capacity(want);
+        if want == 0 || self.points.is_empty() {
+            return out;
+        }
+        let start = self.first_point(self.key_hash(key));
+        let len = self.points.len();
+        for i in 0..len {
+            let s = self.points[(start + i) % len].1;
+            if !out.contains(&s) {
+                out.push(s);
+                if out.len() == want {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     /// All points, sorted (for tests and diagnostics).
     pub fn points(&self) -> &[(u32, usize)] {
         &self.points
@@ -389,6 +417,66 @@ mod tests {
             assert_ne!(other, home);
             assert_eq!(ring.locate_live(key.as_bytes(), |_| false), None);
         }
+    }
+
+    fn names(nodes: &[Node], list: &[usize]) -> Vec<String> {
+        list.iter().map(|&i| nodes[i].host.clone()).collect()
+    }
+
+    #[test]
+    fn successors_are_distinct_and_start_at_the_home_server() {
+        let nodes: Vec<Node> = (1..=6).map(|i| node(&format!("h{i}"), i, 1)).collect();
+        let ring = Continuum::new(&nodes, Distribution::KetamaWeighted);
+        let mut seen = [0usize; 6];
+        for i in 0..3000 {
+            let key = format!("k{i}");
+            let list = ring.successors(key.as_bytes(), 3);
+            assert_eq!(list.len(), 3);
+            assert_eq!(Some(list[0]), ring.locate(key.as_bytes()));
+            let mut sorted = list.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 3, "{list:?}");
+            for s in list {
+                seen[s] += 1;
+            }
+            assert_eq!(ring.successors(key.as_bytes(), 10).len(), 6, "at most all");
+            assert!(ring.successors(key.as_bytes(), 0).is_empty());
+        }
+        // Three copies of 3000 keys over six equal servers: about 1500 each.
+        for (s, n) in seen.iter().enumerate() {
+            assert!((1100..1900).contains(n), "server {s} holds {n} copies");
+        }
+        let one = Continuum::new(&[node("only", 1, 1)], Distribution::KetamaWeighted);
+        assert_eq!(one.successors(b"x", 3), vec![0]);
+        let empty = Continuum::new(&[], Distribution::KetamaWeighted);
+        assert!(empty.successors(b"x", 3).is_empty());
+    }
+
+    #[test]
+    fn a_server_leaving_or_joining_changes_replica_lists_only_by_itself() {
+        let six: Vec<Node> = (1..=6).map(|i| node(&format!("h{i}"), i, 1)).collect();
+        let five: Vec<Node> = six.iter().filter(|n| n.host != "h4").cloned().collect();
+        let (a, b) = (
+            Continuum::new(&six, Distribution::KetamaWeighted),
+            Continuum::new(&five, Distribution::KetamaWeighted),
+        );
+        let mut changed = 0;
+        for i in 0..3000 {
+            let key = format!("key:{i}");
+            let with = names(&six, &a.successors(key.as_bytes(), 3));
+            let without = names(&five, &b.successors(key.as_bytes(), 3));
+            if with.iter().any(|h| h == "h4") {
+                changed += 1;
+                // h4 drops out; the others keep their order, the next server joins last.
+                let kept: Vec<&String> = with.iter().filter(|h| *h != "h4").collect();
+                assert_eq!(kept, without.iter().take(2).collect::<Vec<_>>(), "{key}");
+            } else {
+                assert_eq!(with, without, "{key}: h4 was not in its list");
+            }
+        }
+        // h4 held about half of the lists (3 of 6 servers); only those changed.
+        assert!((1100..1900).contains(&changed), "{changed}");
     }
 
     #[test]
