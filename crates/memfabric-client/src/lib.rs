@@ -19,6 +19,10 @@
 //!    memfabricd's fabric protocol. The transports depend on [`transport`] only; the pool
 //!    picks one per scheme ([`client::make_transport`]).
 //!
+//! Beside them, [`ec`] cuts a value into erasure-coded fragments and rebuilds it from any
+//! `k` of them (no I/O; the pool will place the fragments with
+//! [`ketama::Continuum::successors`]).
+//!
 //! ```no_run
 //! use memfabric_client::{Client, Config};
 //! let mut c = Client::new("127.0.0.1:11211,127.0.0.1:11212", Config::default())?;
@@ -33,6 +37,7 @@
 
 pub mod addr;
 pub mod client;
+pub mod ec;
 pub mod error;
 pub mod ketama;
 pub mod meta;

@@ -11,6 +11,7 @@
 
 pub mod ascii;
 pub mod binary;
+pub mod ec_fragment;
 pub mod key_hint;
 pub mod meta;
 pub mod meta_client;
