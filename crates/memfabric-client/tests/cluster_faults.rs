@@ -6,19 +6,14 @@
 //! empty). Over TCP; over UCX on this machine a cut link would not stop shared memory.
 //!
 //! Needs root and `ip`, as CI has; `MEMFABRIC_SKIP_NETNS=1` skips it (printed).
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::key_on;
 
 use memfabric_client::{Client, Config, Error};
 use memfabric_cluster::{Cluster, ClusterConfig};
-
-/// A key of `c` that lives on server `index`.
-fn key_on(c: &Client, index: usize, tag: &str) -> Vec<u8> {
-    let want = c.servers()[index].clone();
-    (0..)
-        .map(|i| format!("{tag}{i}").into_bytes())
-        .find(|k| c.locate(k) == Some(&want))
-        .unwrap()
-}
 
 /// Run `op` and check it returned within `bound` (a hang check, not a measurement).
 fn bounded<T>(bound: Duration, what: &str, op: impl FnOnce() -> T) -> T {

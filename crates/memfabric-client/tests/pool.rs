@@ -8,21 +8,12 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Kind, Server};
+use common::{key_on, Kind, Server};
 use memfabric_client::{Client, Config, Error};
 
 fn pool(servers: &[&Server], config: Config) -> Client {
     let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
     Client::new(list.join(",").as_str(), config).unwrap()
-}
-
-/// A key that lives on server `index` of `c`.
-fn key_on(c: &Client, index: usize, tag: &str) -> Vec<u8> {
-    let want = c.servers()[index].clone();
-    (0..)
-        .map(|i| format!("{tag}{i}").into_bytes())
-        .find(|k| c.locate(k) == Some(&want))
-        .unwrap()
 }
 
 fn get_multi_across_three_servers(kind: Kind) {

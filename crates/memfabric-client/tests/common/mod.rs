@@ -284,3 +284,12 @@ impl Drop for Server {
         }
     }
 }
+
+/// A key of pool `c` that lives on its server `index` (the first `TAG<n>` that does).
+pub fn key_on(c: &memfabric_client::Client, index: usize, tag: &str) -> Vec<u8> {
+    let want = c.servers()[index].clone();
+    (0..)
+        .map(|i| format!("{tag}{i}").into_bytes())
+        .find(|k| c.locate(k) == Some(&want))
+        .unwrap()
+}
