@@ -7,7 +7,7 @@
 //!
 //! This is the coding only; which servers hold the fragments (`Continuum::successors`),
 //! and how they are written and read, is the pool's business.
-use memfabric_proto::ec_fragment::{shard_len, FragmentError, FragmentHeader};
+use memfabric_proto::ec_fragment::{shard_len, FragmentHeader};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// Why a value could not be coded or rebuilt.
@@ -134,11 +134,6 @@ impl Code {
         value.truncate(newest.value_len as usize);
         Ok(value)
     }
-}
-
-/// Whether `bytes` are an intact fragment (for callers that sort replies).
-pub fn is_fragment(bytes: &[u8]) -> Result<FragmentHeader, FragmentError> {
-    FragmentHeader::decode(bytes).map(|(h, _)| h)
 }
 
 #[cfg(test)]

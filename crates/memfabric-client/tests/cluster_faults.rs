@@ -26,8 +26,7 @@ fn bounded<T>(bound: Duration, what: &str, op: impl FnOnce() -> T) -> T {
 
 #[test]
 fn cut_paused_and_killed_servers_fail_within_their_deadlines_and_come_back() {
-    if std::env::var_os("MEMFABRIC_SKIP_NETNS").is_some() {
-        eprintln!("MEMFABRIC_SKIP_NETNS is set: network-namespace test skipped");
+    if memfabric_cluster::skip_netns_tests() {
         return;
     }
     let mut cluster = Cluster::start(ClusterConfig {

@@ -100,7 +100,6 @@ struct Node {
     addr: Ipv4Addr,
     child: Option<Child>,
     log: PathBuf,
-    paused: bool,
     cut: bool,
 }
 
@@ -215,7 +214,6 @@ impl Cluster {
             let _ = child.kill();
             child.wait()?;
         }
-        node.paused = false;
         Ok(())
     }
 
@@ -223,7 +221,6 @@ impl Cluster {
     /// connections and data, but nothing is answered.
     pub fn pause(&mut self, i: usize) -> Result<()> {
         self.signal(i, Signal::SIGSTOP)?;
-        self.nodes[i].paused = true;
         // The signal is only queued when `kill` returns: a thread running on another CPU
         // can still answer a request. Return once every thread has stopped.
         let pid = self.pid(i).unwrap_or(0);
@@ -240,7 +237,6 @@ impl Cluster {
     /// `SIGCONT` server `i`.
     pub fn resume(&mut self, i: usize) -> Result<()> {
         self.signal(i, Signal::SIGCONT)?;
-        self.nodes[i].paused = false;
         Ok(())
     }
 
@@ -318,7 +314,6 @@ impl Cluster {
             addr,
             child: None,
             log: self.dir.join(format!("server-{i}.log")),
-            paused: false,
             cut: false,
         };
         // Recorded before the rest is built: a failure below is undone by Drop.
@@ -367,7 +362,6 @@ impl Cluster {
             .stderr(log)
             .spawn()?;
         node.child = Some(child);
-        node.paused = false;
         Ok(())
     }
 
@@ -406,6 +400,17 @@ impl Drop for Cluster {
         let _ = ip(&safety_route("del", self.octet));
         let _ = fs::remove_file(claim_path(self.octet));
     }
+}
+
+/// Whether tests that need network namespaces should skip themselves here:
+/// `MEMFABRIC_SKIP_NETNS` is set (a machine without root or `ip`). The skip is printed,
+/// never silent; CI does not set it.
+pub fn skip_netns_tests() -> bool {
+    let skip = std::env::var_os("MEMFABRIC_SKIP_NETNS").is_some();
+    if skip {
+        eprintln!("MEMFABRIC_SKIP_NETNS is set: network-namespace test skipped");
+    }
+    skip
 }
 
 /// Whether every thread of process `pid` is stopped (state `T` in `/proc`).

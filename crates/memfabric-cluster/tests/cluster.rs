@@ -12,14 +12,6 @@ use std::time::Duration;
 
 use memfabric_cluster::{Cluster, ClusterConfig};
 
-fn skip() -> bool {
-    let skip = std::env::var_os("MEMFABRIC_SKIP_NETNS").is_some();
-    if skip {
-        eprintln!("MEMFABRIC_SKIP_NETNS is set: network-namespace test skipped");
-    }
-    skip
-}
-
 /// A memcached text-protocol client with a read timeout.
 struct Client(TcpStream);
 
@@ -70,7 +62,7 @@ fn links() -> String {
 
 #[test]
 fn servers_are_separate_and_fail_as_told() {
-    if skip() {
+    if memfabric_cluster::skip_netns_tests() {
         return;
     }
     let mut c = Cluster::start(ClusterConfig {
@@ -189,7 +181,7 @@ fn servers_are_separate_and_fail_as_told() {
 
 #[test]
 fn clusters_side_by_side_get_their_own_addresses() {
-    if skip() {
+    if memfabric_cluster::skip_netns_tests() {
         return;
     }
     let one = ClusterConfig {
@@ -209,7 +201,7 @@ fn clusters_side_by_side_get_their_own_addresses() {
 
 #[test]
 fn what_a_killed_owner_left_is_removed_by_the_next_cluster() {
-    if skip() {
+    if memfabric_cluster::skip_netns_tests() {
         return;
     }
     // A child process (this test binary, running the helper below) builds a cluster

@@ -8,11 +8,12 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use memfabric_store::PrefetchHint;
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
 use crate::bounds::{Gauges, Holdings, Share};
-use crate::command::Prefetch;
+use crate::command;
 use crate::counters::ThreadStats;
 use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
@@ -185,6 +186,8 @@ pub struct Conn {
     /// read first would take a large value's bytes through the read buffer instead of
     /// receiving them in place once its request has run).
     prefilled: bool,
+    /// Where `prefill` found this round's first request's key, for `prefetch_item`.
+    hint: Option<PrefetchHint>,
     /// Input bytes the pending request needs in total (from `Progress::need`).
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
@@ -224,6 +227,7 @@ impl Conn {
             closing: false,
             read_failed: false,
             prefilled: false,
+            hint: None,
             need: 0,
             last_active: now,
             wants_writable: false,
@@ -430,16 +434,16 @@ impl Conn {
             return;
         }
         self.prefilled = true;
-        let input = &self.rbuf[self.rstart..self.rend];
-        exec::prefetch(shared, &self.session, input, Prefetch::Buckets);
+        self.hint = exec::prefetch(shared, &self.session, &self.rbuf[self.rstart..self.rend]);
     }
 
     /// The second prefetch step (see `prefill`), for the connection driven next, while
     /// the worker runs the one before it: its bucket has had time to arrive; start
     /// loading its item.
     pub fn prefetch_item(&self, shared: &Shared) {
-        let input = &self.rbuf[self.rstart..self.rend];
-        exec::prefetch(shared, &self.session, input, Prefetch::Item);
+        if let Some(hint) = &self.hint {
+            command::prefetch_item(shared, hint);
+        }
     }
 
     /// A readiness event arrived (or the worker re-runs us). Do one bounded round of
@@ -479,6 +483,7 @@ impl Conn {
             self.may_read = true;
         }
         let prefilled = std::mem::take(&mut self.prefilled);
+        self.hint = None;
         if self.read_failed || self.flush(stats).is_err() {
             return Next::Close;
         }

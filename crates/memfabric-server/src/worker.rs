@@ -386,17 +386,20 @@ impl Worker {
                 conn.prefill(&self.shared, &self.stats);
             }
         }
-        if let (true, Some(conn)) = (
-            self.ready.len() > 1,
-            self.ready.first().and_then(|(t, _)| self.conns.get(t)),
-        ) {
-            conn.prefetch_item(&self.shared);
+        // The first one's item too, when there is work to overlap it with.
+        if self.ready.len() > 1 {
+            self.prefetch_item(0);
         }
         for i in 0..self.ready.len() {
-            if let Some(conn) = self.ready.get(i + 1).and_then(|(t, _)| self.conns.get(t)) {
-                conn.prefetch_item(&self.shared);
-            }
+            self.prefetch_item(i + 1);
             self.drive(self.ready[i].0, false, now);
+        }
+    }
+
+    /// `Conn::prefetch_item` for the `i`th ready connection, if there is one.
+    fn prefetch_item(&self, i: usize) {
+        if let Some(conn) = self.ready.get(i).and_then(|(t, _)| self.conns.get(t)) {
+            conn.prefetch_item(&self.shared);
         }
     }
 

@@ -7,9 +7,11 @@
 //! is served; `debug held` says the slow commands are waiting, so their replies cannot
 //! have been sent yet. After the release every reply arrives, in request order.
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use memfabric_cluster::answers_version;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,7 +62,9 @@ impl HoldingServer {
                 }
                 // A round trip, not just a connect: a server that bound its TCP port but
                 // is exiting (its UDP port was taken meanwhile) accepts and then drops.
-                if answers_version(port) && child.try_wait().expect("status").is_none() {
+                if answers_version(SocketAddr::from(([127, 0, 0, 1], port)))
+                    && child.try_wait().expect("status").is_none()
+                {
                     return HoldingServer { child, port };
                 }
                 assert!(start.elapsed() < TIMEOUT, "memfabricd did not come up");
@@ -75,18 +79,6 @@ impl HoldingServer {
         s.set_nodelay(true).expect("nodelay");
         s
     }
-}
-
-/// Whether a server on `port` answers `version`.
-fn answers_version(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut reply = [0u8; 8];
-    s.write_all(b"version\r\n").is_ok()
-        && s.read_exact(&mut reply).is_ok()
-        && reply.starts_with(b"VERSION ")
 }
 
 /// A port free for TCP and UDP now, never handed to another test of this process.

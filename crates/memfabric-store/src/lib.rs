@@ -37,8 +37,8 @@ pub use ops::{ArithStatus, DeleteStatus, Found, SetMode, StoreStatus};
 pub use pins::{PendingItem, PinnedItem};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
 pub use store::{
-    AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, ReassignStatus, Store,
-    Txn,
+    AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, PrefetchHint,
+    ReassignStatus, Store, Txn,
 };
 
 /// Longest key memcached accepts.

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use memfabric_store::{
     AllocError, ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, ItemInfo, PendingItem,
-    PinnedItem, SetMode, StoreStatus,
+    PinnedItem, PrefetchHint, SetMode, StoreStatus,
 };
 
 use crate::counters::{ClassStat, VERSION};
@@ -144,22 +144,16 @@ pub fn get(
 }
 
 /// Count one retrieval: `hit` is the slab class of the item found.
-/// How far [`prefetch`] goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prefetch {
-    /// The key's index buckets.
-    Buckets,
-    /// The item the buckets point at (once they are likely cached).
-    Item,
+/// Start loading the store memory a request for `key` will touch first (a hint: no
+/// effect on any result, no counter); the returned hint takes it one step further
+/// ([`prefetch_item`]).
+pub fn prefetch(shared: &crate::shared::Shared, key: &[u8]) -> Option<PrefetchHint> {
+    shared.store.prefetch(key)
 }
 
-/// Start loading the store memory a request for `key` will touch (a hint: no effect on
-/// any result, no counter).
-pub fn prefetch(shared: &crate::shared::Shared, key: &[u8], step: Prefetch) {
-    match step {
-        Prefetch::Buckets => shared.store.prefetch(key),
-        Prefetch::Item => shared.store.prefetch_item(key),
-    }
+/// The second step of [`prefetch`]: the item itself.
+pub fn prefetch_item(shared: &crate::shared::Shared, hint: &PrefetchHint) {
+    shared.store.prefetch_item(hint);
 }
 
 pub fn count_retrieval(ctx: &ExecCtx<'_>, how: Retrieval, hit: Option<u8>) {

@@ -8,7 +8,7 @@
 //! Files: `ascii.rs` (classic text commands and line framing), `meta.rs` (mg ms md ma mn
 //! me), `binary.rs` (binary protocol). Each exposes a `process_one` with the same shape.
 
-use memfabric_store::{ItemInfo, PendingItem};
+use memfabric_store::{ItemInfo, PendingItem, PrefetchHint};
 
 use crate::command::holds::Ticket;
 use crate::command::{self, Delivery, Lookup, Retrieval, Value};
@@ -217,14 +217,13 @@ pub struct Progress {
 }
 
 /// Start loading the store memory the next request in `input` will touch (`command::
-/// prefetch`), when one starts there and names a key.
-pub fn prefetch(shared: &Shared, sess: &Session, input: &[u8], step: command::Prefetch) {
+/// prefetch`), when one starts there and names a key; the hint is for
+/// `command::prefetch_item`.
+pub fn prefetch(shared: &Shared, sess: &Session, input: &[u8]) -> Option<PrefetchHint> {
     if sess.swallow > 0 || sess.receiving.is_some() {
-        return;
+        return None;
     }
-    if let Some(key) = memfabric_proto::key_hint::first_key(input) {
-        command::prefetch(shared, key, step);
-    }
+    command::prefetch(shared, memfabric_proto::key_hint::first_key(input)?)
 }
 
 /// Copied reply bytes a connection may queue before it stops running requests (pinned

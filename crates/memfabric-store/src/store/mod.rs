@@ -23,5 +23,6 @@ mod tests;
 pub use new_item::NewItem;
 pub(crate) use new_item::Owner;
 pub use options::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, ReassignStatus};
+pub use read::PrefetchHint;
 pub use state::{Inner, Store};
 pub use txn::Txn;

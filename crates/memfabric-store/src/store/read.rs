@@ -100,26 +100,27 @@ impl Store {
     /// Start loading the memory a request for `key` will touch first: its first index
     /// bucket (where a new key goes while that bucket has room: `Txn::free_slot`; the
     /// second is read only for a miss, or at high load, and a prefetch that misses the
-    /// TLB costs a page walk even when its line is never used). A worker that read several connections' requests calls this for each
-    /// before executing any, so the cache misses of one overlap the work of the others
-    /// (the index is sized for the store's worst case and much larger than the cache and
-    /// the TLB's reach: its buckets are nearly always misses). Reads nothing.
-    pub fn prefetch(&self, key: &[u8]) {
+    /// TLB costs a page walk even when its line is never used). A worker that read
+    /// several connections' requests calls this for each before executing any, so the
+    /// cache misses of one overlap the work of the others (the index is sized for the
+    /// store's worst case and much larger than the cache and the TLB's reach: its buckets
+    /// are nearly always misses). Reads nothing. The hint it returns is for
+    /// [`Store::prefetch_item`].
+    pub fn prefetch(&self, key: &[u8]) -> Option<PrefetchHint> {
         if key.is_empty() || key.len() > KEY_MAX_LEN {
-            return;
+            return None;
         }
-        self.index.prefetch(&self.index.hash(key));
+        let kh = self.index.hash(key);
+        self.index.prefetch(&kh);
+        Some(PrefetchHint(kh))
     }
 
     /// The second step of [`Store::prefetch`], once the first bucket is likely cached:
     /// start loading the header (and the key after it) of the item a slot there with the
     /// key's tag points at. A hint: slots are read without validation, and a wrong guess
     /// only costs a wasted load.
-    pub fn prefetch_item(&self, key: &[u8]) {
-        if key.is_empty() || key.len() > KEY_MAX_LEN {
-            return;
-        }
-        let kh = self.index.hash(key);
+    pub fn prefetch_item(&self, hint: &PrefetchHint) {
+        let kh = &hint.0;
         for i in 0..index::SLOTS {
             if let Some(slot) = self.index.slot(kh.b1, i).filter(|s| s.tag == kh.tag) {
                 self.arena.prefetch(slot.off);
@@ -142,6 +143,11 @@ impl Store {
         self.transact(key, |t| t.item())
     }
 }
+
+/// Where a key lives, from [`Store::prefetch`], so that its second step need not hash
+/// the key again.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchHint(KeyHash);
 
 /// Bounded optimistic attempts before a read takes the key's lock.
 const OPTIMISTIC_TRIES: usize = 64;
