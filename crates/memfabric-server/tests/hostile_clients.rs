@@ -510,3 +510,44 @@ fn values_arriving_in_trickles_or_in_one_burst_are_stored_exactly_with_the_reque
     drop(c);
     drop(c2);
 }
+
+/// Clients that die with a reset in the middle of a value: each leaves a reply unread, so
+/// closing its socket sends a reset, and the server's next read fails instead of seeing
+/// an end of file (the read that fails is now the one done for every ready connection
+/// before any runs). Their connections close, the item memory of their values comes
+/// back, nothing of the cut values is stored, and the others are served.
+#[test]
+fn clients_that_reset_mid_value_give_back_what_they_held() {
+    let mut d = Daemon::start(&["-m", "64"]);
+    set(&d, "k", b"v");
+    let mut watcher = d.tcp();
+    let base = 1;
+    wait_for_connections(&mut watcher, base);
+    let mut dying = Vec::new();
+    for i in 0..20 {
+        let mut c = d.tcp();
+        c.write_all(b"get k\r\n").expect("get");
+        c.write_all(format!("set reset:{i} 0 0 1000000\r\n").as_bytes())
+            .expect("header");
+        c.write_all(&vec![b'r'; 200_000]).expect("partial value");
+        dying.push(c);
+    }
+    d.settle("bytes_read");
+    assert!(d.stat_of("bounds", "receiving_values") > 0);
+    assert_eq!(stat_via(&mut watcher, "curr_connections"), base + 20);
+    drop(dying);
+    assert_eq!(d.wait_stat_of("bounds", "receiving_values", 0), 0);
+    assert_eq!(d.stat_of("bounds", "receiving_bytes"), 0);
+    assert_eq!(wait_for_connections(&mut watcher, base), base);
+    assert!(d.alive(), "server died");
+    let mut c = d.tcp();
+    for i in 0..20 {
+        let get = format!("get reset:{i}\r\n");
+        assert_eq!(request(&mut c, get.as_bytes(), b"END\r\n"), b"END\r\n");
+    }
+    set(&d, "after", b"fine");
+    assert_eq!(
+        request(&mut c, b"get after\r\n", b"END\r\n"),
+        b"VALUE after 0 4\r\nfine\r\nEND\r\n"
+    );
+}
