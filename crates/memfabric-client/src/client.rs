@@ -11,6 +11,7 @@ use crate::addr::{check_one_scheme, Scheme, ServerAddr};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::replicate::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 
 /// The one place a scheme becomes a transport. Here, not in `transport.rs`, so that the
@@ -54,6 +55,23 @@ pub struct Config {
     /// Tell servers which items were read one-sidedly (batched), so that their eviction
     /// treats them as used (default on; off only to measure what the hints are worth).
     pub access_hints: bool,
+    /// Keep `replicas` more copies of every key on the next distinct servers along the ring
+    /// (default 0: one copy, libmemcached's behaviour). See [`crate::replicate`] and
+    /// `docs/resilience.md`.
+    pub replicas: u8,
+    /// How many copies must acknowledge a write before it succeeds (default quorum).
+    pub write_policy: WritePolicy,
+    /// Spread a replicated pool's reads over the copies instead of primary first.
+    pub randomize_reads: bool,
+    /// Write a value found only on a later copy back to the copies that missed it (default
+    /// on).
+    pub read_repair: bool,
+    /// Keys remembered per server whose write failed there, to be deleted on that server
+    /// before it is read again (default 10000); beyond that the server is flushed instead.
+    pub max_hints: usize,
+    /// At most this many background requests (read repairs) in flight; more are skipped
+    /// and counted (default 4096).
+    pub max_background: usize,
 }
 
 impl Default for Config {
@@ -67,13 +85,19 @@ impl Default for Config {
             max_in_flight: 65536,
             get_mode: GetMode::Auto,
             access_hints: true,
+            replicas: 0,
+            write_policy: WritePolicy::Quorum,
+            randomize_reads: false,
+            read_repair: true,
+            max_hints: 10_000,
+            max_background: 4096,
         }
     }
 }
 
 /// A request in flight or finished but not yet collected. Cheap to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Handle(u64);
+pub struct Handle(pub(crate) u64);
 
 impl Handle {
     /// The request id the transport sees.
@@ -112,33 +136,62 @@ impl IntoServers for &[ServerAddr] {
     }
 }
 
-struct Server {
-    addr: ServerAddr,
-    name: String,
-    conn: Option<ConnId>,
-    down_until: Option<Instant>,
-    inflight: usize,
+pub(crate) struct Server {
+    pub(crate) addr: ServerAddr,
+    pub(crate) name: String,
+    pub(crate) conn: Option<ConnId>,
+    pub(crate) down_until: Option<Instant>,
+    pub(crate) inflight: usize,
+    /// Replicated pools: what must be deleted here before it is read again.
+    pub(crate) hints: ServerHints,
+    /// The server's `instance_id` (memfabricd's `stats fabric`), once probed.
+    pub(crate) instance: Option<String>,
 }
 
-struct Pending {
-    server: usize,
-    conn: ConnId,
-    deadline: Instant,
+pub(crate) struct Pending {
+    pub(crate) server: usize,
+    pub(crate) conn: ConnId,
+    pub(crate) deadline: Instant,
+}
+
+/// A finished request: its result and, for replicated operations, how many copies
+/// acknowledged it.
+pub(crate) struct Done {
+    pub(crate) result: Result<Reply, Error>,
+    pub(crate) acks: Acks,
+}
+
+impl Done {
+    fn failed(e: Error) -> Done {
+        Done {
+            result: Err(e),
+            acks: Acks::default(),
+        }
+    }
 }
 
 /// A memcached client over a pool of servers. Single-threaded: use one per thread, like a
 /// libmemcached `memcached_st`.
 pub struct Client {
-    config: Config,
-    servers: Vec<Server>,
-    ring: Continuum,
+    pub(crate) config: Config,
+    pub(crate) servers: Vec<Server>,
+    pub(crate) ring: Continuum,
     transport: Box<dyn Transport>,
     next_id: u64,
-    pending: HashMap<u64, Pending>,
-    finished: HashMap<u64, Result<Reply, Error>>,
+    pub(crate) pending: HashMap<u64, Pending>,
+    pub(crate) finished: HashMap<u64, Done>,
     conn_server: HashMap<ConnId, usize>,
     done: Vec<Completion>,
     failed: Vec<ConnId>,
+    /// Replicated operations in progress, by the caller's handle id.
+    pub(crate) tasks: HashMap<u64, Task>,
+    /// Requests issued on behalf of a task or the pool's upkeep, by request id.
+    pub(crate) child_of: HashMap<u64, Child>,
+    /// Finished children not yet handed to their task.
+    pub(crate) events: std::collections::VecDeque<(Child, Result<Reply, Error>)>,
+    pub(crate) settling: bool,
+    pub(crate) background_inflight: usize,
+    pub(crate) counters: PoolCounters,
 }
 
 /// `STAT` name/value pairs of one server.
@@ -180,6 +233,8 @@ impl Client {
                 conn: None,
                 down_until: None,
                 inflight: 0,
+                hints: ServerHints::default(),
+                instance: None,
             })
             .collect();
         Client {
@@ -193,11 +248,21 @@ impl Client {
             conn_server: HashMap::new(),
             done: Vec::new(),
             failed: Vec::new(),
+            tasks: HashMap::new(),
+            child_of: HashMap::new(),
+            events: std::collections::VecDeque::new(),
+            settling: false,
+            background_inflight: 0,
+            counters: PoolCounters::default(),
         }
     }
 
     /// The transport's counters: how GETs were served (one-sided hits, two-sided GETs,
     /// one-sided reads that fell back and why, retries, access hints sent).
+    pub(crate) fn transport_instance(&self, conn: ConnId) -> Option<String> {
+        self.transport.instance(conn)
+    }
+
     pub fn transport_counters(&self) -> Vec<(String, u64)> {
         self.transport.counters()
     }
@@ -240,7 +305,7 @@ impl Client {
     }
 
     /// Whether server `s` is not marked down (the clock is read only for one that was).
-    fn is_up(&self, s: usize) -> bool {
+    pub(crate) fn is_up(&self, s: usize) -> bool {
         !matches!(self.servers[s].down_until, Some(t) if Instant::now() < t)
     }
 
@@ -261,7 +326,7 @@ impl Client {
         }
     }
 
-    fn ensure_conn(&mut self, s: usize) -> Result<ConnId, Error> {
+    pub(crate) fn ensure_conn(&mut self, s: usize) -> Result<ConnId, Error> {
         if !self.is_up(s) {
             return Err(Error::ServerDown {
                 server: self.servers[s].name.clone(),
@@ -278,6 +343,9 @@ impl Client {
                 self.servers[s].conn = Some(c);
                 self.servers[s].down_until = None;
                 self.conn_server.insert(c, s);
+                if self.resilient() {
+                    self.on_connect(s, c);
+                }
                 Ok(c)
             }
             Err(e) => {
@@ -287,23 +355,46 @@ impl Client {
         }
     }
 
-    fn new_handle(&mut self) -> Handle {
+    pub(crate) fn new_handle(&mut self) -> Handle {
         let h = Handle(self.next_id);
         self.next_id += 1;
         h
     }
 
-    fn fail_now(&mut self, e: Error) -> Handle {
+    pub(crate) fn fail_now(&mut self, e: Error) -> Handle {
         let h = self.new_handle();
-        self.finished.insert(h.0, Err(e));
+        self.complete(h.0, Err(e));
         h
+    }
+
+    /// Hands a finished request to its task (a child) or to the caller.
+    pub(crate) fn complete(&mut self, id: u64, result: Result<Reply, Error>) {
+        match self.child_of.remove(&id) {
+            Some(child) => self.events.push_back((child, result)),
+            None => {
+                let acks = Acks::single(result.is_ok());
+                self.finished.insert(id, Done { result, acks });
+            }
+        }
     }
 
     /// Issues `op` to server `s`. Errors before sending complete the handle at once.
     fn issue_to(&mut self, s: usize, op: Op) -> Handle {
+        self.issue(s, op, None)
+    }
+
+    /// Issues `op` to server `s`, on behalf of `child`'s task when given.
+    pub(crate) fn issue(&mut self, s: usize, op: Op, child: Option<Child>) -> Handle {
+        let h = self.new_handle();
+        if let Some(c) = child {
+            self.child_of.insert(h.0, c);
+        }
         let conn = match self.ensure_conn(s) {
             Ok(c) => c,
-            Err(e) => return self.fail_now(e),
+            Err(e) => {
+                self.complete(h.0, Err(e));
+                return h;
+            }
         };
         // Back-pressure: let some requests of this server finish first.
         while self.servers[s].inflight >= self.config.max_in_flight.max(1)
@@ -311,14 +402,23 @@ impl Client {
         {
             let until = self.nearest_deadline().unwrap_or_else(Instant::now);
             if let Err(e) = self.round(until) {
-                return self.fail_now(e);
+                self.complete(h.0, Err(e));
+                return h;
             }
         }
         let conn = match self.ensure_conn(s) {
             Ok(c) => c,
-            Err(e) => return self.fail_now(e),
+            Err(e) => {
+                self.complete(h.0, Err(e));
+                return h;
+            }
         };
-        let h = self.new_handle();
+        self.submit_on(s, conn, h, op);
+        h
+    }
+
+    /// Submits `op` as request `h` on `conn` of server `s`, with the pool's deadline.
+    pub(crate) fn submit_on(&mut self, s: usize, conn: ConnId, h: Handle, op: Op) {
         match self.transport.submit(conn, h.0, op) {
             Ok(()) => {
                 let deadline = Instant::now() + self.config.timeout;
@@ -332,16 +432,16 @@ impl Client {
                 );
                 self.servers[s].inflight += 1;
             }
-            Err(e) => {
-                self.finished.insert(h.0, Err(e));
-            }
+            Err(e) => self.complete(h.0, Err(e)),
         }
-        h
     }
 
     /// Issues any keyed operation to the key's server, or a server-wide one to the first server.
     /// The result is collected with [`Client::test`], [`Client::wait`] or [`Client::wait_all`].
     pub fn submit(&mut self, op: Op) -> Handle {
+        if self.resilient() && op.key().is_some() {
+            return self.submit_resilient(op);
+        }
         let s = match op.key() {
             Some(key) => self.route(key),
             None => Ok(0),
@@ -352,7 +452,7 @@ impl Client {
         }
     }
 
-    fn nearest_deadline(&self) -> Option<Instant> {
+    pub(crate) fn nearest_deadline(&self) -> Option<Instant> {
         self.pending.values().map(|p| p.deadline).min()
     }
 
@@ -367,7 +467,7 @@ impl Client {
         for c in std::mem::take(&mut self.done) {
             if let Some(p) = self.pending.remove(&c.id) {
                 self.servers[p.server].inflight -= 1;
-                self.finished.insert(c.id, c.result);
+                self.complete(c.id, c.result);
             }
         }
         // A round that was not to wait took microseconds at most: its start time serves
@@ -394,6 +494,7 @@ impl Client {
         for (s, conn) in expired {
             self.mark_down_timeout(s, conn, now);
         }
+        self.settle();
         res
     }
 
@@ -409,12 +510,10 @@ impl Client {
         for id in ids {
             self.pending.remove(&id);
             self.servers[s].inflight -= 1;
-            self.finished.insert(
-                id,
-                Err(Error::Timeout {
-                    server: self.servers[s].name.clone(),
-                }),
-            );
+            let e = Error::Timeout {
+                server: self.servers[s].name.clone(),
+            };
+            self.complete(id, Err(e));
         }
         if self.servers[s].conn == Some(conn) {
             self.servers[s].conn = None;
@@ -426,6 +525,9 @@ impl Client {
 
     /// Forgets a request the caller stopped waiting for; its reply is dropped when it comes.
     fn abandon(&mut self, id: u64) -> Error {
+        if let Some(e) = self.abandon_task(id) {
+            return e;
+        }
         match self.pending.remove(&id) {
             Some(p) => {
                 self.servers[p.server].inflight -= 1;
@@ -437,36 +539,62 @@ impl Client {
         }
     }
 
+    /// Whether request `id` is still to finish (a request in flight or a replicated
+    /// operation not yet decided).
+    fn waiting(&self, id: u64) -> bool {
+        self.pending.contains_key(&id) || self.tasks.get(&id).is_some_and(|t| !t.delivered)
+    }
+
+    /// When request `id` will have finished at the latest: its own deadline, or for a
+    /// replicated operation the nearest deadline of anything in flight (each step of it
+    /// has one).
+    fn deadline_of(&self, id: u64) -> Option<Instant> {
+        match self.pending.get(&id) {
+            Some(p) => Some(p.deadline),
+            None if self.waiting(id) => Some(
+                self.nearest_deadline()
+                    .unwrap_or_else(|| Instant::now() + self.config.timeout),
+            ),
+            None => None,
+        }
+    }
+
     /// Progress once without blocking; the result if the request has finished. A result is
     /// returned once: after that the handle is unknown.
     pub fn test(&mut self, h: Handle) -> Option<Result<Reply, Error>> {
-        if let Some(r) = self.finished.remove(&h.0) {
-            return Some(r);
-        }
-        if !self.pending.contains_key(&h.0) {
-            return Some(Err(Error::UnknownHandle));
-        }
-        if let Err(e) = self.round(Instant::now()) {
-            return Some(Err(e));
-        }
-        self.finished.remove(&h.0)
+        self.test_acked(h).map(|d| d.0)
     }
 
-    fn wait_until(&mut self, h: Handle, limit: Option<Instant>) -> Result<Reply, Error> {
+    /// [`Client::test`], with how many copies acknowledged (replicated pools).
+    pub fn test_acked(&mut self, h: Handle) -> Option<(Result<Reply, Error>, Acks)> {
+        if let Some(d) = self.finished.remove(&h.0) {
+            return Some((d.result, d.acks));
+        }
+        if !self.waiting(h.0) {
+            return Some((Err(Error::UnknownHandle), Acks::default()));
+        }
+        if let Err(e) = self.round(Instant::now()) {
+            return Some((Err(e), Acks::default()));
+        }
+        self.finished.remove(&h.0).map(|d| (d.result, d.acks))
+    }
+
+    fn wait_until(&mut self, h: Handle, limit: Option<Instant>) -> Done {
         loop {
-            if let Some(r) = self.finished.remove(&h.0) {
-                return r;
+            if let Some(d) = self.finished.remove(&h.0) {
+                return d;
             }
-            let deadline = match self.pending.get(&h.0) {
-                Some(p) => p.deadline,
-                None => return Err(Error::UnknownHandle),
+            let Some(deadline) = self.deadline_of(h.0) else {
+                return Done::failed(Error::UnknownHandle);
             };
             let now = Instant::now();
             if limit.is_some_and(|l| now >= l) {
-                return Err(self.abandon(h.0));
+                return Done::failed(self.abandon(h.0));
             }
             let until = limit.map_or(deadline, |l| l.min(deadline));
-            self.round(until)?;
+            if let Err(e) = self.round(until) {
+                return Done::failed(e);
+            }
         }
     }
 
@@ -474,23 +602,25 @@ impl Client {
     /// If `timeout` passes first the request is abandoned and `Error::Timeout` returned (its
     /// server is not marked down for that).
     pub fn wait(&mut self, h: Handle, timeout: Duration) -> Result<Reply, Error> {
-        self.wait_until(h, Some(Instant::now() + timeout))
+        self.wait_until(h, Some(Instant::now() + timeout)).result
     }
 
-    fn gather(&mut self, hs: &[Handle], limit: Option<Instant>) -> Vec<Result<Reply, Error>> {
+    /// [`Client::wait`], with how many copies acknowledged (replicated pools).
+    pub fn wait_acked(&mut self, h: Handle, timeout: Duration) -> (Result<Reply, Error>, Acks) {
+        let d = self.wait_until(h, Some(Instant::now() + timeout));
+        (d.result, d.acks)
+    }
+
+    fn gather(&mut self, hs: &[Handle], limit: Option<Instant>) -> Vec<Done> {
         loop {
             let waiting = hs
                 .iter()
-                .any(|h| !self.finished.contains_key(&h.0) && self.pending.contains_key(&h.0));
+                .any(|h| !self.finished.contains_key(&h.0) && self.waiting(h.0));
             let now = Instant::now();
             if !waiting || limit.is_some_and(|l| now >= l) {
                 break;
             }
-            let nearest = hs
-                .iter()
-                .filter_map(|h| self.pending.get(&h.0))
-                .map(|p| p.deadline)
-                .min();
+            let nearest = hs.iter().filter_map(|h| self.deadline_of(h.0)).min();
             let until = match (nearest, limit) {
                 (Some(d), Some(l)) => d.min(l),
                 (Some(d), None) => d,
@@ -498,13 +628,13 @@ impl Client {
                 (None, None) => now,
             };
             if let Err(e) = self.round(until) {
-                return hs.iter().map(|_| Err(e.clone())).collect();
+                return hs.iter().map(|_| Done::failed(e.clone())).collect();
             }
         }
         hs.iter()
             .map(|h| match self.finished.remove(&h.0) {
-                Some(r) => r,
-                None => Err(self.abandon(h.0)),
+                Some(d) => d,
+                None => Done::failed(self.abandon(h.0)),
             })
             .collect()
     }
@@ -512,9 +642,28 @@ impl Client {
     /// Waits for all `hs`, at most `timeout` in all; results in the order of `hs`.
     pub fn wait_all(&mut self, hs: &[Handle], timeout: Duration) -> Vec<Result<Reply, Error>> {
         self.gather(hs, Some(Instant::now() + timeout))
+            .into_iter()
+            .map(|d| d.result)
+            .collect()
+    }
+
+    /// [`Client::wait_all`], with how many copies acknowledged each (replicated pools).
+    pub fn wait_all_acked(
+        &mut self,
+        hs: &[Handle],
+        timeout: Duration,
+    ) -> Vec<(Result<Reply, Error>, Acks)> {
+        self.gather(hs, Some(Instant::now() + timeout))
+            .into_iter()
+            .map(|d| (d.result, d.acks))
+            .collect()
     }
 
     fn call(&mut self, op: Op) -> Result<Reply, Error> {
+        self.call_acked(op).result
+    }
+
+    fn call_acked(&mut self, op: Op) -> Done {
         let h = self.submit(op);
         self.wait_until(h, None)
     }
@@ -602,7 +751,7 @@ impl Client {
                 })
             })
             .collect();
-        let results = self.gather(&hs, None);
+        let results = self.gather(&hs, None).into_iter().map(|d| d.result);
         let mut out = HashMap::new();
         let mut first_err = None;
         let mut ok = 0;
@@ -654,6 +803,29 @@ impl Client {
         match self.store(StoreMode::Set, key, value, flags, exptime, 0)? {
             StoreStatus::Stored { .. } => Ok(()),
             s => Err(Error::Protocol(format!("set answered {s:?}"))),
+        }
+    }
+
+    /// Stores `value` and says how many copies acknowledged it (replicated pools: at least
+    /// as many as the write policy asks, or an error).
+    pub fn set_acked(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<Acks, Error> {
+        let d = self.call_acked(Op::Store {
+            mode: StoreMode::Set,
+            key: key.to_vec(),
+            value: Bytes::copy_from_slice(value),
+            flags,
+            exptime,
+            cas: 0,
+        });
+        match d.result? {
+            Reply::Stored(StoreStatus::Stored { .. }) => Ok(d.acks),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -751,7 +923,7 @@ impl Client {
         let hs: Vec<Handle> = (0..self.servers.len())
             .map(|s| self.issue_to(s, op.clone()))
             .collect();
-        let results = self.gather(&hs, None);
+        let results = self.gather(&hs, None).into_iter().map(|d| d.result);
         self.servers
             .iter()
             .map(|s| s.name.clone())

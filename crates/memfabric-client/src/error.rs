@@ -38,6 +38,16 @@ pub enum Error {
     /// A handle that this client never issued, or whose result was already collected.
     #[error("unknown or already collected handle")]
     UnknownHandle,
+    /// A replicated operation reached fewer copies than the pool's write policy asks for
+    /// (writes), or could not rule out a copy it failed to reach (reads). The operation may
+    /// have taken effect on some copies; `cause` is the last copy's error.
+    #[error("{acked} of {copies} copies answered, {needed} needed: {cause}")]
+    NotEnoughCopies {
+        acked: u8,
+        needed: u8,
+        copies: u8,
+        cause: String,
+    },
     /// A server list or option that cannot be parsed.
     #[error("invalid configuration: {0}")]
     Config(String),

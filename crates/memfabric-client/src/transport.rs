@@ -37,6 +37,11 @@ pub trait Transport {
     /// Drop a connection; its in-flight requests are completed with Error::Closed at the next
     /// progress.
     fn close(&mut self, conn: ConnId);
+    /// The server's instance id, when the connection's handshake carried it (UCX's
+    /// WELCOME); `None` = ask the server (`stats fabric`).
+    fn instance(&self, _conn: ConnId) -> Option<String> {
+        None
+    }
     /// The transport's own counters (e.g. how GETs were served), name and value.
     fn counters(&self) -> Vec<(String, u64)> {
         Vec::new()

@@ -324,6 +324,9 @@ pub struct Welcome {
     /// The server's clock (memcached "current time": seconds since it started) and the
     /// unix time it started at.
     pub clock: u32,
+    /// With `started_unix`, names this run of the server: a restarted server (empty) has a
+    /// new pair. The same as `stats fabric`'s `instance_id`, `{started_unix:08x}{instance:08x}`.
+    pub instance: u32,
     pub started_unix: u64,
     pub arena_base: u64,
     pub arena_len: u64,
@@ -349,7 +352,7 @@ impl Welcome {
         out.extend_from_slice(&self.eager_max.to_le_bytes());
         out.extend_from_slice(&self.item_size_max.to_le_bytes());
         out.extend_from_slice(&self.clock.to_le_bytes());
-        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.instance.to_le_bytes());
         out.extend_from_slice(&self.started_unix.to_le_bytes());
         out.extend_from_slice(&self.arena_base.to_le_bytes());
         out.extend_from_slice(&self.arena_len.to_le_bytes());
@@ -377,7 +380,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
         let eager_max = r.u32()?;
         let item_size_max = r.u64()?;
         let clock = r.u32()?;
-        r.take(4)?;
+        let instance = r.u32()?;
         Ok(Welcome {
             version,
             status,
@@ -386,6 +389,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
             eager_max,
             item_size_max,
             clock,
+            instance,
             started_unix: r.u64()?,
             arena_base: r.u64()?,
             arena_len: r.u64()?,
@@ -542,6 +546,7 @@ mod tests {
             eager_max: 8192,
             item_size_max: 1 << 20,
             clock: 5,
+            instance: 0xdead_beef,
             started_unix: 1_700_000_000,
             arena_base: 0x7f00_0000_0000,
             arena_len: 64 << 20,

@@ -28,6 +28,9 @@ pub struct Shared {
     /// Process id and the unix time the server started.
     pub pid: u32,
     pub started: u32,
+    /// Random, drawn at start: with `started` it names this run of the server
+    /// ([`Shared::instance_id`]), so that clients recognise a restarted (empty) server.
+    pub instance: u32,
     /// Open connections and listeners, for `stats conns`.
     pub conns: ConnRegistry,
     /// Counter values at the last `stats reset` (reported counters are deltas from it).
@@ -58,6 +61,7 @@ impl Shared {
             thread_stats: Mutex::new(Vec::new()),
             pid: std::process::id(),
             started,
+            instance: random_u32(),
             conns: Default::default(),
             stats_base: Default::default(),
             shutdown: AtomicBool::new(false),
@@ -66,6 +70,11 @@ impl Shared {
             gauges: Default::default(),
             holds: None,
         }
+    }
+
+    /// This run's name, as `stats fabric` reports it and UCX WELCOME carries it.
+    pub fn instance_id(&self) -> String {
+        format!("{:08x}{:08x}", self.started, self.instance)
     }
 
     /// Stop the server (ascii `shutdown` with `-A`, or a signal): the listener stops
@@ -221,4 +230,21 @@ impl ConnRegistry {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ConnEntry>>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A random u32 from the kernel, or from the clock and pid where /dev/urandom cannot be
+/// read (it only has to differ between two runs).
+fn random_u32() -> u32 {
+    use std::io::Read;
+    let mut b = [0u8; 4];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u32::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    t ^ std::process::id().rotate_left(16)
 }

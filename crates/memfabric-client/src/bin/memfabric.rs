@@ -29,10 +29,22 @@ struct Cli {
     /// natively (auto), always (one-sided), or never (two-sided).
     #[arg(long, default_value = "auto")]
     get_mode: memfabric_client::GetMode,
-    /// After the command, print how the GETs were served (one-sided hits, fallbacks) to
-    /// standard error.
+    /// After the command, print the client's counters to standard error: how the GETs
+    /// were served (one-sided hits, fallbacks) and, for a replicated pool, copies written,
+    /// reads failed over, repairs, hints.
     #[arg(long)]
     counters: bool,
+    /// Keep R more copies of every key on the next distinct servers along the ring
+    /// (docs/resilience.md).
+    #[arg(long, default_value_t = 0)]
+    replicas: u8,
+    /// How many copies must acknowledge a write: all, quorum (a majority), or one (the
+    /// others finish in the background).
+    #[arg(long, default_value = "quorum")]
+    write_policy: memfabric_client::WritePolicy,
+    /// Read a replicated key from a random copy instead of the primary first.
+    #[arg(long)]
+    randomize_reads: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -68,7 +80,8 @@ enum Cmd {
     Stats { group: Option<String> },
     /// The version of every server (exit 2 if any is down).
     Ping,
-    /// Print the server each key maps to, one `KEY SERVER` line per key.
+    /// Print the server each key maps to, one `KEY SERVER` line per key (with
+    /// `--replicas`, every copy's server, primary first).
     Locate {
         #[arg(required = true)]
         keys: Vec<String>,
@@ -87,6 +100,9 @@ fn main() -> ExitCode {
             (Dist::Ketama, Hash::Default) => Distribution::Ketama(KeyHash::OneAtATime),
         },
         get_mode: cli.get_mode,
+        replicas: cli.replicas,
+        write_policy: cli.write_policy,
+        randomize_reads: cli.randomize_reads,
         ..Config::default()
     };
     let counters = cli.counters;
@@ -101,6 +117,11 @@ fn main() -> ExitCode {
     if counters {
         for (name, value) in client.transport_counters() {
             eprintln!("{name} {value}");
+        }
+        if client.config().replicas > 0 {
+            for (name, value) in client.pool_counters().pairs() {
+                eprintln!("{name} {value}");
+            }
         }
     }
     match result {
@@ -136,7 +157,10 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
             } else {
                 value.into_bytes()
             };
-            client.set(key.as_bytes(), &data, flags, exptime)?;
+            let acks = client.set_acked(key.as_bytes(), &data, flags, exptime)?;
+            if acks.copies > 1 {
+                eprintln!("stored on {} of {} copies", acks.acked, acks.copies);
+            }
             Ok(0)
         }
         Cmd::Delete { key } => Ok(if client.delete(key.as_bytes())? { 0 } else { 1 }),
@@ -174,8 +198,13 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
         }
         Cmd::Locate { keys } => {
             for key in keys {
-                let server = client.locate(key.as_bytes()).ok_or("no servers")?;
-                writeln!(out, "{key} {}", server.host_port())?;
+                let n = usize::from(client.config().replicas) + 1;
+                let homes = client.locate_successors(key.as_bytes(), n);
+                if homes.is_empty() {
+                    return Err("no servers".into());
+                }
+                let names: Vec<String> = homes.iter().map(|a| a.host_port()).collect();
+                writeln!(out, "{key} {}", names.join(" "))?;
             }
             Ok(0)
         }

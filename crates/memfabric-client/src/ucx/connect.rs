@@ -73,6 +73,10 @@ impl UcxTransport {
                 ep: Some(ep),
                 lifeline,
                 session: welcome.session,
+                instance: format!(
+                    "{:08x}{:08x}",
+                    welcome.started_unix as u32, welcome.instance
+                ),
                 eager_max: welcome.eager_max as usize,
                 rma,
                 am_inflight: 0,

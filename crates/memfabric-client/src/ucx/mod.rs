@@ -69,6 +69,8 @@ struct Conn {
     rma: Option<Rma>,
     /// Active-message requests in flight on this connection.
     am_inflight: usize,
+    /// The server's instance id from its WELCOME (as `stats fabric` names it).
+    instance: String,
 }
 
 /// A server's memory as this endpoint reads it.
@@ -322,6 +324,10 @@ impl Transport for UcxTransport {
         failed: &mut Vec<ConnId>,
     ) -> Result<(), Error> {
         self.wait(timeout, done, failed)
+    }
+
+    fn instance(&self, conn: ConnId) -> Option<String> {
+        self.conns.get(&conn).map(|c| c.instance.clone())
     }
 
     fn close(&mut self, conn: ConnId) {

@@ -90,6 +90,8 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "extstore" => {}
         // memfabric's own group: its own settings and the UCX data path.
         "fabric" => {
+            // Names this run: a restarted server (empty) has a new one (docs/resilience.md).
+            v.put("instance_id", shared.instance_id());
             v.put("poll_us", shared.settings.poll_us);
             v.put("ucx_poll_us", shared.settings.ucx_poll_us);
             v.0.extend(crate::ucx_context::fabric_stats(shared.fabric.as_ref()));

@@ -196,6 +196,7 @@ impl FabricWorker {
                     reply.item_size_max = store.config().item_size_max as u64;
                     reply.clock = store.clock().now();
                     reply.started_unix = u64::from(store.clock().started());
+                    reply.instance = shared.instance;
                     reply.arena_base = fs.arena.base;
                     reply.arena_len = fs.arena.len;
                     reply.index_base = fs.index.base;

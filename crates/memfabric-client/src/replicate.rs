@@ -1,0 +1,894 @@
+//! Replication in the pool: `replicas` more copies of every key on the next distinct
+//! servers along the ketama ring, a write policy saying how many copies must acknowledge,
+//! reads that go on to the next copy on an error, a timeout **or a miss**, read repair,
+//! and hints that keep a copy which missed a write from ever being read stale.
+//!
+//! A replicated operation is a [`Task`] under the caller's handle: it issues ordinary
+//! requests ("steps", each with the pool's deadline) through the same core as every
+//! other request, is advanced as they finish ([`Client::settle`]), and delivers one
+//! result the moment it is decided; what it still has in flight then finishes in the
+//! background. The semantics of every operation are in `docs/resilience.md`; in short:
+//!
+//! - `set`, `delete`, `touch` go to every copy at once (fan-out).
+//! - `add`, `replace`, `cas`, `append`, `prepend`, `incr`, `decr` are conditional: they
+//!   run on one copy, the *leader* (the first copy that can be read), and only when it
+//!   succeeds are the others made to agree — with a `set` of the same value for
+//!   add/replace/cas, with the same operation for append/prepend/incr/decr (a copy whose
+//!   counter then disagrees with the leader's is deleted).
+//! - `get`, `gets`, `gat` read the copies one after another, primary first (or from a
+//!   random one with `randomize_reads`), and report a miss only when enough copies missed
+//!   that no acknowledged write can hide on the copies that could not be asked.
+//! - A copy that failed a write (timeout, connection lost, an error reply) may keep an
+//!   older value. If its connection is alive the key is deleted there at once; otherwise
+//!   the key is remembered (a *hint*) and deleted first thing when the server is connected
+//!   again — and until then that server is not read. Too many hints for one server and it
+//!   is flushed instead. Deleting rather than rewriting makes the copy miss, and a miss
+//!   is read past and repaired; it is never stale.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use crate::client::{Client, Done, Handle};
+use crate::error::Error;
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::transport::ConnId;
+
+/// How many copies must acknowledge a write before it succeeds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// Every copy; one unreachable copy fails the write.
+    All,
+    /// A majority of the copies (2 of 3); the rest finish in the background.
+    #[default]
+    Quorum,
+    /// The first copy to answer; the others finish in the background.
+    One,
+}
+
+impl WritePolicy {
+    /// Acknowledgements needed out of `copies`.
+    pub fn needed(self, copies: usize) -> usize {
+        match self {
+            WritePolicy::All => copies,
+            WritePolicy::Quorum => copies / 2 + 1,
+            WritePolicy::One => copies.min(1),
+        }
+    }
+}
+
+impl std::str::FromStr for WritePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(WritePolicy::All),
+            "quorum" => Ok(WritePolicy::Quorum),
+            "one" => Ok(WritePolicy::One),
+            _ => Err(format!("unknown write policy '{s}' (all, quorum, one)")),
+        }
+    }
+}
+
+impl std::fmt::Display for WritePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WritePolicy::All => "all",
+            WritePolicy::Quorum => "quorum",
+            WritePolicy::One => "one",
+        })
+    }
+}
+
+/// How many copies acknowledged an operation (a write: stored it; a read: answered) out of
+/// how many the key has. Unreplicated operations have one copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Acks {
+    pub acked: u8,
+    pub copies: u8,
+}
+
+impl Acks {
+    pub(crate) fn single(ok: bool) -> Acks {
+        Acks {
+            acked: u8::from(ok),
+            copies: 1,
+        }
+    }
+}
+
+/// The pool's own counters (`memfabric --counters` prints them).
+#[derive(Debug, Clone, Default)]
+pub struct PoolCounters {
+    /// Copies that acknowledged a replicated write.
+    pub copies_written: u64,
+    /// Copies that failed a replicated write (each then deleted or hinted).
+    pub copy_write_failures: u64,
+    /// Replicated operations that ended with fewer copies than their policy needs.
+    pub ops_short: u64,
+    /// Reads answered by a copy other than the first asked.
+    pub reads_failed_over: u64,
+    /// Values written back to copies that missed them.
+    pub read_repairs: u64,
+    /// Read repairs not made because `max_background` requests were in flight.
+    pub read_repairs_skipped: u64,
+    /// Keys remembered for a server that could not take a write.
+    pub hints_recorded: u64,
+    /// Hinted (or failed) copies deleted.
+    pub hinted_deletes: u64,
+    /// Servers flushed because they had more hints than `max_hints`.
+    pub hint_flushes: u64,
+    /// Reconnects that found a server with a new `instance_id` (it restarted, empty).
+    pub restarts_detected: u64,
+}
+
+impl PoolCounters {
+    pub fn pairs(&self) -> Vec<(String, u64)> {
+        [
+            ("copies_written", self.copies_written),
+            ("copy_write_failures", self.copy_write_failures),
+            ("ops_short", self.ops_short),
+            ("reads_failed_over", self.reads_failed_over),
+            ("read_repairs", self.read_repairs),
+            ("read_repairs_skipped", self.read_repairs_skipped),
+            ("hints_recorded", self.hints_recorded),
+            ("hinted_deletes", self.hinted_deletes),
+            ("hint_flushes", self.hint_flushes),
+            ("restarts_detected", self.restarts_detected),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// What must happen on a server before it may be read again.
+#[derive(Debug, Default)]
+pub(crate) struct ServerHints {
+    /// Keys whose write failed there while it could not be reached.
+    keys: HashSet<Vec<u8>>,
+    /// More than `max_hints` keys: flush the server instead.
+    overflow: bool,
+    /// Hinted deletes and flushes sent and not yet answered.
+    replaying: usize,
+}
+
+impl ServerHints {
+    fn clear(&self) -> bool {
+        self.keys.is_empty() && !self.overflow && self.replaying == 0
+    }
+}
+
+/// Why a request was issued on the pool's behalf.
+#[derive(Debug)]
+pub(crate) enum Role {
+    /// A step of the task under handle id `task`.
+    Step { task: u64 },
+    /// Delete a copy that may be stale.
+    Hint { key: Vec<u8> },
+    /// Flush a server that had too many hints.
+    Flush,
+    /// Ask a newly connected server for its instance id.
+    Probe,
+    /// Write a value back to a copy that missed it.
+    Repair,
+    /// Anything else the pool does in the background (gat's touches of the other copies).
+    Background,
+}
+
+#[derive(Debug)]
+pub(crate) struct Child {
+    pub(crate) role: Role,
+    pub(crate) server: usize,
+}
+
+/// A replicated operation in progress.
+pub(crate) struct Task {
+    /// The caller has its result (or stopped waiting for it).
+    pub(crate) delivered: bool,
+    abandoned: bool,
+    /// Steps in flight.
+    outstanding: usize,
+    key: Vec<u8>,
+    copies: Vec<usize>,
+    needed: usize,
+    acked: usize,
+    failed: usize,
+    last_err: Option<Error>,
+    kind: Kind,
+}
+
+enum Kind {
+    /// get/gets/gat: one copy after another.
+    Read {
+        op: Op,
+        order: Vec<usize>,
+        next: usize,
+        missed: Vec<usize>,
+        asked: usize,
+    },
+    /// set/delete/touch: every copy at once; `any` = some copy deleted/touched.
+    Fanout { op: Op, any: bool, cas: u64 },
+    /// Conditional operations: the leader, then the others.
+    Lead {
+        op: Op,
+        leader: usize,
+        reply: Option<Reply>,
+    },
+}
+
+fn to_u8(n: usize) -> u8 {
+    n.min(u8::MAX as usize) as u8
+}
+
+/// A small, non-cryptographic spread for `randomize_reads` (splitmix64 of the handle id
+/// and the clock).
+fn spread(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Client {
+    /// Whether operations go through tasks (a replicated pool).
+    pub(crate) fn resilient(&self) -> bool {
+        self.config.replicas > 0
+    }
+
+    /// The pool's counters: replication, repairs, hints.
+    pub fn pool_counters(&self) -> &PoolCounters {
+        &self.counters
+    }
+
+    /// Whether server `s` may be read: up, and nothing that may be stale on it.
+    fn readable(&self, s: usize) -> bool {
+        self.is_up(s) && self.servers[s].hints.clear()
+    }
+
+    /// Issues a request on the pool's behalf on a connection just opened (before anything
+    /// else on it).
+    fn issue_first(&mut self, s: usize, conn: ConnId, role: Role, op: Op) {
+        let h = self.new_handle();
+        self.child_of.insert(h.0, Child { role, server: s });
+        self.submit_on(s, conn, h, op);
+    }
+
+    /// A new connection to server `s` of a replicated pool: ask who it is, then delete
+    /// what may be stale on it (or flush it), before any other request on the connection.
+    pub(crate) fn on_connect(&mut self, s: usize, conn: ConnId) {
+        match self.transport_instance(conn) {
+            Some(id) => self.learn_instance(s, id),
+            // Asked first on the connection: the answer is this run's, whatever follows.
+            None => self.issue_first(
+                s,
+                conn,
+                Role::Probe,
+                Op::Stats {
+                    group: Some("fabric".into()),
+                },
+            ),
+        }
+        let hints = &mut self.servers[s].hints;
+        if hints.overflow {
+            hints.overflow = false;
+            hints.keys.clear();
+            hints.replaying += 1;
+            self.issue_first(s, conn, Role::Flush, Op::FlushAll { delay: 0 });
+        } else {
+            let keys: Vec<Vec<u8>> = hints.keys.drain().collect();
+            hints.replaying += keys.len();
+            for key in keys {
+                let op = Op::Delete { key: key.clone() };
+                self.issue_first(s, conn, Role::Hint { key }, op);
+            }
+        }
+    }
+
+    /// Server `s` says it is run `id`: a different run than before restarted empty.
+    fn learn_instance(&mut self, s: usize, id: String) {
+        let old = self.servers[s].instance.replace(id.clone());
+        if old.is_some_and(|o| o != id) {
+            self.counters.restarts_detected += 1;
+        }
+    }
+
+    /// Copy `s` of `key` failed a write and may hold an older value: delete it now if the
+    /// server can be reached, else remember to delete it before the server is read again.
+    fn distrust_copy(&mut self, s: usize, key: &[u8]) {
+        self.counters.copy_write_failures += 1;
+        if self.is_up(s) && self.servers[s].conn.is_some() {
+            self.servers[s].hints.replaying += 1;
+            let op = Op::Delete { key: key.to_vec() };
+            let child = Child {
+                role: Role::Hint { key: key.to_vec() },
+                server: s,
+            };
+            self.issue(s, op, Some(child));
+        } else {
+            self.hint(s, key);
+        }
+    }
+
+    fn hint(&mut self, s: usize, key: &[u8]) {
+        let max = self.config.max_hints;
+        let hints = &mut self.servers[s].hints;
+        if hints.overflow {
+            return;
+        }
+        if hints.keys.len() >= max {
+            hints.overflow = true;
+            hints.keys.clear();
+            return;
+        }
+        if hints.keys.insert(key.to_vec()) {
+            self.counters.hints_recorded += 1;
+        }
+    }
+
+    /// Starts a replicated operation under a new handle.
+    pub(crate) fn submit_resilient(&mut self, op: Op) -> Handle {
+        let key = op.key().unwrap_or_default().to_vec();
+        let copies = self
+            .ring
+            .successors(&key, usize::from(self.config.replicas) + 1);
+        if copies.is_empty() {
+            return self.fail_now(Error::NoServers);
+        }
+        let h = self.new_handle();
+        let needed = self.config.write_policy.needed(copies.len());
+        let kind = match &op {
+            Op::Get { .. } | Op::Gat { .. } => {
+                let mut order = copies.clone();
+                if self.config.randomize_reads {
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_nanos() as u64);
+                    let r = (spread(h.0 ^ nanos.rotate_left(32)) % order.len() as u64) as usize;
+                    order.rotate_left(r);
+                }
+                Kind::Read {
+                    op,
+                    order,
+                    next: 0,
+                    missed: Vec::new(),
+                    asked: 0,
+                }
+            }
+            Op::Store {
+                mode: StoreMode::Set,
+                ..
+            }
+            | Op::Delete { .. }
+            | Op::Touch { .. } => Kind::Fanout {
+                op,
+                any: false,
+                cas: 0,
+            },
+            _ => Kind::Lead {
+                op,
+                leader: usize::MAX,
+                reply: None,
+            },
+        };
+        let mut task = Task {
+            delivered: false,
+            abandoned: false,
+            outstanding: 0,
+            key,
+            copies,
+            needed,
+            acked: 0,
+            failed: 0,
+            last_err: None,
+            kind,
+        };
+        // Steps that fail at once are queued as events; none is handled before the task
+        // is in the map.
+        let was = std::mem::replace(&mut self.settling, true);
+        self.start(h.0, &mut task);
+        self.tasks.insert(h.0, task);
+        self.settling = was;
+        self.settle();
+        h
+    }
+
+    fn step(&mut self, id: u64, task: &mut Task, s: usize, op: Op) {
+        task.outstanding += 1;
+        self.issue(
+            s,
+            op,
+            Some(Child {
+                role: Role::Step { task: id },
+                server: s,
+            }),
+        );
+    }
+
+    fn start(&mut self, id: u64, t: &mut Task) {
+        match &t.kind {
+            Kind::Read { .. } => self.read_next(id, t),
+            Kind::Fanout { op, .. } => {
+                let op = op.clone();
+                let hint = !matches!(op, Op::Touch { .. });
+                for s in t.copies.clone() {
+                    if self.is_up(s) {
+                        self.step(id, t, s, op.clone());
+                    } else {
+                        t.failed += 1;
+                        t.last_err = Some(self.down(s));
+                        if hint {
+                            self.distrust_copy(s, &t.key.clone());
+                        }
+                    }
+                }
+                self.decide(id, t);
+            }
+            Kind::Lead { op, .. } => {
+                let op = op.clone();
+                let Some(pos) = t.copies.iter().position(|&s| self.readable(s)) else {
+                    t.failed = t.copies.len();
+                    t.last_err = Some(self.down(t.copies[0]));
+                    self.decide(id, t);
+                    return;
+                };
+                // Copies before the leader could not be read: what they hold may be
+                // older than what the leader will hold.
+                let key = t.key.clone();
+                for &s in &t.copies[..pos] {
+                    t.failed += 1;
+                    self.distrust_copy(s, &key);
+                }
+                let leader = t.copies[pos];
+                if let Kind::Lead { leader: l, .. } = &mut t.kind {
+                    *l = leader;
+                }
+                self.step(id, t, leader, op);
+            }
+        }
+    }
+
+    fn down(&self, s: usize) -> Error {
+        Error::ServerDown {
+            server: self.servers[s].name.clone(),
+        }
+    }
+
+    /// Asks the next copy that can be read, or decides the read when none is left.
+    fn read_next(&mut self, id: u64, t: &mut Task) {
+        loop {
+            let Kind::Read {
+                order, next, asked, ..
+            } = &mut t.kind
+            else {
+                return;
+            };
+            let Some(&s) = order.get(*next) else {
+                break;
+            };
+            *next += 1;
+            if self.readable(s) {
+                *asked += 1;
+                let op = match &t.kind {
+                    Kind::Read { op, .. } => op.clone(),
+                    _ => unreachable!(),
+                };
+                self.step(id, t, s, op);
+                return;
+            }
+            // Not readable: down, or a copy that may be stale. A server up again whose
+            // hints wait for a connection gets one now, so they are replayed.
+            if self.is_up(s) && self.servers[s].conn.is_none() {
+                let _ = self.ensure_conn(s);
+            }
+            t.failed += 1;
+            t.last_err = Some(if self.is_up(s) {
+                Error::Server(format!(
+                    "{}: copy being repaired",
+                    self.servers[s].name.as_str()
+                ))
+            } else {
+                self.down(s)
+            });
+        }
+        // Every copy asked or skipped, no hit: a miss only if enough copies missed that
+        // any acknowledged write would have reached one of them.
+        let Kind::Read { missed, .. } = &t.kind else {
+            return;
+        };
+        let n = t.copies.len();
+        let missed = missed.len();
+        t.acked = missed;
+        if missed > n - t.needed {
+            self.deliver(id, t, Ok(Reply::Value(None)));
+        } else {
+            self.deliver_short(id, t);
+        }
+    }
+
+    fn deliver(&mut self, id: u64, t: &mut Task, result: Result<Reply, Error>) {
+        if t.delivered {
+            return;
+        }
+        t.delivered = true;
+        if !t.abandoned {
+            let acks = Acks {
+                acked: to_u8(t.acked),
+                copies: to_u8(t.copies.len()),
+            };
+            self.finished.insert(id, Done { result, acks });
+        }
+    }
+
+    fn deliver_short(&mut self, id: u64, t: &mut Task) {
+        self.counters.ops_short += 1;
+        let cause = t
+            .last_err
+            .as_ref()
+            .map_or_else(|| "no copy reachable".to_string(), Error::to_string);
+        let e = Error::NotEnoughCopies {
+            acked: to_u8(t.acked),
+            needed: to_u8(t.needed),
+            copies: to_u8(t.copies.len()),
+            cause,
+        };
+        self.deliver(id, t, Err(e));
+    }
+
+    /// Delivers a write once enough copies acknowledged, or once too many failed and the
+    /// rest answered.
+    fn decide(&mut self, id: u64, t: &mut Task) {
+        if t.delivered {
+            return;
+        }
+        let n = t.copies.len();
+        if t.acked >= t.needed {
+            let reply = match &t.kind {
+                Kind::Fanout { op, any, cas } => match op {
+                    Op::Delete { .. } => Reply::Deleted(*any),
+                    Op::Touch { .. } => Reply::Touched(*any),
+                    _ => Reply::Stored(StoreStatus::Stored { cas: *cas }),
+                },
+                Kind::Lead { reply, .. } => match reply {
+                    Some(r) => r.clone(),
+                    None => return,
+                },
+                Kind::Read { .. } => return,
+            };
+            self.deliver(id, t, Ok(reply));
+        } else if t.failed > n - t.needed && t.outstanding == 0 {
+            // Failures are not hurried: once every copy has answered, the error says
+            // exactly how many copies hold the write.
+            self.deliver_short(id, t);
+        }
+    }
+
+    /// Handles the finished steps, hints, probes and repairs, until none is left. Steps
+    /// may issue further steps; a nested call (from the back-pressure wait inside an
+    /// issue) leaves the queue to the outer one.
+    pub(crate) fn settle(&mut self) {
+        if self.settling {
+            return;
+        }
+        self.settling = true;
+        while let Some((child, result)) = self.events.pop_front() {
+            let s = child.server;
+            match child.role {
+                Role::Step { task } => {
+                    if let Some(mut t) = self.tasks.remove(&task) {
+                        t.outstanding -= 1;
+                        self.on_step(task, &mut t, s, result);
+                        if !(t.delivered && t.outstanding == 0) {
+                            self.tasks.insert(task, t);
+                        }
+                    }
+                }
+                Role::Hint { key } => {
+                    self.servers[s].hints.replaying -= 1;
+                    match result {
+                        Ok(Reply::Deleted(_)) => self.counters.hinted_deletes += 1,
+                        _ => self.hint(s, &key),
+                    }
+                }
+                Role::Flush => {
+                    self.servers[s].hints.replaying -= 1;
+                    match result {
+                        Ok(Reply::Ok) => self.counters.hint_flushes += 1,
+                        _ => self.servers[s].hints.overflow = true,
+                    }
+                }
+                Role::Probe => {
+                    if let Ok(Reply::Stats(stats)) = result {
+                        let id = stats
+                            .into_iter()
+                            .find(|(k, _)| k == "instance_id")
+                            .map(|(_, v)| v);
+                        if let Some(id) = id {
+                            self.learn_instance(s, id);
+                        }
+                    }
+                }
+                Role::Repair => {
+                    self.background_inflight -= 1;
+                    if let Ok(Reply::Stored(StoreStatus::Stored { .. })) = result {
+                        self.counters.read_repairs += 1;
+                    }
+                }
+                Role::Background => self.background_inflight -= 1,
+            }
+        }
+        self.settling = false;
+    }
+
+    fn on_step(&mut self, id: u64, t: &mut Task, s: usize, result: Result<Reply, Error>) {
+        let key = t.key.clone();
+        match &mut t.kind {
+            Kind::Read { missed, .. } => match result {
+                Ok(Reply::Value(Some(v))) => self.read_hit(id, t, v),
+                Ok(Reply::Value(None)) => {
+                    missed.push(s);
+                    self.read_next(id, t);
+                }
+                Ok(r) => {
+                    t.failed += 1;
+                    t.last_err = Some(Error::Protocol(format!("unexpected reply {r:?}")));
+                    self.read_next(id, t);
+                }
+                Err(e) => {
+                    t.failed += 1;
+                    t.last_err = Some(e);
+                    self.read_next(id, t);
+                }
+            },
+            Kind::Fanout { op, any, cas } => {
+                let ok = match (&*op, result) {
+                    (Op::Store { .. }, Ok(Reply::Stored(StoreStatus::Stored { cas: c }))) => {
+                        if *cas == 0 || s == t.copies[0] {
+                            *cas = c;
+                        }
+                        true
+                    }
+                    (Op::Delete { .. }, Ok(Reply::Deleted(d)))
+                    | (Op::Touch { .. }, Ok(Reply::Touched(d))) => {
+                        *any |= d;
+                        true
+                    }
+                    (_, Ok(r)) => {
+                        t.last_err = Some(Error::Protocol(format!("unexpected reply {r:?}")));
+                        false
+                    }
+                    (_, Err(e)) => {
+                        t.last_err = Some(e);
+                        false
+                    }
+                };
+                let hint = !matches!(op, Op::Touch { .. });
+                if ok {
+                    t.acked += 1;
+                    if hint {
+                        self.counters.copies_written += 1;
+                    }
+                } else {
+                    t.failed += 1;
+                    if hint {
+                        self.distrust_copy(s, &key);
+                    }
+                }
+                self.decide(id, t);
+            }
+            Kind::Lead { op, leader, reply } => {
+                if reply.is_none() {
+                    // The leader's answer.
+                    debug_assert_eq!(s, *leader);
+                    match result {
+                        Ok(r) if succeeded(&r) => {
+                            t.acked = 1;
+                            self.counters.copies_written += 1;
+                            let follow = follower_op(op);
+                            *reply = Some(r);
+                            let pos = t.copies.iter().position(|&c| c == s).unwrap_or(0);
+                            let followers: Vec<usize> = t.copies[pos + 1..].to_vec();
+                            for f in followers {
+                                if self.is_up(f) {
+                                    self.step(id, t, f, follow.clone());
+                                } else {
+                                    t.failed += 1;
+                                    t.last_err = Some(self.down(f));
+                                    self.distrust_copy(f, &key);
+                                }
+                            }
+                            self.decide(id, t);
+                        }
+                        Ok(r) => {
+                            // The condition failed on the leader: nothing changed anywhere.
+                            t.acked = 1;
+                            self.deliver(id, t, Ok(r));
+                        }
+                        Err(e) => {
+                            // The leader may or may not have applied it; the others did
+                            // not. Make the leader's copy go away and report the failure.
+                            self.distrust_copy(s, &key);
+                            t.failed = t.copies.len();
+                            t.last_err = Some(e);
+                            self.decide(id, t);
+                        }
+                    }
+                } else {
+                    let agreed = match (reply.as_ref(), &result) {
+                        (Some(Reply::Counter(Some(want))), Ok(Reply::Counter(Some(got)))) => {
+                            want == got
+                        }
+                        (Some(Reply::Counter(_)), _) => false,
+                        (_, Ok(Reply::Stored(StoreStatus::Stored { .. }))) => true,
+                        _ => false,
+                    };
+                    if agreed {
+                        t.acked += 1;
+                        self.counters.copies_written += 1;
+                    } else {
+                        t.failed += 1;
+                        if let Err(e) = result {
+                            t.last_err = Some(e);
+                        }
+                        self.distrust_copy(s, &key);
+                    }
+                    self.decide(id, t);
+                }
+            }
+        }
+    }
+
+    /// A read found the value on copy `s`: deliver it, write it back to the copies that
+    /// missed it, and for gat give the other copies the new expiry time too.
+    fn read_hit(&mut self, id: u64, t: &mut Task, v: Value) {
+        let Kind::Read {
+            op, missed, asked, ..
+        } = &t.kind
+        else {
+            return;
+        };
+        if *asked > 1 || t.failed > 0 {
+            self.counters.reads_failed_over += 1;
+        }
+        let exptime = match op {
+            Op::Gat { exptime, .. } => Some(*exptime),
+            _ => None,
+        };
+        let missed = missed.clone();
+        t.acked = 1 + missed.len();
+        if self.config.read_repair {
+            for m in missed {
+                if self.background_inflight >= self.config.max_background {
+                    self.counters.read_repairs_skipped += 1;
+                    continue;
+                }
+                self.background_inflight += 1;
+                // `add`: never overwrite a value written meanwhile.
+                let op = Op::Store {
+                    mode: StoreMode::Add,
+                    key: t.key.clone(),
+                    value: Bytes::clone(&v.data),
+                    flags: v.flags,
+                    exptime: exptime.unwrap_or(0),
+                    cas: 0,
+                };
+                let child = Child {
+                    role: Role::Repair,
+                    server: m,
+                };
+                self.issue(m, op, Some(child));
+            }
+        }
+        if let Some(exptime) = exptime {
+            let Kind::Read { order, next, .. } = &t.kind else {
+                return;
+            };
+            let rest: Vec<usize> = order[*next..].to_vec();
+            for o in rest {
+                if self.is_up(o) && self.background_inflight < self.config.max_background {
+                    self.background_inflight += 1;
+                    let op = Op::Touch {
+                        key: t.key.clone(),
+                        exptime,
+                    };
+                    let child = Child {
+                        role: Role::Background,
+                        server: o,
+                    };
+                    self.issue(o, op, Some(child));
+                }
+            }
+        }
+        self.deliver(id, t, Ok(Reply::Value(Some(v))));
+    }
+
+    /// The caller stopped waiting for task `id`: its steps finish in the background.
+    /// `None` when `id` is not a task.
+    pub(crate) fn abandon_task(&mut self, id: u64) -> Option<Error> {
+        let t = self.tasks.get_mut(&id)?;
+        if t.delivered {
+            return None;
+        }
+        t.delivered = true;
+        t.abandoned = true;
+        let server = t
+            .copies
+            .first()
+            .map_or_else(String::new, |&s| self.servers[s].name.clone());
+        Some(Error::Timeout { server })
+    }
+}
+
+/// Whether a conditional operation took effect.
+fn succeeded(r: &Reply) -> bool {
+    matches!(
+        r,
+        Reply::Stored(StoreStatus::Stored { .. }) | Reply::Counter(Some(_))
+    )
+}
+
+/// What the other copies are sent once the leader applied `op`: the same value for the
+/// operations that replace it, the same operation for those that modify it.
+fn follower_op(op: &Op) -> Op {
+    match op {
+        Op::Store {
+            mode: StoreMode::Add | StoreMode::Replace | StoreMode::Cas,
+            key,
+            value,
+            flags,
+            exptime,
+            ..
+        } => Op::Store {
+            mode: StoreMode::Set,
+            key: key.clone(),
+            value: value.clone(),
+            flags: *flags,
+            exptime: *exptime,
+            cas: 0,
+        },
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_need_all_a_majority_or_one() {
+        assert_eq!(WritePolicy::All.needed(3), 3);
+        assert_eq!(WritePolicy::Quorum.needed(3), 2);
+        assert_eq!(WritePolicy::Quorum.needed(2), 2);
+        assert_eq!(WritePolicy::Quorum.needed(1), 1);
+        assert_eq!(WritePolicy::Quorum.needed(5), 3);
+        assert_eq!(WritePolicy::One.needed(3), 1);
+        assert_eq!("quorum".parse::<WritePolicy>(), Ok(WritePolicy::Quorum));
+        assert!("most".parse::<WritePolicy>().is_err());
+    }
+
+    #[test]
+    fn conditional_operations_are_followed_by_a_set_or_themselves() {
+        let add = Op::Store {
+            mode: StoreMode::Add,
+            key: b"k".to_vec(),
+            value: Bytes::from_static(b"v"),
+            flags: 3,
+            exptime: 9,
+            cas: 0,
+        };
+        match follower_op(&add) {
+            Op::Store {
+                mode: StoreMode::Set,
+                flags: 3,
+                exptime: 9,
+                ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        let incr = Op::Arith {
+            key: b"k".to_vec(),
+            delta: 2,
+            incr: true,
+        };
+        assert_eq!(follower_op(&incr), incr);
+    }
+}

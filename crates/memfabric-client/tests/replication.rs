@@ -1,0 +1,339 @@
+//! Replicated pools (`Config::replicas`): copies on the ring's successors, the write
+//! policies, reads that go on past errors and misses, read repair, conditional operations
+//! that keep the copies equal, hints that keep a copy which missed a write from being read
+//! stale, and restarts recognised by the server's instance id. Every copy is checked by
+//! asking its server directly. Over memfabricd's TCP and UCX front ends, and against
+//! Debian's memcached (replication lives in the client; any memcached serves it).
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::{key_on, Kind, Server};
+use memfabric_client::{Acks, Client, Config, Error, StoreStatus, WritePolicy};
+
+fn pool(servers: &[Server], config: Config) -> Client {
+    let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    Client::new(list.join(",").as_str(), config).unwrap()
+}
+
+fn replicated(replicas: u8, policy: WritePolicy) -> Config {
+    Config {
+        replicas,
+        write_policy: policy,
+        timeout: Duration::from_millis(400),
+        connect_timeout: Duration::from_millis(400),
+        retry_timeout: Duration::from_millis(300),
+        ..Config::default()
+    }
+}
+
+/// What each server holds for `key`, asked directly (a one-server pool each).
+fn copies(servers: &[Server], key: &[u8]) -> Vec<Option<Vec<u8>>> {
+    servers
+        .iter()
+        .map(|s| {
+            let mut c = Client::new(s.url().as_str(), Config::default()).unwrap();
+            c.get(key).unwrap().map(|v| v.data.to_vec())
+        })
+        .collect()
+}
+
+/// The servers (indexes into the pool) that hold `key`'s copies, primary first.
+fn homes(c: &Client, key: &[u8], n: usize) -> Vec<usize> {
+    let all = c.servers();
+    c.locate_successors(key, n)
+        .into_iter()
+        .map(|a| all.iter().position(|s| *s == a).unwrap())
+        .collect()
+}
+
+fn start(kind: Kind, n: usize) -> Vec<Server> {
+    (0..n).map(|_| Server::start(kind, &[])).collect()
+}
+
+fn copies_on_successors_and_policies(kind: Kind) {
+    let servers = start(kind, 4);
+    let mut c = pool(&servers, replicated(2, WritePolicy::All));
+    for i in 0..40 {
+        let key = format!("rep:{i}").into_bytes();
+        let value = format!("value {i}");
+        let acks = c.set_acked(&key, value.as_bytes(), 7, 0).unwrap();
+        assert_eq!(
+            acks,
+            Acks {
+                acked: 3,
+                copies: 3
+            },
+            "{kind:?}"
+        );
+        let held = copies(&servers, &key);
+        let home = homes(&c, &key, 3);
+        for (s, v) in held.iter().enumerate() {
+            if home.contains(&s) {
+                assert_eq!(v.as_deref(), Some(value.as_bytes()), "{kind:?} copy on {s}");
+            } else {
+                assert_eq!(v, &None, "{kind:?}: server {s} is not one of {home:?}");
+            }
+        }
+        let got = c.get(&key).unwrap().unwrap();
+        assert_eq!((&got.data[..], got.flags), (value.as_bytes(), 7));
+    }
+    // Deleted everywhere; then a miss.
+    assert!(c.delete(b"rep:0").unwrap());
+    assert_eq!(copies(&servers, b"rep:0"), vec![None; 4]);
+    assert_eq!(c.get(b"rep:0").unwrap(), None);
+}
+
+#[test]
+fn copies_land_on_the_ring_successors_and_every_copy_acknowledges() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        copies_on_successors_and_policies(kind);
+    }
+}
+
+fn miss_is_read_past_and_repaired(kind: Kind) {
+    let servers = start(kind, 3);
+    let mut c = pool(&servers, replicated(1, WritePolicy::Quorum));
+    let key = key_on(&c, 0, "repair:");
+    let home = homes(&c, &key, 2);
+    assert_eq!(home[0], 0);
+    c.set(&key, b"kept", 5, 0).unwrap();
+    // The primary loses it (as a restarted or evicting server would).
+    let mut direct = Client::new(servers[0].url().as_str(), Config::default()).unwrap();
+    assert!(direct.delete(&key).unwrap());
+    let got = c.get(&key).unwrap().expect("read past the miss");
+    assert_eq!((&got.data[..], got.flags), (&b"kept"[..], 5));
+    // The repair runs in the background: the next operations drive it.
+    for _ in 0..50 {
+        if c.pool_counters().read_repairs >= 1 {
+            break;
+        }
+        let _ = c.get(b"other");
+        sleep(Duration::from_millis(10));
+    }
+    let repaired = direct.get(&key).unwrap().expect("repaired on the primary");
+    assert_eq!((&repaired.data[..], repaired.flags), (&b"kept"[..], 5));
+    let counters = c.pool_counters();
+    assert!(
+        counters.reads_failed_over >= 1 && counters.read_repairs >= 1,
+        "{counters:?}"
+    );
+    // A key on no copy is a miss, not an error.
+    assert_eq!(c.get(b"never-written").unwrap(), None);
+}
+
+#[test]
+fn a_miss_on_the_primary_is_read_past_and_repaired() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        miss_is_read_past_and_repaired(kind);
+    }
+}
+
+fn conditional_ops_keep_copies_equal(kind: Kind) {
+    let servers = start(kind, 3);
+    let mut c = pool(&servers, replicated(2, WritePolicy::All));
+    let same = |c: &Client, key: &[u8], want: Option<&[u8]>| {
+        let held = copies(&servers, key);
+        for s in homes(c, key, 3) {
+            assert_eq!(held[s].as_deref(), want, "{kind:?} copy on {s}");
+        }
+    };
+    assert!(c.add(b"cond", b"1", 0, 0).unwrap());
+    same(&c, b"cond", Some(b"1"));
+    assert!(
+        !c.add(b"cond", b"2", 0, 0).unwrap(),
+        "add of an existing key"
+    );
+    same(&c, b"cond", Some(b"1"));
+    assert!(c.replace(b"cond", b"10", 0, 0).unwrap());
+    assert!(c.append(b"cond", b"0").unwrap());
+    assert!(c.prepend(b"cond", b"1").unwrap());
+    same(&c, b"cond", Some(b"1100"));
+    assert_eq!(c.incr(b"cond", 5).unwrap(), Some(1105));
+    assert_eq!(c.decr(b"cond", 100).unwrap(), Some(1005));
+    same(&c, b"cond", Some(b"1005"));
+    let v = c.gets(b"cond").unwrap().unwrap();
+    assert!(matches!(
+        c.cas(b"cond", b"cas", 0, 0, v.cas).unwrap(),
+        StoreStatus::Stored { .. }
+    ));
+    same(&c, b"cond", Some(b"cas"));
+    assert_eq!(
+        c.cas(b"cond", b"stale", 0, 0, v.cas).unwrap(),
+        StoreStatus::Exists
+    );
+    same(&c, b"cond", Some(b"cas"));
+    assert!(!c.replace(b"absent", b"x", 0, 0).unwrap());
+    assert_eq!(c.incr(b"absent", 1).unwrap(), None);
+    same(&c, b"absent", None);
+    assert!(c.touch(b"cond", 1000).unwrap());
+    assert!(!c.touch(b"absent", 1000).unwrap());
+    let g = c.gat(b"cond", 2000).unwrap().unwrap();
+    assert_eq!(&g.data[..], b"cas");
+    // A counter that differs on one copy: the copy is deleted, not left disagreeing.
+    c.set(b"ctr", b"5", 0, 0).unwrap();
+    let h = homes(&c, b"ctr", 3);
+    let mut direct = Client::new(servers[h[2]].url().as_str(), Config::default()).unwrap();
+    direct.set(b"ctr", b"500", 0, 0).unwrap();
+    let r = c.incr(b"ctr", 1);
+    assert!(
+        matches!(r, Err(Error::NotEnoughCopies { acked: 2, .. })),
+        "{kind:?}: {r:?}"
+    );
+    for _ in 0..50 {
+        if direct.get(b"ctr").unwrap().is_none() {
+            break;
+        }
+        let _ = c.get(b"other");
+        sleep(Duration::from_millis(10));
+    }
+    assert_eq!(direct.get(b"ctr").unwrap(), None, "{kind:?}");
+    assert_eq!(&c.get(b"ctr").unwrap().unwrap().data[..], b"6");
+}
+
+#[test]
+fn conditional_operations_keep_the_copies_equal() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        conditional_ops_keep_copies_equal(kind);
+    }
+}
+
+fn dead_copy(kind: Kind) {
+    let mut servers = start(kind, 4);
+    let mut c = pool(&servers, replicated(2, WritePolicy::Quorum));
+    let key = key_on(&c, 1, "dead:");
+    c.set(&key, b"before", 0, 0).unwrap();
+    assert!(c.stats(Some("fabric")).iter().all(|(_, r)| r.is_ok()) || kind == Kind::Memcached);
+    servers[1].kill();
+    // Quorum: two of three copies are enough, and the result says so.
+    let mut acked = Vec::new();
+    for attempt in 0..3 {
+        let r = c.set_acked(&key, format!("after{attempt}").as_bytes(), 0, 0);
+        acked.push(r.expect("quorum with one copy down"));
+    }
+    assert!(
+        acked.iter().all(|a| *a
+            == Acks {
+                acked: 2,
+                copies: 3
+            }),
+        "{acked:?}"
+    );
+    assert_eq!(&c.get(&key).unwrap().unwrap().data[..], b"after2");
+    // All: one dead copy fails the write, and says how many copies took it.
+    let mut all = pool(&servers, replicated(2, WritePolicy::All));
+    let r = all.set(&key, b"all", 0, 0);
+    assert!(
+        matches!(
+            r,
+            Err(Error::NotEnoughCopies {
+                acked: 2,
+                needed: 3,
+                copies: 3,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // One: answered by the first copy, the others finish in the background.
+    let mut one = pool(&servers, replicated(2, WritePolicy::One));
+    let a = one.set_acked(&key, b"one", 0, 0).unwrap();
+    assert_eq!(a.copies, 3);
+    assert!(a.acked >= 1);
+    // A missing key with a copy down is still a miss: two copies missed.
+    assert_eq!(c.get(b"dead:never").unwrap(), None);
+
+    // Back, empty: read past its miss, repaired, recognised as a new instance.
+    servers[1].restart();
+    sleep(Duration::from_millis(400));
+    for _ in 0..50 {
+        if c.get(&key).unwrap().is_some_and(|v| &v.data[..] == b"one") {
+            break;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    assert_eq!(&c.get(&key).unwrap().unwrap().data[..], b"one");
+    let mut direct = Client::new(servers[1].url().as_str(), Config::default()).unwrap();
+    for _ in 0..50 {
+        if direct.get(&key).unwrap().is_some() {
+            break;
+        }
+        let _ = c.get(&key);
+        sleep(Duration::from_millis(10));
+    }
+    assert_eq!(&direct.get(&key).unwrap().unwrap().data[..], b"one");
+    if kind != Kind::Memcached {
+        assert_eq!(c.pool_counters().restarts_detected, 1, "{kind:?}");
+    }
+}
+
+#[test]
+fn a_dead_copy_fails_policy_all_but_not_quorum_and_is_refilled_when_back() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        dead_copy(kind);
+    }
+}
+
+fn paused_copy_is_never_read_stale(kind: Kind) {
+    let servers = start(kind, 3);
+    let config = Config {
+        retry_timeout: Duration::from_secs(2),
+        ..replicated(2, WritePolicy::Quorum)
+    };
+    let mut c = pool(&servers, config);
+    let key = key_on(&c, 0, "stale:");
+    let other = key_on(&c, 0, "other:");
+    c.set(&key, b"old", 0, 0).unwrap();
+    // The primary stops answering: a request to it times out and it is marked down.
+    servers[0].signal("STOP");
+    assert!(c.get(&other).is_ok(), "read past the paused copy");
+    servers[0].signal("CONT");
+    // Written while the primary is marked down: it never sees this write, and really
+    // still holds the old value.
+    let a = c.set_acked(&key, b"new", 0, 0).unwrap();
+    assert_eq!(
+        a,
+        Acks {
+            acked: 2,
+            copies: 3
+        },
+        "{kind:?}"
+    );
+    for i in 0..3 {
+        c.set(format!("more:{i}").as_bytes(), b"x", 0, 0).unwrap();
+    }
+    let mut direct = Client::new(servers[0].url().as_str(), Config::default()).unwrap();
+    assert_eq!(&direct.get(&key).unwrap().unwrap().data[..], b"old");
+    assert!(c.pool_counters().hints_recorded >= 1);
+    // Once it may be tried again, the primary is read first: never the old value.
+    sleep(Duration::from_millis(2100));
+    // Reads go on while the hinted delete is on its way; then the primary serves again.
+    for i in 0..400 {
+        let v = c.get(&key).unwrap().expect("the value");
+        assert_eq!(&v.data[..], b"new", "{kind:?}: stale read");
+        if c.pool_counters().hinted_deletes >= 1 && i >= 20 {
+            break;
+        }
+        sleep(Duration::from_millis(5));
+    }
+    assert!(
+        c.pool_counters().hinted_deletes >= 1,
+        "{:?}",
+        c.pool_counters()
+    );
+    let _ = c.get(&other);
+    let held = direct.get(&key).unwrap().map(|v| v.data.to_vec());
+    assert!(
+        held.is_none() || held.as_deref() == Some(b"new"),
+        "{held:?}"
+    );
+}
+
+#[test]
+fn a_copy_that_missed_a_write_is_never_read_stale() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        paused_copy_is_never_read_stale(kind);
+    }
+}
