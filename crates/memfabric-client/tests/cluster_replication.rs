@@ -1,0 +1,296 @@
+//! A replicated pool on a cluster of real servers (each in its own network namespace,
+//! `memfabric-cluster`) that are killed, paused and cut off in the middle of a workload.
+//! Every value is checked byte for byte; the model remembers, per key, the newest write
+//! that was acknowledged and the writes that failed (which may or may not have landed):
+//!
+//! - a read may return the newest acknowledged write or a later failed one, never an older
+//!   one (a stale read) and never a miss once a write was acknowledged (a lost write);
+//! - an operation either succeeds under the write policy or returns an error;
+//! - after the servers are back, every key reads back.
+//!
+//! Needs root and `ip`, as CI has; `MEMFABRIC_SKIP_NETNS=1` skips it (printed).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use memfabric_client::{Client, Config, Error, WritePolicy};
+use memfabric_cluster::{Cluster, ClusterConfig};
+
+/// splitmix64: the test's only randomness, seeded, so a failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// 1 B to 256 KiB, uniform in the exponent for a quarter of the values and up to 4 KiB
+/// for the rest (so the large ones are there without the run moving gigabytes).
+fn value_size(rng: &mut Rng) -> usize {
+    let bits = if rng.below(4) == 0 { 18 } else { 12 };
+    let e = rng.below(bits + 1);
+    let lo = 1u64 << e.saturating_sub(1);
+    let hi = (1u64 << e).min(256 * 1024);
+    (lo + rng.below(hi - lo + 1)).max(1) as usize
+}
+
+/// The value of write `version` of key `k`: a header naming both, then bytes derived from
+/// them, so that any mix-up or damage is seen.
+fn value(k: u32, version: u32, len: usize) -> Vec<u8> {
+    let mut v = format!("{k}:{version}:").into_bytes();
+    let mut x = (u64::from(k) << 32 | u64::from(version)).wrapping_mul(0x2545_f491_4f6c_dd1d);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x as u8);
+    }
+    v.truncate(len.max(1));
+    v
+}
+
+fn key(k: u32) -> Vec<u8> {
+    format!("acc:{k}").into_bytes()
+}
+
+#[derive(Default)]
+struct KeyState {
+    /// The newest acknowledged write: (version, length).
+    acked: Option<(u32, usize)>,
+    /// Writes after it that failed: they may have landed on some copies.
+    maybe: Vec<(u32, usize)>,
+    next_version: u32,
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    writes_acked: u64,
+    writes_failed: u64,
+    reads_ok: u64,
+    reads_failed: u64,
+}
+
+struct Model {
+    keys: Vec<KeyState>,
+    tally: Tally,
+}
+
+impl Model {
+    fn new(n: u32) -> Model {
+        Model {
+            keys: (0..n).map(|_| KeyState::default()).collect(),
+            tally: Tally::default(),
+        }
+    }
+
+    fn write(&mut self, c: &mut Client, rng: &mut Rng, k: u32) {
+        let st = &mut self.keys[k as usize];
+        st.next_version += 1;
+        let version = st.next_version;
+        let len = value_size(rng);
+        match c.set_acked(&key(k), &value(k, version, len), version, 0) {
+            Ok(a) => {
+                assert!(
+                    usize::from(a.acked) >= 2 || a.copies < 3,
+                    "quorum write acknowledged by {a:?}"
+                );
+                st.acked = Some((version, len));
+                st.maybe.clear();
+                self.tally.writes_acked += 1;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e,
+                        Error::NotEnoughCopies { .. }
+                            | Error::Timeout { .. }
+                            | Error::ServerDown { .. }
+                    ),
+                    "a failed write says why: {e:?}"
+                );
+                st.maybe.push((version, len));
+                self.tally.writes_failed += 1;
+            }
+        }
+    }
+
+    /// Reads key `k` and checks it against the model; `strict`: the read must succeed.
+    fn read(&mut self, c: &mut Client, k: u32, strict: bool) {
+        let st = &self.keys[k as usize];
+        match c.get(&key(k)) {
+            Ok(Some(v)) => {
+                let version = v.flags;
+                let allowed = st
+                    .acked
+                    .iter()
+                    .chain(st.maybe.iter())
+                    .find(|(ver, _)| *ver == version);
+                let Some(&(ver, len)) = allowed else {
+                    panic!(
+                        "key {k}: read version {version}, newest acknowledged {:?}, failed since {:?}: a stale read",
+                        st.acked.map(|a| a.0),
+                        st.maybe.iter().map(|m| m.0).collect::<Vec<_>>()
+                    );
+                };
+                assert!(
+                    v.data[..] == value(k, ver, len)[..],
+                    "key {k} version {ver}: the bytes differ"
+                );
+                self.tally.reads_ok += 1;
+            }
+            Ok(None) => {
+                assert!(
+                    st.acked.is_none(),
+                    "key {k}: a miss after version {:?} was acknowledged: a lost write",
+                    st.acked.map(|a| a.0)
+                );
+                self.tally.reads_ok += 1;
+            }
+            Err(e) => {
+                assert!(!strict, "key {k}: {e:?} with every server up");
+                self.tally.reads_failed += 1;
+            }
+        }
+    }
+}
+
+fn cluster(n: usize) -> Cluster {
+    Cluster::start(ClusterConfig {
+        servers: n,
+        args: vec!["-m".into(), "256".into(), "-t".into(), "1".into()],
+        ..ClusterConfig::default()
+    })
+    .expect("cluster")
+}
+
+fn replicated_pool(cluster: &Cluster, timeout: Duration) -> Client {
+    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    Client::new(
+        list.join(",").as_str(),
+        Config {
+            replicas: 2,
+            write_policy: WritePolicy::Quorum,
+            timeout,
+            connect_timeout: timeout,
+            retry_timeout: Duration::from_millis(500),
+            ..Config::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Six servers, three copies of every key, 100k operations (a first write of every key,
+/// then writes and reads) while two servers are killed and later restarted empty.
+#[test]
+fn acknowledged_writes_survive_two_servers_killed_and_restarted_empty() {
+    if memfabric_cluster::skip_netns_tests() {
+        return;
+    }
+    let mut cluster = cluster(6);
+    let mut c = replicated_pool(&cluster, Duration::from_millis(500));
+    let keys = 20_000u32;
+    let ops = 100_000u32;
+    let mut rng = Rng(0x5eed_0001);
+    let mut model = Model::new(keys);
+    for k in 0..keys {
+        model.write(&mut c, &mut rng, k);
+    }
+    assert_eq!(model.tally.writes_failed, 0, "{:?}", model.tally);
+    let events = [
+        (ops / 5, "kill 1"),
+        (2 * ops / 5, "kill 4"),
+        (3 * ops / 5, "restart 1"),
+        (4 * ops / 5, "restart 4"),
+    ];
+    for i in keys..ops {
+        for (at, what) in events {
+            if i == at {
+                let (verb, s) = what.split_once(' ').unwrap();
+                let s: usize = s.parse().unwrap();
+                match verb {
+                    "kill" => cluster.kill(s).unwrap(),
+                    _ => cluster.restart(s).unwrap(),
+                }
+            }
+        }
+        let k = rng.below(u64::from(keys)) as u32;
+        if rng.below(2) == 0 {
+            model.write(&mut c, &mut rng, k);
+        } else {
+            model.read(&mut c, k, false);
+        }
+    }
+    // Everyone back (and past the retry time): every key reads back, nothing stale.
+    std::thread::sleep(Duration::from_millis(600));
+    for k in 0..keys {
+        model.read(&mut c, k, true);
+    }
+    eprintln!("{:?} {:?}", model.tally, c.pool_counters());
+    assert!(
+        model.tally.writes_acked > u64::from(ops) / 3,
+        "{:?}",
+        model.tally
+    );
+    assert!(c.pool_counters().restarts_detected >= 1);
+}
+
+/// Servers paused (SIGSTOP) and cut off (link down: packets lost, no reset): operations
+/// end within their deadlines, succeed or fail per policy, and nothing stale is read once
+/// they are back — the paused and cut servers still hold the values of before.
+#[test]
+fn paused_and_cut_servers_never_hang_an_operation_nor_serve_a_stale_value() {
+    if memfabric_cluster::skip_netns_tests() {
+        return;
+    }
+    let mut cluster = cluster(6);
+    let timeout = Duration::from_millis(300);
+    let mut c = replicated_pool(&cluster, timeout);
+    let keys = 3_000u32;
+    let mut rng = Rng(0x5eed_0002);
+    let mut model = Model::new(keys);
+    for k in 0..keys {
+        model.write(&mut c, &mut rng, k);
+    }
+    // A read waits at most for each copy in turn, a write for its copies at once.
+    let bound = timeout * 3 + Duration::from_secs(2);
+    let mut slowest = Duration::ZERO;
+    let mut phase = |c: &mut Client, model: &mut Model, rng: &mut Rng, n: u32| {
+        for _ in 0..n {
+            let k = rng.below(u64::from(keys)) as u32;
+            let start = Instant::now();
+            if rng.below(2) == 0 {
+                model.write(c, rng, k);
+            } else {
+                model.read(c, k, false);
+            }
+            slowest = slowest.max(start.elapsed());
+        }
+    };
+    cluster.pause(2).unwrap();
+    phase(&mut c, &mut model, &mut rng, 4_000);
+    cluster.cut(5).unwrap();
+    phase(&mut c, &mut model, &mut rng, 4_000);
+    cluster.resume(2).unwrap();
+    phase(&mut c, &mut model, &mut rng, 4_000);
+    cluster.heal(5).unwrap();
+    phase(&mut c, &mut model, &mut rng, 4_000);
+    assert!(slowest < bound, "an operation took {slowest:?}");
+    std::thread::sleep(Duration::from_millis(600));
+    for k in 0..keys {
+        model.read(&mut c, k, true);
+    }
+    let counters = c.pool_counters();
+    eprintln!("{:?} {counters:?}", model.tally);
+    assert!(
+        counters.hints_recorded + counters.hinted_deletes > 0,
+        "{counters:?}"
+    );
+}
