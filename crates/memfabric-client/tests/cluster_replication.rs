@@ -10,7 +10,6 @@
 //!
 //! Needs root and `ip`, as CI has; `MEMFABRIC_SKIP_NETNS=1` skips it (printed).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use memfabric_client::{Client, Config, Error, WritePolicy};
