@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::addr::{check_one_scheme, Scheme, ServerAddr};
+use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
@@ -72,6 +73,13 @@ pub struct Config {
     /// At most this many background requests (read repairs) in flight; more are skipped
     /// and counted (default 4096).
     pub max_background: usize,
+    /// Erasure-code values of `ec_threshold` bytes or more with RS(k, m): `k + m`
+    /// fragments on the next `k + m` distinct servers along the ring, any `k` of which
+    /// give the value back (default off). Smaller values are replicated on `max(replicas,
+    /// m) + 1` servers. See `docs/resilience.md`.
+    pub ec: Option<EcGeometry>,
+    /// The smallest value that is erasure coded (default 16 KiB).
+    pub ec_threshold: usize,
 }
 
 impl Default for Config {
@@ -91,6 +99,8 @@ impl Default for Config {
             read_repair: true,
             max_hints: 10_000,
             max_background: 4096,
+            ec: None,
+            ec_threshold: 16 * 1024,
         }
     }
 }
@@ -192,6 +202,10 @@ pub struct Client {
     pub(crate) settling: bool,
     pub(crate) background_inflight: usize,
     pub(crate) counters: PoolCounters,
+    /// The pool's erasure code, when `config.ec` is set.
+    pub(crate) ec_code: Option<Code>,
+    /// The last stripe id this client gave a write (ids only grow).
+    pub(crate) last_stripe: u64,
 }
 
 /// `STAT` name/value pairs of one server.
@@ -206,6 +220,9 @@ impl Client {
     pub fn new(servers: impl IntoServers, config: Config) -> Result<Client, Error> {
         let list = servers.into_servers()?;
         let first = list.first().ok_or(Error::NoServers)?;
+        if let Some(g) = config.ec {
+            Code::new(g.k, g.m).map_err(|e| Error::Config(e.to_string()))?;
+        }
         let transport = make_transport(first.scheme, config.get_mode, config.access_hints)?;
         Ok(Self::with_transport(list, config, transport))
     }
@@ -225,6 +242,8 @@ impl Client {
             })
             .collect();
         let ring = Continuum::new(&nodes, config.distribution);
+        // `Client::new` refuses a geometry the code cannot have; here one is just off.
+        let ec_code = config.ec.and_then(|g| Code::new(g.k, g.m).ok());
         let servers = list
             .into_iter()
             .map(|addr| Server {
@@ -254,6 +273,8 @@ impl Client {
             settling: false,
             background_inflight: 0,
             counters: PoolCounters::default(),
+            ec_code,
+            last_stripe: 0,
         }
     }
 

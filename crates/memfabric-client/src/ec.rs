@@ -29,6 +29,31 @@ pub enum EcError {
     Coding(String),
 }
 
+/// RS(k, m) as a pool option: `"4+2"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EcGeometry {
+    pub k: u8,
+    pub m: u8,
+}
+
+impl std::str::FromStr for EcGeometry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("'{s}' is not K+M (for example 4+2)");
+        let (k, m) = s.split_once('+').ok_or_else(bad)?;
+        let k: u8 = k.trim().parse().map_err(|_| bad())?;
+        let m: u8 = m.trim().parse().map_err(|_| bad())?;
+        Code::new(k, m).map_err(|e| e.to_string())?;
+        Ok(EcGeometry { k, m })
+    }
+}
+
+impl std::fmt::Display for EcGeometry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.k, self.m)
+    }
+}
+
 /// A code: `k` data shards and `m` parity shards.
 #[derive(Debug)]
 pub struct Code {

@@ -38,6 +38,7 @@
 pub mod addr;
 pub mod client;
 pub mod ec;
+mod ec_pool;
 pub mod error;
 pub mod ketama;
 pub mod meta;
@@ -50,6 +51,7 @@ pub mod ucx;
 
 pub use addr::{Scheme, ServerAddr};
 pub use client::{Client, Config, Handle, IntoServers};
+pub use ec::EcGeometry;
 pub use error::Error;
 pub use ketama::{Distribution, KeyHash};
 pub use op::{Op, Reply, StoreMode, StoreStatus, Value};

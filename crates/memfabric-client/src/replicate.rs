@@ -119,6 +119,16 @@ pub struct PoolCounters {
     pub hint_flushes: u64,
     /// Reconnects that found a server with a new `instance_id` (it restarted, empty).
     pub restarts_detected: u64,
+    /// Values written erasure coded, and the time spent encoding them (nanoseconds).
+    pub ec_writes: u64,
+    pub encode_ns: u64,
+    /// Erasure-coded values read; of them, read with a data fragment missing (rebuilt
+    /// from parity), and the time spent decoding (nanoseconds).
+    pub ec_reads: u64,
+    pub degraded_reads: u64,
+    pub decode_ns: u64,
+    /// Fragments written back to servers that missed them.
+    pub fragment_repairs: u64,
 }
 
 impl PoolCounters {
@@ -134,6 +144,12 @@ impl PoolCounters {
             ("hinted_deletes", self.hinted_deletes),
             ("hint_flushes", self.hint_flushes),
             ("restarts_detected", self.restarts_detected),
+            ("ec_writes", self.ec_writes),
+            ("encode_ns", self.encode_ns),
+            ("ec_reads", self.ec_reads),
+            ("degraded_reads", self.degraded_reads),
+            ("decode_ns", self.decode_ns),
+            ("fragment_repairs", self.fragment_repairs),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -152,12 +168,6 @@ pub(crate) struct ServerHints {
     replaying: usize,
 }
 
-impl ServerHints {
-    fn clear(&self) -> bool {
-        self.keys.is_empty() && !self.overflow && self.replaying == 0
-    }
-}
-
 /// Why a request was issued on the pool's behalf.
 #[derive(Debug)]
 pub(crate) enum Role {
@@ -171,6 +181,8 @@ pub(crate) enum Role {
     Probe,
     /// Write a value back to a copy that missed it.
     Repair,
+    /// Write a fragment back to a server that missed it.
+    FragmentRepair,
     /// Anything else the pool does in the background (gat's touches of the other copies).
     Background,
 }
@@ -185,29 +197,38 @@ pub(crate) struct Child {
 pub(crate) struct Task {
     /// The caller has its result (or stopped waiting for it).
     pub(crate) delivered: bool,
-    abandoned: bool,
+    pub(crate) abandoned: bool,
     /// Steps in flight.
-    outstanding: usize,
-    key: Vec<u8>,
-    copies: Vec<usize>,
-    needed: usize,
-    acked: usize,
-    failed: usize,
-    last_err: Option<Error>,
-    kind: Kind,
+    pub(crate) outstanding: usize,
+    pub(crate) key: Vec<u8>,
+    pub(crate) copies: Vec<usize>,
+    pub(crate) needed: usize,
+    pub(crate) acked: usize,
+    pub(crate) failed: usize,
+    pub(crate) last_err: Option<Error>,
+    pub(crate) kind: Kind,
 }
 
-enum Kind {
-    /// get/gets/gat: one copy after another.
+pub(crate) enum Kind {
+    /// get/gets/gat: one copy after another; once a copy answers with a fragment of an
+    /// erasure-coded value, all the value's servers at once (`ec`).
     Read {
         op: Op,
         order: Vec<usize>,
         next: usize,
         missed: Vec<usize>,
         asked: usize,
+        ec: Option<Box<crate::ec_pool::EcRead>>,
     },
-    /// set/delete/touch: every copy at once; `any` = some copy deleted/touched.
-    Fanout { op: Op, any: bool, cas: u64 },
+    /// set/delete/touch: every copy at once (`per_copy[i]`, when given, is what copy `i`
+    /// gets instead of `op`: an erasure-coded value's fragments); `any` = some copy
+    /// deleted/touched.
+    Fanout {
+        op: Op,
+        per_copy: Vec<Op>,
+        any: bool,
+        cas: u64,
+    },
     /// Conditional operations: the leader, then the others.
     Lead {
         op: Op,
@@ -232,7 +253,14 @@ fn spread(seed: u64) -> u64 {
 impl Client {
     /// Whether operations go through tasks (a replicated pool).
     pub(crate) fn resilient(&self) -> bool {
-        self.config.replicas > 0
+        self.config.replicas > 0 || self.ec_code.is_some()
+    }
+
+    /// Copies of a value that is not erasure coded: `replicas + 1`, and in a pool with
+    /// RS(k, m) at least `m + 1`, so that small values survive the same `m` failures.
+    pub(crate) fn plain_copies(&self) -> usize {
+        let m = self.config.ec.map_or(0, |g| g.m);
+        usize::from(self.config.replicas.max(m)) + 1
     }
 
     /// The pool's counters: replication, repairs, hints.
@@ -240,9 +268,28 @@ impl Client {
         &self.counters
     }
 
-    /// Whether server `s` may be read: up, and nothing that may be stale on it.
-    fn readable(&self, s: usize) -> bool {
-        self.is_up(s) && self.servers[s].hints.clear()
+    /// Whether server `s` may be read now: it is up, and every delete of a copy that may
+    /// be stale there has been sent on its connection. A request on a connection takes
+    /// effect after the ones sent before it (TCP pipelines in order; UCX active messages
+    /// arrive in order, and a one-sided GET waits until the requests before it are done),
+    /// so a read sent after the deletes cannot see what they delete. Hints waiting for a
+    /// connection get one here (and are sent first on it).
+    pub(crate) fn ready_to_read(&mut self, s: usize) -> bool {
+        if !self.is_up(s) {
+            return false;
+        }
+        let hints = &self.servers[s].hints;
+        if hints.keys.is_empty() && !hints.overflow {
+            return true;
+        }
+        match self.servers[s].conn {
+            // Connecting sends the hints first (`on_connect`).
+            None => self.ensure_conn(s).is_ok(),
+            Some(conn) => {
+                self.replay_hints(s, conn);
+                true
+            }
+        }
     }
 
     /// Issues a request on the pool's behalf on a connection just opened (before anything
@@ -268,6 +315,11 @@ impl Client {
                 },
             ),
         }
+        self.replay_hints(s, conn);
+    }
+
+    /// Sends the deletes (or the flush) that server `s`'s hints call for on `conn`.
+    fn replay_hints(&mut self, s: usize, conn: ConnId) {
         let hints = &mut self.servers[s].hints;
         if hints.overflow {
             hints.overflow = false;
@@ -294,7 +346,7 @@ impl Client {
 
     /// Copy `s` of `key` failed a write and may hold an older value: delete it now if the
     /// server can be reached, else remember to delete it before the server is read again.
-    fn distrust_copy(&mut self, s: usize, key: &[u8]) {
+    pub(crate) fn distrust_copy(&mut self, s: usize, key: &[u8]) {
         self.counters.copy_write_failures += 1;
         if self.is_up(s) && self.servers[s].conn.is_some() {
             self.servers[s].hints.replaying += 1;
@@ -328,14 +380,23 @@ impl Client {
     /// Starts a replicated operation under a new handle.
     pub(crate) fn submit_resilient(&mut self, op: Op) -> Handle {
         let key = op.key().unwrap_or_default().to_vec();
-        let copies = self
-            .ring
-            .successors(&key, usize::from(self.config.replicas) + 1);
+        if self.wants_ec(&op) {
+            return self.submit_ec_write(op);
+        }
+        let plain = self.plain_copies();
+        // Deletes and touches reach every server an erasure-coded value may be on.
+        let wide = match &op {
+            Op::Delete { .. } | Op::Touch { .. } => {
+                plain.max(self.ec_code.as_ref().map_or(0, |c| c.total_shards()))
+            }
+            _ => plain,
+        };
+        let copies = self.ring.successors(&key, wide);
         if copies.is_empty() {
             return self.fail_now(Error::NoServers);
         }
         let h = self.new_handle();
-        let needed = self.config.write_policy.needed(copies.len());
+        let needed = self.config.write_policy.needed(copies.len().min(plain));
         let kind = match &op {
             Op::Get { .. } | Op::Gat { .. } => {
                 let mut order = copies.clone();
@@ -352,6 +413,7 @@ impl Client {
                     next: 0,
                     missed: Vec::new(),
                     asked: 0,
+                    ec: None,
                 }
             }
             Op::Store {
@@ -361,6 +423,7 @@ impl Client {
             | Op::Delete { .. }
             | Op::Touch { .. } => Kind::Fanout {
                 op,
+                per_copy: Vec::new(),
                 any: false,
                 cas: 0,
             },
@@ -370,7 +433,7 @@ impl Client {
                 reply: None,
             },
         };
-        let mut task = Task {
+        let task = Task {
             delivered: false,
             abandoned: false,
             outstanding: 0,
@@ -382,8 +445,12 @@ impl Client {
             last_err: None,
             kind,
         };
-        // Steps that fail at once are queued as events; none is handled before the task
-        // is in the map.
+        self.launch(h, task)
+    }
+
+    /// Starts `task` under handle `h`. Steps that fail at once are queued as events;
+    /// none is handled before the task is in the map.
+    pub(crate) fn launch(&mut self, h: Handle, mut task: Task) -> Handle {
         let was = std::mem::replace(&mut self.settling, true);
         self.start(h.0, &mut task);
         self.tasks.insert(h.0, task);
@@ -392,7 +459,7 @@ impl Client {
         h
     }
 
-    fn step(&mut self, id: u64, task: &mut Task, s: usize, op: Op) {
+    pub(crate) fn step(&mut self, id: u64, task: &mut Task, s: usize, op: Op) {
         task.outstanding += 1;
         self.issue(
             s,
@@ -407,12 +474,14 @@ impl Client {
     fn start(&mut self, id: u64, t: &mut Task) {
         match &t.kind {
             Kind::Read { .. } => self.read_next(id, t),
-            Kind::Fanout { op, .. } => {
-                let op = op.clone();
+            Kind::Fanout { op, per_copy, .. } => {
+                let ops: Vec<Op> = (0..t.copies.len())
+                    .map(|i| per_copy.get(i).unwrap_or(op).clone())
+                    .collect();
                 let hint = !matches!(op, Op::Touch { .. });
-                for s in t.copies.clone() {
+                for (s, op) in t.copies.clone().into_iter().zip(ops) {
                     if self.is_up(s) {
-                        self.step(id, t, s, op.clone());
+                        self.step(id, t, s, op);
                     } else {
                         t.failed += 1;
                         t.last_err = Some(self.down(s));
@@ -425,7 +494,8 @@ impl Client {
             }
             Kind::Lead { op, .. } => {
                 let op = op.clone();
-                let Some(pos) = t.copies.iter().position(|&s| self.readable(s)) else {
+                let copies = t.copies.clone();
+                let Some(pos) = copies.into_iter().position(|s| self.ready_to_read(s)) else {
                     t.failed = t.copies.len();
                     t.last_err = Some(self.down(t.copies[0]));
                     self.decide(id, t);
@@ -447,7 +517,7 @@ impl Client {
         }
     }
 
-    fn down(&self, s: usize) -> Error {
+    pub(crate) fn down(&self, s: usize) -> Error {
         Error::ServerDown {
             server: self.servers[s].name.clone(),
         }
@@ -466,8 +536,8 @@ impl Client {
                 break;
             };
             *next += 1;
-            if self.readable(s) {
-                *asked += 1;
+            *asked += 1;
+            if self.ready_to_read(s) {
                 let op = match &t.kind {
                     Kind::Read { op, .. } => op.clone(),
                     _ => unreachable!(),
@@ -475,20 +545,8 @@ impl Client {
                 self.step(id, t, s, op);
                 return;
             }
-            // Not readable: down, or a copy that may be stale. A server up again whose
-            // hints wait for a connection gets one now, so they are replayed.
-            if self.is_up(s) && self.servers[s].conn.is_none() {
-                let _ = self.ensure_conn(s);
-            }
             t.failed += 1;
-            t.last_err = Some(if self.is_up(s) {
-                Error::Server(format!(
-                    "{}: copy being repaired",
-                    self.servers[s].name.as_str()
-                ))
-            } else {
-                self.down(s)
-            });
+            t.last_err = Some(self.down(s));
         }
         // Every copy asked or skipped, no hit: a miss only if enough copies missed that
         // any acknowledged write would have reached one of them.
@@ -505,7 +563,7 @@ impl Client {
         }
     }
 
-    fn deliver(&mut self, id: u64, t: &mut Task, result: Result<Reply, Error>) {
+    pub(crate) fn deliver(&mut self, id: u64, t: &mut Task, result: Result<Reply, Error>) {
         if t.delivered {
             return;
         }
@@ -519,7 +577,7 @@ impl Client {
         }
     }
 
-    fn deliver_short(&mut self, id: u64, t: &mut Task) {
+    pub(crate) fn deliver_short(&mut self, id: u64, t: &mut Task) {
         self.counters.ops_short += 1;
         let cause = t
             .last_err
@@ -543,7 +601,7 @@ impl Client {
         let n = t.copies.len();
         if t.acked >= t.needed {
             let reply = match &t.kind {
-                Kind::Fanout { op, any, cas } => match op {
+                Kind::Fanout { op, any, cas, .. } => match op {
                     Op::Delete { .. } => Reply::Deleted(*any),
                     Op::Touch { .. } => Reply::Touched(*any),
                     _ => Reply::Stored(StoreStatus::Stored { cas: *cas }),
@@ -613,6 +671,12 @@ impl Client {
                         self.counters.read_repairs += 1;
                     }
                 }
+                Role::FragmentRepair => {
+                    self.background_inflight -= 1;
+                    if let Ok(Reply::Stored(StoreStatus::Stored { .. })) = result {
+                        self.counters.fragment_repairs += 1;
+                    }
+                }
                 Role::Background => self.background_inflight -= 1,
             }
         }
@@ -622,7 +686,11 @@ impl Client {
     fn on_step(&mut self, id: u64, t: &mut Task, s: usize, result: Result<Reply, Error>) {
         let key = t.key.clone();
         match &mut t.kind {
+            Kind::Read { ec: Some(_), .. } => self.ec_read_step(id, t, s, result),
             Kind::Read { missed, .. } => match result {
+                Ok(Reply::Value(Some(v))) if self.is_fragment(&v) => {
+                    self.ec_read_begin(id, t, s, v)
+                }
                 Ok(Reply::Value(Some(v))) => self.read_hit(id, t, v),
                 Ok(Reply::Value(None)) => {
                     missed.push(s);
@@ -639,7 +707,7 @@ impl Client {
                     self.read_next(id, t);
                 }
             },
-            Kind::Fanout { op, any, cas } => {
+            Kind::Fanout { op, any, cas, .. } => {
                 let ok = match (&*op, result) {
                     (Op::Store { .. }, Ok(Reply::Stored(StoreStatus::Stored { cas: c }))) => {
                         if *cas == 0 || s == t.copies[0] {

@@ -337,3 +337,101 @@ fn a_copy_that_missed_a_write_is_never_read_stale() {
         paused_copy_is_never_read_stale(kind);
     }
 }
+
+fn big(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn erasure_coded(kind: Kind) {
+    let mut servers = start(kind, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::Quorum)
+    };
+    let mut c = pool(&servers, config.clone());
+    let value = big(1, 100_000);
+    let a = c.set_acked(b"ec:big", &value, 9, 0).unwrap();
+    // Quorum: a majority of the six fragments, at least k = 4; the rest follow.
+    assert!(a.acked >= 4 && a.copies == 6, "{kind:?}: {a:?}");
+    let got = c.get(b"ec:big").unwrap().unwrap();
+    assert!(got.data[..] == value[..]);
+    // Every server holds one fragment: a quarter of the value and a header, not a copy.
+    for (s, held) in copies(&servers, b"ec:big").into_iter().enumerate() {
+        let held = held.unwrap_or_else(|| panic!("{kind:?}: no fragment on {s}"));
+        assert_eq!(&held[..4], b"MFEC");
+        assert!(held.len() < value.len() / 3, "{}", held.len());
+    }
+    let got = c.get(b"ec:big").unwrap().unwrap();
+    assert_eq!((got.data.len(), got.flags), (value.len(), 9));
+    assert!(got.data[..] == value[..]);
+    // Small values are replicated on m + 1 = 3 servers, not coded.
+    let a = c.set_acked(b"ec:small", b"tiny", 0, 0).unwrap();
+    assert_eq!(a.copies, 3);
+    assert_eq!(&c.get(b"ec:small").unwrap().unwrap().data[..], b"tiny");
+
+    // Two servers down, one of them the primary: both still work, degraded.
+    let home = homes(&c, b"ec:big", 6);
+    servers[home[0]].kill();
+    servers[home[2]].kill();
+    let got = c.get(b"ec:big").unwrap().unwrap();
+    assert!(got.data[..] == value[..], "{kind:?}: degraded read");
+    assert!(c.pool_counters().degraded_reads >= 1);
+    let value2 = big(2, 70_000);
+    let a = c.set_acked(b"ec:big", &value2, 3, 0).unwrap();
+    assert_eq!(
+        a,
+        Acks {
+            acked: 4,
+            copies: 6
+        },
+        "{kind:?}"
+    );
+    assert!(c.get(b"ec:big").unwrap().unwrap().data[..] == value2[..]);
+    // A third server down: a write can no longer be acknowledged, and says so.
+    servers[home[4]].kill();
+    let r = c.set(b"ec:big", &big(3, 50_000), 0, 0);
+    assert!(
+        matches!(
+            r,
+            Err(Error::NotEnoughCopies {
+                acked: 3,
+                needed: 4,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // Known down now: the next write does not even start (it would tear the value).
+    let r = c.set(b"ec:big", &big(4, 50_000), 0, 0);
+    assert!(
+        matches!(r, Err(Error::NotEnoughCopies { acked: 0, .. })),
+        "{r:?}"
+    );
+    servers[home[4]].restart();
+    servers[home[0]].restart();
+    servers[home[2]].restart();
+    sleep(Duration::from_millis(400));
+    // The torn write's three fragments replaced three of the old value's four, and the
+    // fourth was deleted as stale: neither write can be read, and the read says so —
+    // never a mix of the two, never a wrong value (the write hole, docs/resilience.md).
+    let r = c.get(b"ec:big");
+    assert!(
+        matches!(r, Err(Error::NotEnoughCopies { .. })),
+        "{kind:?}: {r:?}"
+    );
+    let value5 = big(5, 90_000);
+    c.set(b"ec:big", &value5, 0, 0).unwrap();
+    assert!(c.get(b"ec:big").unwrap().unwrap().data[..] == value5[..]);
+    // Deleted everywhere.
+    assert!(c.delete(b"ec:big").unwrap());
+    assert_eq!(c.get(b"ec:big").unwrap(), None);
+}
+
+#[test]
+fn erasure_coded_values_survive_m_servers_down_and_torn_writes_are_never_mixed() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        erasure_coded(kind);
+    }
+}

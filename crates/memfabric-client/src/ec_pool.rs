@@ -1,0 +1,354 @@
+//! Erasure coding in the pool: a `set` of a value at or above `ec_threshold` becomes
+//! RS(k, m) fragments ([`crate::ec::Code`]) stored under the key on the next `k + m`
+//! distinct servers along the ring (fragment `i` on the `i`-th), written at once like a
+//! replicated set; a read that meets a fragment asks all the value's servers at once and
+//! rebuilds the value from the first `k` fragments of one write that may be trusted
+//! (late binding). Everything else — policies, hints, tasks — is [`crate::replicate`]'s.
+//!
+//! How many fragments must be stored for a write to succeed (`WritePolicy`): `all` k+m,
+//! `quorum` a majority of the k+m but at least k (4 of 4+2, so that with m servers down a
+//! write still succeeds), `one` k (the least from which the value can be read).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use memfabric_proto::ec_fragment::FragmentHeader;
+
+use crate::client::{Client, Handle};
+use crate::error::Error;
+use crate::op::{Op, Reply, StoreMode, Value};
+use crate::replicate::{Child, Kind, Role, Task, WritePolicy};
+
+/// A read that found a fragment: what the value's servers answered.
+pub(crate) struct EcRead {
+    /// The value's servers, fragment `i` on `servers[i]`.
+    servers: Vec<usize>,
+    /// Fragments of this code that arrived: (position, stripe, bytes).
+    frags: Vec<(usize, FragmentHeader, Bytes)>,
+    /// Positions that answered without a fragment of this code (a miss, or something else).
+    missing: Vec<usize>,
+    /// Positions that could not be asked or failed.
+    failed: usize,
+    flags: u32,
+}
+
+/// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
+pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {
+    match policy {
+        WritePolicy::All => k + m,
+        WritePolicy::Quorum => k.max((k + m) / 2 + 1),
+        WritePolicy::One => k,
+    }
+}
+
+impl Client {
+    /// Whether `op` is a set to erasure-code: a value at or above the threshold, in a pool
+    /// with a code and enough servers for all its fragments.
+    pub(crate) fn wants_ec(&self, op: &Op) -> bool {
+        let Some(code) = &self.ec_code else {
+            return false;
+        };
+        matches!(op, Op::Store { mode: StoreMode::Set, value, .. }
+            if value.len() >= self.config.ec_threshold.max(1))
+            && self.servers.len() >= code.total_shards()
+    }
+
+    /// Whether a value read is a fragment of this pool's code.
+    pub(crate) fn is_fragment(&self, v: &Value) -> bool {
+        let Some(code) = &self.ec_code else {
+            return false;
+        };
+        matches!(FragmentHeader::decode(&v.data),
+            Ok((h, _)) if usize::from(h.k) == code.data_shards()
+                && usize::from(h.k) + usize::from(h.m) == code.total_shards())
+    }
+
+    /// A stripe id higher than any this client gave before and, across clients, ordered by
+    /// time (microseconds since the epoch, shifted, with a per-client counter below).
+    fn next_stripe(&mut self) -> u64 {
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let s = (micros << 8).max(self.last_stripe + 1);
+        self.last_stripe = s;
+        s
+    }
+
+    /// Encodes the value and writes fragment `i` to the `i`-th server along the ring.
+    pub(crate) fn submit_ec_write(&mut self, op: Op) -> Handle {
+        let Op::Store {
+            key,
+            value,
+            flags,
+            exptime,
+            ..
+        } = &op
+        else {
+            return self.fail_now(Error::Protocol("not a set".into()));
+        };
+        let (k, n) = match &self.ec_code {
+            Some(c) => (c.data_shards(), c.total_shards()),
+            None => return self.fail_now(Error::Protocol("no code".into())),
+        };
+        let copies = self.ring.successors(key, n);
+        let needed = ec_needed(self.config.write_policy, k, n - k);
+        // Overwriting fragments on fewer servers than needed would leave neither the old
+        // value nor the new one readable (the write hole): with servers known to be down,
+        // do not start.
+        let up = copies.iter().filter(|&&s| self.is_up(s)).count();
+        if up < needed {
+            let e = Error::NotEnoughCopies {
+                acked: 0,
+                needed: needed as u8,
+                copies: n as u8,
+                cause: format!("only {up} of the value's servers are up; nothing was written"),
+            };
+            self.counters.ops_short += 1;
+            return self.fail_now(e);
+        }
+        let stripe = self.next_stripe();
+        let start = Instant::now();
+        let encoded = self.ec_code.as_ref().map(|c| c.encode(stripe, value));
+        self.counters.encode_ns += start.elapsed().as_nanos() as u64;
+        let fragments = match encoded {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => return self.fail_now(Error::Protocol(e.to_string())),
+            None => return self.fail_now(Error::Protocol("no code".into())),
+        };
+        self.counters.ec_writes += 1;
+        let per_copy: Vec<Op> = fragments
+            .into_iter()
+            .map(|f| Op::Store {
+                mode: StoreMode::Set,
+                key: key.clone(),
+                value: Bytes::from(f),
+                flags: *flags,
+                exptime: *exptime,
+                cas: 0,
+            })
+            .collect();
+        let h = self.new_handle();
+        let task = Task {
+            delivered: false,
+            abandoned: false,
+            outstanding: 0,
+            key: key.clone(),
+            needed,
+            copies,
+            acked: 0,
+            failed: 0,
+            last_err: None,
+            kind: Kind::Fanout {
+                op,
+                per_copy,
+                any: false,
+                cas: 0,
+            },
+        };
+        self.launch(h, task)
+    }
+
+    /// A read met a fragment on server `s`: ask every other server of the value at once.
+    pub(crate) fn ec_read_begin(&mut self, id: u64, t: &mut Task, s: usize, v: Value) {
+        let n = self.ec_code.as_ref().map_or(0, |c| c.total_shards());
+        let servers = self.ring.successors(&t.key, n);
+        let Kind::Read {
+            op,
+            order,
+            next,
+            missed,
+            ec,
+            ..
+        } = &mut t.kind
+        else {
+            return;
+        };
+        let op = op.clone();
+        let asked: Vec<usize> = order[..*next].to_vec();
+        let mut read = EcRead {
+            servers: servers.clone(),
+            frags: Vec::new(),
+            missing: Vec::new(),
+            failed: 0,
+            flags: v.flags,
+        };
+        let mut to_ask = Vec::new();
+        for (pos, &srv) in servers.iter().enumerate() {
+            if srv == s {
+                if let Ok((h, _)) = FragmentHeader::decode(&v.data) {
+                    read.frags.push((pos, h, v.data.clone()));
+                }
+            } else if missed.contains(&srv) {
+                read.missing.push(pos);
+            } else if asked.contains(&srv) || !self.ready_to_read(srv) {
+                read.failed += 1;
+            } else {
+                to_ask.push(srv);
+            }
+        }
+        *ec = Some(Box::new(read));
+        t.needed = ec_needed(self.config.write_policy, n - self.ec_m(), self.ec_m());
+        t.copies = servers;
+        for srv in to_ask {
+            self.step(id, t, srv, op.clone());
+        }
+        self.ec_decide(id, t);
+    }
+
+    fn ec_m(&self) -> usize {
+        self.ec_code
+            .as_ref()
+            .map_or(0, |c| c.total_shards() - c.data_shards())
+    }
+
+    /// One of the value's servers answered.
+    pub(crate) fn ec_read_step(
+        &mut self,
+        id: u64,
+        t: &mut Task,
+        s: usize,
+        result: Result<Reply, Error>,
+    ) {
+        let Kind::Read { ec: Some(read), .. } = &mut t.kind else {
+            return;
+        };
+        let Some(pos) = read.servers.iter().position(|&x| x == s) else {
+            return;
+        };
+        match result {
+            Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
+                Ok((h, _)) => read.frags.push((pos, h, v.data.clone())),
+                Err(_) => read.missing.push(pos),
+            },
+            Ok(Reply::Value(None)) => read.missing.push(pos),
+            Ok(_) => read.failed += 1,
+            Err(e) => {
+                read.failed += 1;
+                t.last_err = Some(e);
+            }
+        }
+        self.ec_decide(id, t);
+    }
+
+    /// Rebuilds the value once it may be trusted: the newest write seen has `k` fragments
+    /// and the servers not heard from are too few to hide a newer acknowledged write; or,
+    /// when every server has answered, the newest write that has `k` (a newer one with
+    /// fewer was never acknowledged).
+    fn ec_decide(&mut self, id: u64, t: &mut Task) {
+        if t.delivered {
+            return;
+        }
+        let (k, n) = match &self.ec_code {
+            Some(c) => (c.data_shards(), c.total_shards()),
+            None => return,
+        };
+        let Kind::Read { ec: Some(read), .. } = &t.kind else {
+            return;
+        };
+        let count = |stripe: u64| read.frags.iter().filter(|f| f.1.stripe == stripe).count();
+        let newest = read.frags.iter().map(|f| f.1.stripe).max();
+        let heard = read.frags.len() + read.missing.len();
+        let unheard = n - heard;
+        let chosen = match newest {
+            Some(st) if count(st) >= k && unheard < t.needed => Some(st),
+            _ if t.outstanding == 0 && read.failed == 0 => {
+                let mut stripes: Vec<u64> = read.frags.iter().map(|f| f.1.stripe).collect();
+                stripes.sort_unstable_by(|a, b| b.cmp(a));
+                stripes.into_iter().find(|&st| count(st) >= k)
+            }
+            _ => None,
+        };
+        let Some(stripe) = chosen else {
+            if t.outstanding == 0 {
+                t.acked = heard;
+                if newest.is_none() && read.failed == 0 {
+                    // The fragment seen first is gone everywhere now (deleted meanwhile).
+                    self.deliver(id, t, Ok(Reply::Value(None)));
+                } else {
+                    self.deliver_short(id, t);
+                }
+            }
+            return;
+        };
+        let pieces: Vec<&[u8]> = read
+            .frags
+            .iter()
+            .filter(|f| f.1.stripe == stripe)
+            .map(|f| &f.2[..])
+            .collect();
+        let degraded = (0..k).any(|i| {
+            !read
+                .frags
+                .iter()
+                .any(|f| f.1.stripe == stripe && usize::from(f.1.index) == i)
+        });
+        let start = Instant::now();
+        let decoded = self.ec_code.as_ref().map(|c| c.decode(&pieces));
+        self.counters.decode_ns += start.elapsed().as_nanos() as u64;
+        self.counters.ec_reads += 1;
+        if degraded {
+            self.counters.degraded_reads += 1;
+        }
+        let value = match decoded {
+            Some(Ok(v)) => Bytes::from(v),
+            Some(Err(e)) => {
+                t.last_err = Some(Error::Protocol(e.to_string()));
+                self.deliver_short(id, t);
+                return;
+            }
+            None => return,
+        };
+        // Write the fragments back to servers that answered without one.
+        let missing: Vec<usize> = read.missing.clone();
+        let servers = read.servers.clone();
+        let flags = read.flags;
+        t.acked = count(stripe);
+        if self.config.read_repair && !missing.is_empty() {
+            if let Some(Ok(frags)) = self.ec_code.as_ref().map(|c| c.encode(stripe, &value)) {
+                for pos in missing {
+                    if self.background_inflight >= self.config.max_background {
+                        self.counters.read_repairs_skipped += 1;
+                        continue;
+                    }
+                    self.background_inflight += 1;
+                    let op = Op::Store {
+                        mode: StoreMode::Add,
+                        key: t.key.clone(),
+                        value: Bytes::from(frags[pos].clone()),
+                        flags,
+                        exptime: 0,
+                        cas: 0,
+                    };
+                    let child = Child {
+                        role: Role::FragmentRepair,
+                        server: servers[pos],
+                    };
+                    self.issue(servers[pos], op, Some(child));
+                }
+            }
+        }
+        self.deliver(
+            id,
+            t,
+            Ok(Reply::Value(Some(Value {
+                data: value,
+                flags,
+                cas: 0,
+            }))),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragments_needed_per_policy() {
+        assert_eq!(ec_needed(WritePolicy::All, 4, 2), 6);
+        assert_eq!(ec_needed(WritePolicy::Quorum, 4, 2), 4);
+        assert_eq!(ec_needed(WritePolicy::Quorum, 3, 3), 4);
+        assert_eq!(ec_needed(WritePolicy::Quorum, 10, 4), 10);
+        assert_eq!(ec_needed(WritePolicy::One, 4, 2), 4);
+    }
+}
