@@ -276,7 +276,7 @@ impl Client {
             .filter(|f| f.1.stripe == stripe)
             .map(|f| &f.2[..])
             .collect();
-        let degraded = (0..k).any(|i| {
+        let rebuilt = (0..k).any(|i| {
             !read
                 .frags
                 .iter()
@@ -286,7 +286,10 @@ impl Client {
         let decoded = self.ec_code.as_ref().map(|c| c.decode(&pieces));
         self.counters.decode_ns += start.elapsed().as_nanos() as u64;
         self.counters.ec_reads += 1;
-        if degraded {
+        if rebuilt {
+            self.counters.decodes += 1;
+        }
+        if read.failed > 0 || !read.missing.is_empty() {
             self.counters.degraded_reads += 1;
         }
         let value = match decoded {

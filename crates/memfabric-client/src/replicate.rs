@@ -122,9 +122,11 @@ pub struct PoolCounters {
     /// Values written erasure coded, and the time spent encoding them (nanoseconds).
     pub ec_writes: u64,
     pub encode_ns: u64,
-    /// Erasure-coded values read; of them, read with a data fragment missing (rebuilt
-    /// from parity), and the time spent decoding (nanoseconds).
+    /// Erasure-coded values read; of them, rebuilt with parity (a data fragment was not
+    /// among the first k), read while a server of the value failed or lacked its
+    /// fragment (degraded), and the time spent decoding (nanoseconds).
     pub ec_reads: u64,
+    pub decodes: u64,
     pub degraded_reads: u64,
     pub decode_ns: u64,
     /// Fragments written back to servers that missed them.
@@ -147,6 +149,7 @@ impl PoolCounters {
             ("ec_writes", self.ec_writes),
             ("encode_ns", self.encode_ns),
             ("ec_reads", self.ec_reads),
+            ("decodes", self.decodes),
             ("degraded_reads", self.degraded_reads),
             ("decode_ns", self.decode_ns),
             ("fragment_repairs", self.fragment_repairs),

@@ -293,6 +293,12 @@ impl Transport for TcpTransport {
     fn close(&mut self, conn: ConnId) {
         if let Some(mut c) = self.conns.remove(&conn) {
             let _ = self.poll.registry().deregister(&mut c.stream);
+            // A connection is closed when its server timed out. Reset it rather than close
+            // it: the kernel then drops what was not yet sent (no retransmission reaches a
+            // cut-off server once its link is back), and the server's kernel drops what
+            // its process had not read yet (a paused server does not run, once resumed,
+            // requests its client gave up on — after the requests of a newer connection).
+            let _ = socket2::SockRef::from(&c.stream).set_linger(Some(Duration::ZERO));
             self.orphans.extend(c.inflight.drain(..).map(|(id, _)| id));
         }
     }

@@ -56,8 +56,8 @@ fn value(k: u32, version: u32, len: usize) -> Vec<u8> {
     v
 }
 
-fn key(k: u32) -> Vec<u8> {
-    format!("acc:{k}").into_bytes()
+fn key(prefix: &str, k: u32) -> Vec<u8> {
+    format!("{prefix}:{k}").into_bytes()
 }
 
 #[derive(Default)]
@@ -78,13 +78,15 @@ struct Tally {
 }
 
 struct Model {
+    prefix: &'static str,
     keys: Vec<KeyState>,
     tally: Tally,
 }
 
 impl Model {
-    fn new(n: u32) -> Model {
+    fn new(prefix: &'static str, n: u32) -> Model {
         Model {
+            prefix,
             keys: (0..n).map(|_| KeyState::default()).collect(),
             tally: Tally::default(),
         }
@@ -95,12 +97,11 @@ impl Model {
         st.next_version += 1;
         let version = st.next_version;
         let len = value_size(rng);
-        match c.set_acked(&key(k), &value(k, version, len), version, 0) {
+        match c.set_acked(&key(self.prefix, k), &value(k, version, len), version, 0) {
             Ok(a) => {
-                assert!(
-                    usize::from(a.acked) >= 2 || a.copies < 3,
-                    "quorum write acknowledged by {a:?}"
-                );
+                // Quorum: 2 of 3 copies, or 4 of the 6 fragments of RS(4,2).
+                let quorum = if a.copies == 6 { 4 } else { 2 };
+                assert!(a.acked >= quorum, "quorum write acknowledged by {a:?}");
                 st.acked = Some((version, len));
                 st.maybe.clear();
                 self.tally.writes_acked += 1;
@@ -124,7 +125,7 @@ impl Model {
     /// Reads key `k` and checks it against the model; `strict`: the read must succeed.
     fn read(&mut self, c: &mut Client, k: u32, strict: bool) {
         let st = &self.keys[k as usize];
-        match c.get(&key(k)) {
+        match c.get(&key(self.prefix, k)) {
             Ok(Some(v)) => {
                 let version = v.flags;
                 let allowed = st
@@ -170,39 +171,62 @@ fn cluster(n: usize) -> Cluster {
     .expect("cluster")
 }
 
-fn replicated_pool(cluster: &Cluster, timeout: Duration) -> Client {
-    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
-    Client::new(
-        list.join(",").as_str(),
-        Config {
-            replicas: 2,
-            write_policy: WritePolicy::Quorum,
-            timeout,
-            connect_timeout: timeout,
-            retry_timeout: Duration::from_millis(500),
-            ..Config::default()
-        },
-    )
-    .unwrap()
+fn pool_config(timeout: Duration) -> Config {
+    Config {
+        replicas: 2,
+        write_policy: WritePolicy::Quorum,
+        timeout,
+        connect_timeout: timeout,
+        retry_timeout: Duration::from_millis(500),
+        ..Config::default()
+    }
 }
 
-/// Six servers, three copies of every key, 100k operations (a first write of every key,
-/// then writes and reads) while two servers are killed and later restarted empty.
+fn replicated_pool(cluster: &Cluster, timeout: Duration) -> Client {
+    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    Client::new(list.join(",").as_str(), pool_config(timeout)).unwrap()
+}
+
+/// RS(4,2) for values of 16 KiB and more, 3 copies of the smaller ones.
+fn erasure_coded_pool(cluster: &Cluster, timeout: Duration) -> Client {
+    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let config = Config {
+        replicas: 0,
+        ec: Some("4+2".parse().unwrap()),
+        ..pool_config(timeout)
+    };
+    Client::new(list.join(",").as_str(), config).unwrap()
+}
+
+/// Six servers; a 3-copy replicated pool and an RS(4,2) pool side by side (their own
+/// keys), 100k operations each (a first write of every key, then writes and reads) while
+/// two servers are killed and later restarted empty.
 #[test]
 fn acknowledged_writes_survive_two_servers_killed_and_restarted_empty() {
     if memfabric_cluster::skip_netns_tests() {
         return;
     }
     let mut cluster = cluster(6);
-    let mut c = replicated_pool(&cluster, Duration::from_millis(500));
-    let keys = 20_000u32;
+    let timeout = Duration::from_millis(500);
+    let mut pools = [
+        (
+            replicated_pool(&cluster, timeout),
+            Model::new("rep", 10_000),
+        ),
+        (
+            erasure_coded_pool(&cluster, timeout),
+            Model::new("ec", 10_000),
+        ),
+    ];
+    let keys = 10_000u32;
     let ops = 100_000u32;
     let mut rng = Rng(0x5eed_0001);
-    let mut model = Model::new(keys);
-    for k in 0..keys {
-        model.write(&mut c, &mut rng, k);
+    for (c, model) in pools.iter_mut() {
+        for k in 0..keys {
+            model.write(c, &mut rng, k);
+        }
+        assert_eq!(model.tally.writes_failed, 0, "{:?}", model.tally);
     }
-    assert_eq!(model.tally.writes_failed, 0, "{:?}", model.tally);
     let events = [
         (ops / 5, "kill 1"),
         (2 * ops / 5, "kill 4"),
@@ -220,25 +244,39 @@ fn acknowledged_writes_survive_two_servers_killed_and_restarted_empty() {
                 }
             }
         }
-        let k = rng.below(u64::from(keys)) as u32;
-        if rng.below(2) == 0 {
-            model.write(&mut c, &mut rng, k);
-        } else {
-            model.read(&mut c, k, false);
+        for (c, model) in pools.iter_mut() {
+            let k = rng.below(u64::from(keys)) as u32;
+            if rng.below(2) == 0 {
+                model.write(c, &mut rng, k);
+            } else {
+                model.read(c, k, false);
+            }
         }
     }
     // Everyone back (and past the retry time): every key reads back, nothing stale.
     std::thread::sleep(Duration::from_millis(600));
-    for k in 0..keys {
-        model.read(&mut c, k, true);
+    for (c, model) in pools.iter_mut() {
+        for k in 0..keys {
+            model.read(c, k, true);
+        }
+        eprintln!(
+            "{}: {:?} {:?}",
+            model.prefix,
+            model.tally,
+            c.pool_counters()
+        );
+        assert!(
+            model.tally.writes_acked > u64::from(ops) / 3,
+            "{:?}",
+            model.tally
+        );
+        assert!(c.pool_counters().restarts_detected >= 1);
     }
-    eprintln!("{:?} {:?}", model.tally, c.pool_counters());
+    let ec = pools[1].0.pool_counters();
     assert!(
-        model.tally.writes_acked > u64::from(ops) / 3,
-        "{:?}",
-        model.tally
+        ec.ec_writes > 0 && ec.ec_reads > 0 && ec.degraded_reads > 0,
+        "{ec:?}"
     );
-    assert!(c.pool_counters().restarts_detected >= 1);
 }
 
 /// Servers paused (SIGSTOP) and cut off (link down: packets lost, no reset): operations
@@ -254,7 +292,7 @@ fn paused_and_cut_servers_never_hang_an_operation_nor_serve_a_stale_value() {
     let mut c = replicated_pool(&cluster, timeout);
     let keys = 3_000u32;
     let mut rng = Rng(0x5eed_0002);
-    let mut model = Model::new(keys);
+    let mut model = Model::new("pause", keys);
     for k in 0..keys {
         model.write(&mut c, &mut rng, k);
     }

@@ -45,6 +45,13 @@ struct Cli {
     /// Read a replicated key from a random copy instead of the primary first.
     #[arg(long)]
     randomize_reads: bool,
+    /// Erasure-code values of --ec-threshold bytes or more with RS(K, M): K+M fragments
+    /// on K+M servers, any K of which give the value back (for example 4+2).
+    #[arg(long)]
+    ec: Option<memfabric_client::EcGeometry>,
+    /// The smallest value that is erasure coded, in bytes.
+    #[arg(long, default_value_t = 16 * 1024)]
+    ec_threshold: usize,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -103,6 +110,8 @@ fn main() -> ExitCode {
         replicas: cli.replicas,
         write_policy: cli.write_policy,
         randomize_reads: cli.randomize_reads,
+        ec: cli.ec,
+        ec_threshold: cli.ec_threshold,
         ..Config::default()
     };
     let counters = cli.counters;
@@ -118,7 +127,7 @@ fn main() -> ExitCode {
         for (name, value) in client.transport_counters() {
             eprintln!("{name} {value}");
         }
-        if client.config().replicas > 0 {
+        if client.config().replicas > 0 || client.config().ec.is_some() {
             for (name, value) in client.pool_counters().pairs() {
                 eprintln!("{name} {value}");
             }
@@ -198,7 +207,9 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
         }
         Cmd::Locate { keys } => {
             for key in keys {
-                let n = usize::from(client.config().replicas) + 1;
+                let cfg = client.config();
+                let n = (usize::from(cfg.replicas) + 1)
+                    .max(cfg.ec.map_or(0, |g| usize::from(g.k) + usize::from(g.m)));
                 let homes = client.locate_successors(key.as_bytes(), n);
                 if homes.is_empty() {
                     return Err("no servers".into());
