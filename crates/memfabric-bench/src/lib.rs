@@ -13,6 +13,7 @@ pub mod load;
 pub mod metrics;
 pub mod plot;
 pub mod report;
+pub mod resilience;
 pub mod responder;
 pub mod rng;
 pub mod server;

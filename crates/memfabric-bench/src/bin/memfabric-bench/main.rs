@@ -6,6 +6,7 @@ mod args;
 mod compare_cmd;
 mod latency_cmd;
 mod output;
+mod resilience_cmd;
 mod throughput_cmd;
 mod ycsb_cmd;
 
@@ -14,6 +15,7 @@ use std::process::ExitCode;
 
 use compare_cmd::{compare_cmd, CompareArgs};
 use latency_cmd::{latency_cmd, LatencyArgs};
+use resilience_cmd::{resilience_cmd, ResilienceArgs};
 use throughput_cmd::{throughput_cmd, ThroughputArgs};
 use ycsb_cmd::{ycsb_cmd, YcsbArgs};
 
@@ -39,6 +41,9 @@ enum Cmd {
     /// Start memcached and memfabricd with the same flags and measure memcached-TCP,
     /// memfabricd-TCP and memfabricd-UCX under the same load: ratios to memcached.
     Compare(Box<CompareArgs>),
+    /// Start a fleet of memfabricd and compare an erasure-coded pool with a replicated
+    /// one: memory, SET/GET latency per size and transport, pipelining, degraded reads.
+    Resilience(Box<ResilienceArgs>),
 }
 
 /// What a subcommand returns: its error is printed on stderr and exits with status 2.
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         Cmd::Throughput(a) => throughput_cmd(a).map(|()| true),
         Cmd::Latency(a) => latency_cmd(a).map(|()| true),
         Cmd::Ycsb(a) => ycsb_cmd(a).map(|()| true),
+        Cmd::Resilience(a) => resilience_cmd(*a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
             compare_cmd(*a).map(|pass| pass || !check)

@@ -1,0 +1,253 @@
+//! `memfabric-bench resilience`: erasure coding against replication on servers this run
+//! starts (memory, latency and its crossover, pipelining, degraded reads).
+
+use crate::args::OutputArgs;
+use crate::output::{report_plot, write_json};
+use crate::Fallible;
+use clap::Args;
+use memfabric_bench::plot;
+use memfabric_bench::report;
+use memfabric_bench::resilience::{self, Fleet, PoolKind, ResilienceConfig, ResilienceReport};
+use memfabric_bench::server::{self, ServerSpec};
+use memfabric_client::{EcGeometry, WritePolicy};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub(crate) struct ResilienceArgs {
+    /// memfabricd servers to start on loopback.
+    #[arg(long, default_value_t = 6)]
+    servers: usize,
+    /// The erasure code.
+    #[arg(long, default_value = "4+2")]
+    ec: EcGeometry,
+    /// Extra copies of the replicated pool it is compared with.
+    #[arg(long, default_value_t = 2)]
+    replicas: u8,
+    /// Write policy of both pools.
+    #[arg(long, default_value = "quorum")]
+    write_policy: WritePolicy,
+    /// Transports to measure, comma separated (tcp, ucx).
+    #[arg(long, value_delimiter = ',', default_value = "tcp,ucx")]
+    transport: Vec<String>,
+    /// Value sizes of the latency comparison.
+    #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536,262144,1048576")]
+    sizes: Vec<usize>,
+    /// Value sizes of the memory comparison.
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144")]
+    memory_sizes: Vec<usize>,
+    /// Measured operations per point (fewer for large values: see --bytes-per-point).
+    #[arg(long, default_value_t = 2000)]
+    iterations: u64,
+    /// At most this many value bytes per point.
+    #[arg(long, default_value_t = 256 << 20)]
+    bytes_per_point: u64,
+    /// Outstanding EC SETs of the pipelined run.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    /// Value size of the pipelining and degraded-read runs.
+    #[arg(long, default_value_t = 65536)]
+    probe_size: usize,
+    /// memfabricd to start (default: next to this binary, then PATH, then the build).
+    #[arg(long)]
+    memfabricd: Option<PathBuf>,
+    /// Memory limit (-m, MB) of each server.
+    #[arg(long, default_value_t = 1024)]
+    memory: usize,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
+    for t in &a.transport {
+        if t != "tcp" && t != "ucx" {
+            return Err(format!("unknown transport '{t}' (tcp, ucx)").into());
+        }
+    }
+    if a.servers < usize::from(a.ec.k) + usize::from(a.ec.m) {
+        return Err(format!("RS({}) needs {} servers", a.ec, a.ec.k + a.ec.m).into());
+    }
+    let (path, origin) = server::locate_memfabricd(a.memfabricd.as_deref())?;
+    eprintln!("memfabricd: {} ({origin:?})", path.display());
+    let spec = ServerSpec {
+        name: "memfabricd".into(),
+        path,
+        threads: 1,
+        memory_mb: a.memory,
+        // Room for a 1 MiB value and its key (replicated values are stored whole).
+        extra_args: vec!["-I".into(), "2m".into()],
+    };
+    let cfg = ResilienceConfig {
+        servers: a.servers,
+        ec: a.ec,
+        replicas: a.replicas,
+        policy: a.write_policy,
+        transports: a.transport.clone(),
+        sizes: a.sizes.clone(),
+        memory_sizes: a.memory_sizes.clone(),
+        iterations: a.iterations,
+        bytes_per_point: a.bytes_per_point,
+        window: a.window,
+        progress: !a.quiet,
+    };
+    let ucx = a.transport.iter().any(|t| t == "ucx");
+    let mut fleet = Fleet::start(&spec, a.servers, ucx)?;
+    let memory = resilience::memory(&cfg, &fleet)?;
+    let latency = resilience::latency(&cfg, &fleet)?;
+    let crossovers = resilience::crossovers(&latency, &cfg.transports);
+    let pipeline = resilience::pipeline(&cfg, &fleet, a.probe_size)?;
+    let degraded = resilience::degraded(&cfg, &mut fleet, a.probe_size)?;
+    drop(fleet);
+    let r = ResilienceReport {
+        servers: a.servers,
+        ec: a.ec.to_string(),
+        replicas: a.replicas,
+        policy: a.write_policy.to_string(),
+        memory,
+        latency,
+        crossovers,
+        pipeline,
+        degraded,
+    };
+    print_report(&r);
+    if let Some(p) = &a.out.json {
+        write_json(p, &r)?;
+    }
+    if let Some(p) = &a.out.plot {
+        let mut series = Vec::new();
+        for t in &cfg.transports {
+            for op in ["set", "get"] {
+                for kind in [PoolKind::Ec, PoolKind::Replicated] {
+                    let points: Vec<(usize, f64)> = r
+                        .latency
+                        .iter()
+                        .filter(|x| &x.transport == t && x.op == op && x.pool == kind)
+                        .map(|x| (x.value_size, x.p50_us))
+                        .collect();
+                    let name = match kind {
+                        PoolKind::Ec => format!("{t} {op} RS({})", a.ec),
+                        PoolKind::Replicated => format!("{t} {op} {}x", a.replicas + 1),
+                    };
+                    series.push((name, points));
+                }
+            }
+        }
+        report_plot(
+            plot::latency_vs_size(p, "p50: erasure coding vs replication", &series),
+            p,
+        );
+    }
+    Ok(())
+}
+
+fn print_report(r: &ResilienceReport) {
+    println!(
+        "{} servers; RS({}) against {}-way replication; write policy {}\n",
+        r.servers,
+        r.ec,
+        r.replicas + 1,
+        r.policy
+    );
+    println!("Memory: server-reported bytes per logical byte");
+    let rows: Vec<Vec<String>> = r
+        .memory
+        .iter()
+        .map(|m| {
+            vec![
+                m.pool.name().into(),
+                m.value_size.to_string(),
+                m.values.to_string(),
+                m.logical_bytes.to_string(),
+                m.server_bytes.to_string(),
+                format!("{:.2}x", m.ratio),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        report::table(
+            &["pool", "value", "values", "logical B", "server B", "ratio"],
+            &rows
+        )
+    );
+    println!("Latency (us)");
+    let rows: Vec<Vec<String>> = r
+        .latency
+        .iter()
+        .map(|l| {
+            vec![
+                l.transport.clone(),
+                l.op.into(),
+                l.value_size.to_string(),
+                l.pool.name().into(),
+                l.ops.to_string(),
+                format!("{:.1}", l.p50_us),
+                format!("{:.1}", l.p99_us),
+                l.encode_share
+                    .map_or(String::new(), |s| format!("{:.1}%", 100.0 * s)),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        report::table(
+            &["transport", "op", "value", "pool", "ops", "p50", "p99", "encode/SET"],
+            &rows
+        )
+    );
+    for c in &r.crossovers {
+        println!(
+            "crossover {} {}: EC p50 <= replication p50 {}",
+            c.transport,
+            c.op,
+            c.from_size
+                .map_or("at no measured size".into(), |s| format!("from {s} bytes up"))
+        );
+    }
+    println!("\nPipelined EC SETs");
+    let rows: Vec<Vec<String>> = r
+        .pipeline
+        .iter()
+        .map(|p| {
+            vec![
+                p.transport.clone(),
+                p.value_size.to_string(),
+                format!("{:.0}", p.blocking_ops_per_s),
+                format!("{:.0}", p.pipelined_ops_per_s),
+                p.window.to_string(),
+                format!("{:.2}x", p.speedup),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        report::table(
+            &["transport", "value", "blocking/s", "pipelined/s", "window", "speedup"],
+            &rows
+        )
+    );
+    println!("Degraded EC GETs");
+    let rows: Vec<Vec<String>> = r
+        .degraded
+        .iter()
+        .map(|d| {
+            vec![
+                d.transport.clone(),
+                d.value_size.to_string(),
+                format!("{:.1}", d.healthy_p99_us),
+                format!("{:.1}", d.degraded_p99_us),
+                d.killed.to_string(),
+                format!("{:.2}x", d.ratio),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        report::table(
+            &["transport", "value", "healthy p99", "degraded p99", "down", "ratio"],
+            &rows
+        )
+    );
+}
