@@ -93,6 +93,7 @@ pub struct Crossover {
 #[derive(Debug, Serialize)]
 pub struct PipelineRow {
     pub transport: String,
+    pub pool: PoolKind,
     pub value_size: usize,
     pub blocking_ops_per_s: f64,
     pub pipelined_ops_per_s: f64,
@@ -396,48 +397,48 @@ pub fn crossovers(rows: &[LatencyRow], transports: &[String]) -> Vec<Crossover> 
     out
 }
 
-/// EC SETs: one at a time against `window` outstanding (iset + wait_all).
+/// SETs one at a time against `window` outstanding (iset + wait_all), for both pools.
 pub fn pipeline(cfg: &ResilienceConfig, fleet: &Fleet, size: usize) -> Fallible<Vec<PipelineRow>> {
     let mut rows = Vec::new();
     for transport in &cfg.transports {
-        let mut c = Client::new(
-            fleet.list(transport).as_str(),
-            pool_config(cfg, PoolKind::Ec),
-        )?;
-        let n = iterations_for(cfg, size).max(cfg.window as u64 * 4);
-        let value = payload(size, 11);
-        let keys: Vec<Vec<u8>> = (0..256)
-            .map(|i| format!("pipe:{size}:{i}").into_bytes())
-            .collect();
-        for k in &keys {
-            c.set(k, &value, 0, 0)?;
-        }
-        let t = Instant::now();
-        for i in 0..n {
-            c.set(&keys[(i % 256) as usize], &value, 0, 0)?;
-        }
-        let blocking = n as f64 / t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let mut i = 0u64;
-        while i < n {
-            let hs: Vec<_> = (0..cfg.window as u64)
-                .take_while(|j| i + j < n)
-                .map(|j| c.iset(&keys[((i + j) % 256) as usize], value.clone(), 0, 0))
+        for kind in [PoolKind::Ec, PoolKind::Replicated] {
+            let mut c = Client::new(fleet.list(transport).as_str(), pool_config(cfg, kind))?;
+            let n = iterations_for(cfg, size).max(cfg.window as u64 * 4);
+            let value = payload(size, 11);
+            let keys: Vec<Vec<u8>> = (0..256)
+                .map(|i| format!("pipe:{}:{size}:{i}", kind.name()).into_bytes())
                 .collect();
-            i += hs.len() as u64;
-            for r in c.wait_all(&hs, Duration::from_secs(30)) {
-                r?;
+            for k in &keys {
+                c.set(k, &value, 0, 0)?;
             }
+            let t = Instant::now();
+            for i in 0..n {
+                c.set(&keys[(i % 256) as usize], &value, 0, 0)?;
+            }
+            let blocking = n as f64 / t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let mut i = 0u64;
+            while i < n {
+                let hs: Vec<_> = (0..cfg.window as u64)
+                    .take_while(|j| i + j < n)
+                    .map(|j| c.iset(&keys[((i + j) % 256) as usize], value.clone(), 0, 0))
+                    .collect();
+                i += hs.len() as u64;
+                for r in c.wait_all(&hs, Duration::from_secs(30)) {
+                    r?;
+                }
+            }
+            let pipelined = n as f64 / t.elapsed().as_secs_f64();
+            rows.push(PipelineRow {
+                transport: transport.clone(),
+                pool: kind,
+                value_size: size,
+                blocking_ops_per_s: blocking,
+                pipelined_ops_per_s: pipelined,
+                window: cfg.window,
+                speedup: pipelined / blocking.max(1e-9),
+            });
         }
-        let pipelined = n as f64 / t.elapsed().as_secs_f64();
-        rows.push(PipelineRow {
-            transport: transport.clone(),
-            value_size: size,
-            blocking_ops_per_s: blocking,
-            pipelined_ops_per_s: pipelined,
-            window: cfg.window,
-            speedup: pipelined / blocking.max(1e-9),
-        });
     }
     Ok(rows)
 }
@@ -501,7 +502,11 @@ fn get_p99(c: &mut Client, keys: &[Vec<u8>], n: u64, size: usize) -> Fallible<f6
         let v = c.get(k)?;
         let ns = t.elapsed().as_nanos() as u64;
         if v.map(|v| v.data.len()) != Some(size) {
-            return Err(format!("GET of {} did not return its {size} bytes", String::from_utf8_lossy(k)).into());
+            return Err(format!(
+                "GET of {} did not return its {size} bytes",
+                String::from_utf8_lossy(k)
+            )
+            .into());
         }
         let _ = h.record(ns.max(1));
     }

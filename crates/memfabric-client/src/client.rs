@@ -80,6 +80,10 @@ pub struct Config {
     pub ec: Option<EcGeometry>,
     /// The smallest value that is erasure coded (default 16 KiB).
     pub ec_threshold: usize,
+    /// Keys this client remembers as erasure coded (default 65536), which its reads
+    /// fetch from k+1 of their servers at once; other keys are read primary first, and
+    /// from all their servers once the primary answers with a fragment. 0 = none.
+    pub ec_known_keys: usize,
 }
 
 impl Default for Config {
@@ -101,6 +105,7 @@ impl Default for Config {
             max_background: 4096,
             ec: None,
             ec_threshold: 16 * 1024,
+            ec_known_keys: 65536,
         }
     }
 }
@@ -206,6 +211,8 @@ pub struct Client {
     pub(crate) ec_code: Option<Code>,
     /// The last stripe id this client gave a write (ids only grow).
     pub(crate) last_stripe: u64,
+    /// Keys known to hold a coded value (`ec_known_keys`).
+    pub(crate) coded: std::collections::HashSet<Vec<u8>>,
 }
 
 /// `STAT` name/value pairs of one server.
@@ -275,6 +282,7 @@ impl Client {
             counters: PoolCounters::default(),
             ec_code,
             last_stripe: 0,
+            coded: std::collections::HashSet::new(),
         }
     }
 

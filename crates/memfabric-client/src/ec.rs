@@ -81,39 +81,45 @@ impl Code {
     }
 
     /// The `k + m` fragments of `value` for write `stripe` (index `i` at position `i`).
+    /// Each fragment is built in place — header room, then its shard — so the value is
+    /// copied once and the parity is computed straight into the parity fragments.
     pub fn encode(&self, stripe: u64, value: &[u8]) -> Result<Vec<Vec<u8>>, EcError> {
+        use memfabric_proto::ec_fragment::HEADER_LEN;
         let len = shard_len(value.len() as u64, self.k) as usize;
-        let mut shards: Vec<Vec<u8>> = (0..self.total_shards())
+        let mut frags: Vec<Vec<u8>> = (0..self.total_shards())
             .map(|i| {
-                let from = (i * len).min(value.len());
-                let to = ((i + 1) * len).min(value.len());
-                let mut s = Vec::with_capacity(len);
+                let mut f = Vec::with_capacity(HEADER_LEN + len);
+                f.resize(HEADER_LEN, 0);
                 if i < self.data_shards() {
-                    s.extend_from_slice(&value[from..to]);
+                    let from = (i * len).min(value.len());
+                    let to = ((i + 1) * len).min(value.len());
+                    f.extend_from_slice(&value[from..to]);
                 }
-                s.resize(len, 0);
-                s
+                f.resize(HEADER_LEN + len, 0);
+                f
             })
             .collect();
-        self.rs
-            .encode(&mut shards)
-            .map_err(|e| EcError::Coding(format!("{e:?}")))?;
-        Ok(shards
-            .iter()
-            .enumerate()
-            .map(|(i, payload)| {
-                let mut out = Vec::with_capacity(memfabric_proto::ec_fragment::HEADER_LEN + len);
-                FragmentHeader {
-                    k: self.k,
-                    m: self.m,
-                    index: i as u8,
-                    stripe,
-                    value_len: value.len() as u64,
-                }
-                .encode(payload, &mut out);
-                out
-            })
-            .collect())
+        {
+            let (data, parity) = frags.split_at_mut(self.data_shards());
+            let data: Vec<&[u8]> = data.iter().map(|f| &f[HEADER_LEN..]).collect();
+            let mut parity: Vec<&mut [u8]> =
+                parity.iter_mut().map(|f| &mut f[HEADER_LEN..]).collect();
+            self.rs
+                .encode_sep(&data, &mut parity)
+                .map_err(|e| EcError::Coding(format!("{e:?}")))?;
+        }
+        for (i, f) in frags.iter_mut().enumerate() {
+            let header = FragmentHeader {
+                k: self.k,
+                m: self.m,
+                index: i as u8,
+                stripe,
+                value_len: value.len() as u64,
+            }
+            .header(&f[HEADER_LEN..]);
+            f[..HEADER_LEN].copy_from_slice(&header);
+        }
+        Ok(frags)
     }
 
     /// The value of the newest write (highest stripe) of which at least `k` intact

@@ -30,6 +30,9 @@ pub(crate) struct EcRead {
     /// Positions that could not be asked or failed.
     failed: usize,
     flags: u32,
+    /// Servers of the value not asked yet (a read of a key known to be coded asks k+1
+    /// first, the others only if those do not do).
+    unasked: Vec<usize>,
 }
 
 /// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
@@ -92,6 +95,7 @@ impl Client {
         };
         let copies = self.ring.successors(key, n);
         let needed = ec_needed(self.config.write_policy, k, n - k);
+        let key_for_hint = key.clone();
         // Overwriting fragments on fewer servers than needed would leave neither the old
         // value nor the new one readable (the write hole): with servers known to be down,
         // do not start.
@@ -116,6 +120,7 @@ impl Client {
             None => return self.fail_now(Error::Protocol("no code".into())),
         };
         self.counters.ec_writes += 1;
+        self.remember_coded(&key_for_hint);
         let per_copy: Vec<Op> = fragments
             .into_iter()
             .map(|f| Op::Store {
@@ -171,6 +176,7 @@ impl Client {
             missing: Vec::new(),
             failed: 0,
             flags: v.flags,
+            unasked: Vec::new(),
         };
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
@@ -189,10 +195,85 @@ impl Client {
         *ec = Some(Box::new(read));
         t.needed = ec_needed(self.config.write_policy, n - self.ec_m(), self.ec_m());
         t.copies = servers;
+        self.remember_coded(&t.key);
         for srv in to_ask {
             self.step(id, t, srv, op.clone());
         }
         self.ec_decide(id, t);
+    }
+
+    /// A read of a key this client knows to be coded: straight to the fragments, the
+    /// first k+1 servers at once (late binding: the first k of one trusted write win).
+    pub(crate) fn ec_read_direct(&mut self, op: Op, key: Vec<u8>, h: Handle) -> Handle {
+        let (k, n) = match &self.ec_code {
+            Some(c) => (c.data_shards(), c.total_shards()),
+            None => return self.fail_now(Error::NoServers),
+        };
+        let servers = self.ring.successors(&key, n);
+        let read = EcRead {
+            servers: servers.clone(),
+            frags: Vec::new(),
+            missing: Vec::new(),
+            failed: 0,
+            flags: 0,
+            unasked: servers.clone(),
+        };
+        let task = Task {
+            delivered: false,
+            abandoned: false,
+            outstanding: 0,
+            key,
+            needed: ec_needed(self.config.write_policy, k, n - k),
+            copies: servers,
+            acked: 0,
+            failed: 0,
+            last_err: None,
+            kind: Kind::Read {
+                op,
+                order: Vec::new(),
+                next: 0,
+                missed: Vec::new(),
+                asked: 0,
+                ec: Some(Box::new(read)),
+            },
+        };
+        self.launch(h, task)
+    }
+
+    /// Asks up to `want` more of the value's servers (those that can be read).
+    pub(crate) fn ec_ask_more(&mut self, id: u64, t: &mut Task, want: usize) {
+        let mut asked = 0;
+        while asked < want {
+            let Kind::Read {
+                op, ec: Some(read), ..
+            } = &mut t.kind
+            else {
+                return;
+            };
+            if read.unasked.is_empty() {
+                return;
+            }
+            let srv = read.unasked.remove(0);
+            let op = op.clone();
+            if self.ready_to_read(srv) {
+                self.step(id, t, srv, op);
+                asked += 1;
+            } else if let Kind::Read { ec: Some(read), .. } = &mut t.kind {
+                read.failed += 1;
+                t.last_err = Some(self.down(srv));
+            }
+        }
+    }
+
+    /// Remembers that `key` holds a coded value (bounded: forgotten all at once when
+    /// full; a forgotten key is read primary first again).
+    pub(crate) fn remember_coded(&mut self, key: &[u8]) {
+        if self.coded.len() >= self.config.ec_known_keys {
+            self.coded.clear();
+        }
+        if self.config.ec_known_keys > 0 {
+            self.coded.insert(key.to_vec());
+        }
     }
 
     fn ec_m(&self) -> usize {
@@ -217,7 +298,19 @@ impl Client {
         };
         match result {
             Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
-                Ok((h, _)) => read.frags.push((pos, h, v.data.clone())),
+                Ok((h, _)) => {
+                    read.flags = v.flags;
+                    read.frags.push((pos, h, v.data.clone()));
+                }
+                Err(_) if pos == 0 => {
+                    // The primary holds a value that is not coded (written since, small):
+                    // what a read of an uncoded key returns.
+                    let key = t.key.clone();
+                    self.coded.remove(&key);
+                    t.acked = 1;
+                    self.deliver(id, t, Ok(Reply::Value(Some(v))));
+                    return;
+                }
                 Err(_) => read.missing.push(pos),
             },
             Ok(Reply::Value(None)) => read.missing.push(pos),
@@ -234,7 +327,7 @@ impl Client {
     /// and the servers not heard from are too few to hide a newer acknowledged write; or,
     /// when every server has answered, the newest write that has `k` (a newer one with
     /// fewer was never acknowledged).
-    fn ec_decide(&mut self, id: u64, t: &mut Task) {
+    pub(crate) fn ec_decide(&mut self, id: u64, t: &mut Task) {
         if t.delivered {
             return;
         }
@@ -249,6 +342,7 @@ impl Client {
         let newest = read.frags.iter().map(|f| f.1.stripe).max();
         let heard = read.frags.len() + read.missing.len();
         let unheard = n - heard;
+        let key_gone = newest.is_none() && read.failed == 0 && read.unasked.is_empty();
         let chosen = match newest {
             Some(st) if count(st) >= k && unheard < t.needed => Some(st),
             _ if t.outstanding == 0 && read.failed == 0 => {
@@ -259,10 +353,21 @@ impl Client {
             _ => None,
         };
         let Some(stripe) = chosen else {
+            if t.outstanding == 0 && !read.unasked.is_empty() {
+                // Not decided with those asked: ask the rest.
+                let more = read.unasked.len();
+                self.ec_ask_more(id, t, more);
+                if t.outstanding > 0 {
+                    return;
+                }
+                return self.ec_decide(id, t);
+            }
             if t.outstanding == 0 {
                 t.acked = heard;
-                if newest.is_none() && read.failed == 0 {
-                    // The fragment seen first is gone everywhere now (deleted meanwhile).
+                if key_gone {
+                    // No fragment anywhere (deleted, or never coded): a miss.
+                    let key = t.key.clone();
+                    self.coded.remove(&key);
                     self.deliver(id, t, Ok(Reply::Value(None)));
                 } else {
                     self.deliver_short(id, t);

@@ -399,7 +399,16 @@ impl Client {
             return self.fail_now(Error::NoServers);
         }
         let h = self.new_handle();
-        let needed = self.config.write_policy.needed(copies.len().min(plain));
+        if matches!(op, Op::Get { .. } | Op::Gat { .. }) && self.coded.contains(&key) {
+            return self.ec_read_direct(op, key, h);
+        }
+        if matches!(op, Op::Store { .. } | Op::Delete { .. }) {
+            // Stored whole (or gone) now.
+            self.coded.remove(&key);
+        }
+        // A delete in a pool that codes values must reach enough of the k+m servers that
+        // fewer than k fragments can be left: the policy counts all of them.
+        let needed = self.config.write_policy.needed(copies.len());
         let kind = match &op {
             Op::Get { .. } | Op::Gat { .. } => {
                 let mut order = copies.clone();
@@ -476,6 +485,13 @@ impl Client {
 
     fn start(&mut self, id: u64, t: &mut Task) {
         match &t.kind {
+            Kind::Read { ec: Some(_), .. } => {
+                let k = self.ec_code.as_ref().map_or(1, |c| c.data_shards());
+                self.ec_ask_more(id, t, k + 1);
+                if t.outstanding == 0 {
+                    self.ec_decide(id, t);
+                }
+            }
             Kind::Read { .. } => self.read_next(id, t),
             Kind::Fanout { op, per_copy, .. } => {
                 let ops: Vec<Op> = (0..t.copies.len())

@@ -351,13 +351,41 @@ fn erasure_coded(kind: Kind) {
         ..replicated(0, WritePolicy::Quorum)
     };
     let mut c = pool(&servers, config.clone());
+    // A client remembers which keys it coded and reads them from k+1 servers at once;
+    // another client may have changed them meanwhile. (Policy all: a quorum write's last
+    // fragments could land after the other client's change, and clients are not ordered.)
+    let all = Config {
+        write_policy: WritePolicy::All,
+        ..config.clone()
+    };
+    let mut mine = pool(&servers, all.clone());
+    let mut other = pool(&servers, all);
+    mine.set(b"ec:changes", &big(9, 40_000), 0, 0).unwrap();
+    assert_eq!(mine.get(b"ec:changes").unwrap().unwrap().data.len(), 40_000);
+    other.set(b"ec:changes", b"small now", 0, 0).unwrap();
+    assert_eq!(
+        &mine.get(b"ec:changes").unwrap().unwrap().data[..],
+        b"small now"
+    );
+    mine.set(b"ec:changes", &big(8, 40_000), 0, 0).unwrap();
+    assert!(other.delete(b"ec:changes").unwrap());
+    assert_eq!(copies(&servers, b"ec:changes"), vec![None; 6], "{kind:?}");
+    assert_eq!(mine.get(b"ec:changes").unwrap(), None, "{kind:?}");
     let value = big(1, 100_000);
     let a = c.set_acked(b"ec:big", &value, 9, 0).unwrap();
     // Quorum: a majority of the six fragments, at least k = 4; the rest follow.
     assert!(a.acked >= 4 && a.copies == 6, "{kind:?}: {a:?}");
     let got = c.get(b"ec:big").unwrap().unwrap();
     assert!(got.data[..] == value[..]);
-    // Every server holds one fragment: a quarter of the value and a header, not a copy.
+    // Every server holds one fragment (the last ones may still be on their way: quorum):
+    // a quarter of the value and a header, not a copy.
+    for _ in 0..200 {
+        if copies(&servers, b"ec:big").iter().all(Option::is_some) {
+            break;
+        }
+        let _ = c.get(b"ec:other");
+        sleep(Duration::from_millis(10));
+    }
     for (s, held) in copies(&servers, b"ec:big").into_iter().enumerate() {
         let held = held.unwrap_or_else(|| panic!("{kind:?}: no fragment on {s}"));
         assert_eq!(&held[..4], b"MFEC");

@@ -61,15 +61,21 @@ pub fn shard_len(value_len: u64, k: u8) -> u64 {
 impl FragmentHeader {
     /// Append the header for `payload` to `out`, then the payload.
     pub fn encode(&self, payload: &[u8], out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&[VERSION, self.k, self.m, self.index]);
-        out.extend_from_slice(&self.stripe.to_le_bytes());
-        out.extend_from_slice(&self.value_len.to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
-        let header_crc = crc32c::crc32c(&out[start..start + 28]);
-        out.extend_from_slice(&header_crc.to_le_bytes());
+        out.extend_from_slice(&self.header(payload));
         out.extend_from_slice(payload);
+    }
+
+    /// The header for `payload` (for a writer that places the payload itself).
+    pub fn header(&self, payload: &[u8]) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(MAGIC);
+        h[4..8].copy_from_slice(&[VERSION, self.k, self.m, self.index]);
+        h[8..16].copy_from_slice(&self.stripe.to_le_bytes());
+        h[16..24].copy_from_slice(&self.value_len.to_le_bytes());
+        h[24..28].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        let header_crc = crc32c::crc32c(&h[..28]);
+        h[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        h
     }
 
     /// Check and split a stored fragment: its header and its payload.

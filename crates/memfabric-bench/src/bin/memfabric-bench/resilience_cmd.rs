@@ -30,7 +30,11 @@ pub(crate) struct ResilienceArgs {
     #[arg(long, value_delimiter = ',', default_value = "tcp,ucx")]
     transport: Vec<String>,
     /// Value sizes of the latency comparison.
-    #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536,262144,1048576")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096,16384,65536,262144,1048576"
+    )]
     sizes: Vec<usize>,
     /// Value sizes of the memory comparison.
     #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144")]
@@ -53,6 +57,10 @@ pub(crate) struct ResilienceArgs {
     /// Memory limit (-m, MB) of each server.
     #[arg(long, default_value_t = 1024)]
     memory: usize,
+    /// Extra argument for every server (repeatable), e.g. --server-arg=--ucx-poll-us
+    /// --server-arg=0.
+    #[arg(long, allow_hyphen_values = true)]
+    server_arg: Vec<String>,
     /// No progress lines on stderr.
     #[arg(long)]
     quiet: bool,
@@ -77,7 +85,11 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
         threads: 1,
         memory_mb: a.memory,
         // Room for a 1 MiB value and its key (replicated values are stored whole).
-        extra_args: vec!["-I".into(), "2m".into()],
+        extra_args: ["-I", "2m"]
+            .into_iter()
+            .map(String::from)
+            .chain(a.server_arg.iter().cloned())
+            .collect(),
     };
     let cfg = ResilienceConfig {
         servers: a.servers,
@@ -193,7 +205,16 @@ fn print_report(r: &ResilienceReport) {
     println!(
         "{}",
         report::table(
-            &["transport", "op", "value", "pool", "ops", "p50", "p99", "encode/SET"],
+            &[
+                "transport",
+                "op",
+                "value",
+                "pool",
+                "ops",
+                "p50",
+                "p99",
+                "encode/SET"
+            ],
             &rows
         )
     );
@@ -203,16 +224,19 @@ fn print_report(r: &ResilienceReport) {
             c.transport,
             c.op,
             c.from_size
-                .map_or("at no measured size".into(), |s| format!("from {s} bytes up"))
+                .map_or("at no measured size".into(), |s| format!(
+                    "from {s} bytes up"
+                ))
         );
     }
-    println!("\nPipelined EC SETs");
+    println!("\nPipelined SETs");
     let rows: Vec<Vec<String>> = r
         .pipeline
         .iter()
         .map(|p| {
             vec![
                 p.transport.clone(),
+                p.pool.name().into(),
                 p.value_size.to_string(),
                 format!("{:.0}", p.blocking_ops_per_s),
                 format!("{:.0}", p.pipelined_ops_per_s),
@@ -224,7 +248,15 @@ fn print_report(r: &ResilienceReport) {
     println!(
         "{}",
         report::table(
-            &["transport", "value", "blocking/s", "pipelined/s", "window", "speedup"],
+            &[
+                "transport",
+                "pool",
+                "value",
+                "blocking/s",
+                "pipelined/s",
+                "window",
+                "speedup"
+            ],
             &rows
         )
     );
@@ -246,7 +278,14 @@ fn print_report(r: &ResilienceReport) {
     println!(
         "{}",
         report::table(
-            &["transport", "value", "healthy p99", "degraded p99", "down", "ratio"],
+            &[
+                "transport",
+                "value",
+                "healthy p99",
+                "degraded p99",
+                "down",
+                "ratio"
+            ],
             &rows
         )
     );
