@@ -364,10 +364,21 @@ impl Client {
         if let Some(c) = self.servers[s].conn {
             return Ok(c);
         }
-        match self
+        let started = Instant::now();
+        let connected = self
             .transport
-            .connect(&self.servers[s].addr, self.config.connect_timeout)
-        {
+            .connect(&self.servers[s].addr, self.config.connect_timeout);
+        // A connect blocks this client: the requests already issued did not get their
+        // time (some were not even sent yet), so their deadlines move on by what the
+        // connect took. Otherwise one unreachable server would time out the requests of
+        // healthy ones whenever it is retried.
+        let blocked = started.elapsed();
+        if blocked > Duration::from_millis(1) {
+            for p in self.pending.values_mut() {
+                p.deadline += blocked;
+            }
+        }
+        match connected {
             Ok(c) => {
                 self.servers[s].conn = Some(c);
                 self.servers[s].down_until = None;

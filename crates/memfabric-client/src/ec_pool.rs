@@ -143,6 +143,8 @@ impl Client {
             acked: 0,
             failed: 0,
             last_err: None,
+            suspects: Vec::new(),
+            succeeded: false,
             kind: Kind::Fanout {
                 op,
                 per_copy,
@@ -228,6 +230,8 @@ impl Client {
             acked: 0,
             failed: 0,
             last_err: None,
+            suspects: Vec::new(),
+            succeeded: false,
             kind: Kind::Read {
                 op,
                 order: Vec::new(),

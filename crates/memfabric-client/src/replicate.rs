@@ -209,6 +209,12 @@ pub(crate) struct Task {
     pub(crate) acked: usize,
     pub(crate) failed: usize,
     pub(crate) last_err: Option<Error>,
+    /// Copies that failed this write while its outcome was open: deleted (or hinted)
+    /// once it succeeds, left alone if it fails (they may hold the newest acknowledged
+    /// value, which a failed write does not replace).
+    pub(crate) suspects: Vec<usize>,
+    /// The write was delivered as a success.
+    pub(crate) succeeded: bool,
     pub(crate) kind: Kind,
 }
 
@@ -339,6 +345,21 @@ impl Client {
         }
     }
 
+    /// Copy `s` failed write `t`. A successful write makes the copies that missed it
+    /// stale: they are deleted. A failed one replaced nothing that was acknowledged, so
+    /// the copies it did not reach keep what they have; deleting them could delete the
+    /// last copy of the newest acknowledged value (every copy may have missed the write,
+    /// or taken it without the acknowledgement coming back).
+    pub(crate) fn suspect_copy(&mut self, t: &mut Task, s: usize) {
+        self.counters.copy_write_failures += 1;
+        if t.succeeded {
+            let key = t.key.clone();
+            self.distrust_copy(s, &key);
+        } else if !t.delivered {
+            t.suspects.push(s);
+        }
+    }
+
     /// Server `s` says it is run `id`: a different run than before restarted empty.
     fn learn_instance(&mut self, s: usize, id: String) {
         let old = self.servers[s].instance.replace(id.clone());
@@ -350,7 +371,6 @@ impl Client {
     /// Copy `s` of `key` failed a write and may hold an older value: delete it now if the
     /// server can be reached, else remember to delete it before the server is read again.
     pub(crate) fn distrust_copy(&mut self, s: usize, key: &[u8]) {
-        self.counters.copy_write_failures += 1;
         if self.is_up(s) && self.servers[s].conn.is_some() {
             self.servers[s].hints.replaying += 1;
             let op = Op::Delete { key: key.to_vec() };
@@ -455,6 +475,8 @@ impl Client {
             acked: 0,
             failed: 0,
             last_err: None,
+            suspects: Vec::new(),
+            succeeded: false,
             kind,
         };
         self.launch(h, task)
@@ -497,15 +519,19 @@ impl Client {
                 let ops: Vec<Op> = (0..t.copies.len())
                     .map(|i| per_copy.get(i).unwrap_or(op).clone())
                     .collect();
-                let hint = !matches!(op, Op::Touch { .. });
+                let is_delete = matches!(op, Op::Delete { .. });
+                let is_touch = matches!(op, Op::Touch { .. });
                 for (s, op) in t.copies.clone().into_iter().zip(ops) {
                     if self.is_up(s) {
                         self.step(id, t, s, op);
                     } else {
                         t.failed += 1;
                         t.last_err = Some(self.down(s));
-                        if hint {
+                        if is_delete {
+                            // Whatever the outcome, the key is to be gone there too.
                             self.distrust_copy(s, &t.key.clone());
+                        } else if !is_touch {
+                            self.suspect_copy(t, s);
                         }
                     }
                 }
@@ -522,10 +548,10 @@ impl Client {
                 };
                 // Copies before the leader could not be read: what they hold may be
                 // older than what the leader will hold.
-                let key = t.key.clone();
-                for &s in &t.copies[..pos] {
+                let before: Vec<usize> = t.copies[..pos].to_vec();
+                for s in before {
                     t.failed += 1;
-                    self.distrust_copy(s, &key);
+                    self.suspect_copy(t, s);
                 }
                 let leader = t.copies[pos];
                 if let Kind::Lead { leader: l, .. } = &mut t.kind {
@@ -587,6 +613,15 @@ impl Client {
             return;
         }
         t.delivered = true;
+        if result.is_ok() && !matches!(t.kind, Kind::Read { .. }) {
+            t.succeeded = true;
+            let key = t.key.clone();
+            for s in std::mem::take(&mut t.suspects) {
+                self.distrust_copy(s, &key);
+            }
+        } else {
+            t.suspects.clear();
+        }
         if !t.abandoned {
             let acks = Acks {
                 acked: to_u8(t.acked),
@@ -748,16 +783,20 @@ impl Client {
                         false
                     }
                 };
-                let hint = !matches!(op, Op::Touch { .. });
+                let is_delete = matches!(op, Op::Delete { .. });
+                let is_touch = matches!(op, Op::Touch { .. });
                 if ok {
                     t.acked += 1;
-                    if hint {
+                    if !is_touch {
                         self.counters.copies_written += 1;
                     }
                 } else {
                     t.failed += 1;
-                    if hint {
+                    if is_delete {
+                        self.counters.copy_write_failures += 1;
                         self.distrust_copy(s, &key);
+                    } else if !is_touch {
+                        self.suspect_copy(t, s);
                     }
                 }
                 self.decide(id, t);
@@ -780,7 +819,7 @@ impl Client {
                                 } else {
                                     t.failed += 1;
                                     t.last_err = Some(self.down(f));
-                                    self.distrust_copy(f, &key);
+                                    self.suspect_copy(t, f);
                                 }
                             }
                             self.decide(id, t);
@@ -792,8 +831,9 @@ impl Client {
                         }
                         Err(e) => {
                             // The leader may or may not have applied it; the others did
-                            // not. Make the leader's copy go away and report the failure.
-                            self.distrust_copy(s, &key);
+                            // not: a failure, whose outcome on the leader is open (as a
+                            // timed-out request's is).
+                            self.counters.copy_write_failures += 1;
                             t.failed = t.copies.len();
                             t.last_err = Some(e);
                             self.decide(id, t);
@@ -813,10 +853,18 @@ impl Client {
                         self.counters.copies_written += 1;
                     } else {
                         t.failed += 1;
-                        if let Err(e) = result {
-                            t.last_err = Some(e);
+                        match result {
+                            // It answered, differently from the leader: its value is
+                            // wrong whatever the outcome.
+                            Ok(_) => {
+                                self.counters.copy_write_failures += 1;
+                                self.distrust_copy(s, &key);
+                            }
+                            Err(e) => {
+                                t.last_err = Some(e);
+                                self.suspect_copy(t, s);
+                            }
                         }
-                        self.distrust_copy(s, &key);
                     }
                     self.decide(id, t);
                 }

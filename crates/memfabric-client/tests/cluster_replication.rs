@@ -147,6 +147,25 @@ impl Model {
                 self.tally.reads_ok += 1;
             }
             Ok(None) => {
+                if st.acked.is_some() {
+                    // What each server holds (versions), for the failure report.
+                    let k_bytes = key(self.prefix, k);
+                    let homes: Vec<String> = c
+                        .locate_successors(&k_bytes, 6)
+                        .iter()
+                        .map(|a| a.host_port())
+                        .collect();
+                    eprintln!(
+                        "key {k}: failed writes since {:?}; {:?}",
+                        st.maybe.iter().map(|m| m.0).collect::<Vec<_>>(),
+                        c.pool_counters()
+                    );
+                    for h in &homes {
+                        let mut d = Client::new(h.as_str(), Config::default()).unwrap();
+                        let held = d.get(&k_bytes).map(|v| v.map(|v| (v.flags, v.data.len())));
+                        eprintln!("  {h} holds (flags, length) {held:?}");
+                    }
+                }
                 assert!(
                     st.acked.is_none(),
                     "key {k}: a miss after version {:?} was acknowledged: a lost write",
