@@ -333,6 +333,26 @@ impl Client {
         self.pending.len()
     }
 
+    /// Lets what is still in flight finish, at most `timeout`: the copies a quorum or
+    /// `one` write did not wait for, read repairs, hinted deletes. A short-lived client
+    /// (a command-line tool) calls it before it exits, or those copies are never sent.
+    /// True when nothing is left.
+    pub fn drain(&mut self, timeout: Duration) -> bool {
+        let limit = Instant::now() + timeout;
+        while !self.pending.is_empty() {
+            let now = Instant::now();
+            if now >= limit {
+                return false;
+            }
+            let until = self.nearest_deadline().map_or(limit, |d| d.min(limit));
+            if self.round(until).is_err() {
+                return false;
+            }
+        }
+        // Results nobody will collect (the caller only drains at the end).
+        true
+    }
+
     /// Whether server `s` is not marked down (the clock is read only for one that was).
     pub(crate) fn is_up(&self, s: usize) -> bool {
         !matches!(self.servers[s].down_until, Some(t) if Instant::now() < t)

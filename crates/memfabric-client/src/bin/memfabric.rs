@@ -123,6 +123,9 @@ fn main() -> ExitCode {
         }
     };
     let result = run(&mut client, cli.cmd);
+    // A replicated write answered at its quorum, or a read repair, may still be on its
+    // way.
+    client.drain(timeout);
     if counters {
         for (name, value) in client.transport_counters() {
             eprintln!("{name} {value}");
@@ -168,7 +171,14 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
             };
             let acks = client.set_acked(key.as_bytes(), &data, flags, exptime)?;
             if acks.copies > 1 {
-                eprintln!("stored on {} of {} copies", acks.acked, acks.copies);
+                // The policy's copies acknowledged; the rest are given the time of a
+                // request to land before the tool exits.
+                let timeout = client.config().timeout;
+                client.drain(timeout);
+                eprintln!(
+                    "acknowledged by {} of {} copies before the answer",
+                    acks.acked, acks.copies
+                );
             }
             Ok(0)
         }
