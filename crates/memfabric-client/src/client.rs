@@ -12,7 +12,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
-use crate::replicate::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
+use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 
 /// The one place a scheme becomes a transport. Here, not in `transport.rs`, so that the

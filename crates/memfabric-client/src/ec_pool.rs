@@ -17,23 +17,7 @@ use memfabric_proto::ec_fragment::FragmentHeader;
 use crate::client::{Client, Handle};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
-use crate::replicate::{Child, Kind, Role, Task, WritePolicy};
-
-/// A read that found a fragment: what the value's servers answered.
-pub(crate) struct EcRead {
-    /// The value's servers, fragment `i` on `servers[i]`.
-    servers: Vec<usize>,
-    /// Fragments of this code that arrived: (position, stripe, bytes).
-    frags: Vec<(usize, FragmentHeader, Bytes)>,
-    /// Positions that answered without a fragment of this code (a miss, or something else).
-    missing: Vec<usize>,
-    /// Positions that could not be asked or failed.
-    failed: usize,
-    flags: u32,
-    /// Servers of the value not asked yet (a read of a key known to be coded asks k+1
-    /// first, the others only if those do not do).
-    unasked: Vec<usize>,
-}
+use crate::tasks::{Child, EcRead, Kind, Role, Task, WritePolicy};
 
 /// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
 pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {

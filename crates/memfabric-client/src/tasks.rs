@@ -1,0 +1,241 @@
+//! The state of the pool's replicated and erasure-coded operations, and what it reports:
+//! the write policies, acknowledgement counts, the pool's counters, hints, and the tasks
+//! ([`crate::replicate`] drives them, [`crate::ec_pool`] adds coding). Types only, below
+//! the client, so that the client can hold them without depending on the code that
+//! drives them.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use memfabric_proto::ec_fragment::FragmentHeader;
+
+use crate::error::Error;
+use crate::op::{Op, Reply};
+
+/// How many copies must acknowledge a write before it succeeds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// Every copy; one unreachable copy fails the write.
+    All,
+    /// A majority of the copies (2 of 3); the rest finish in the background.
+    #[default]
+    Quorum,
+    /// The first copy to answer; the others finish in the background.
+    One,
+}
+
+impl WritePolicy {
+    /// Acknowledgements needed out of `copies`.
+    pub fn needed(self, copies: usize) -> usize {
+        match self {
+            WritePolicy::All => copies,
+            WritePolicy::Quorum => copies / 2 + 1,
+            WritePolicy::One => copies.min(1),
+        }
+    }
+}
+
+impl std::str::FromStr for WritePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(WritePolicy::All),
+            "quorum" => Ok(WritePolicy::Quorum),
+            "one" => Ok(WritePolicy::One),
+            _ => Err(format!("unknown write policy '{s}' (all, quorum, one)")),
+        }
+    }
+}
+
+impl std::fmt::Display for WritePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WritePolicy::All => "all",
+            WritePolicy::Quorum => "quorum",
+            WritePolicy::One => "one",
+        })
+    }
+}
+
+/// How many copies acknowledged an operation (a write: stored it; a read: answered) out of
+/// how many the key has. Unreplicated operations have one copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Acks {
+    pub acked: u8,
+    pub copies: u8,
+}
+
+impl Acks {
+    pub(crate) fn single(ok: bool) -> Acks {
+        Acks {
+            acked: u8::from(ok),
+            copies: 1,
+        }
+    }
+}
+
+/// The pool's own counters (`memfabric --counters` prints them).
+#[derive(Debug, Clone, Default)]
+pub struct PoolCounters {
+    /// Copies that acknowledged a replicated write.
+    pub copies_written: u64,
+    /// Copies that failed a replicated write (each then deleted or hinted).
+    pub copy_write_failures: u64,
+    /// Replicated operations that ended with fewer copies than their policy needs.
+    pub ops_short: u64,
+    /// Reads answered by a copy other than the first asked.
+    pub reads_failed_over: u64,
+    /// Values written back to copies that missed them.
+    pub read_repairs: u64,
+    /// Read repairs not made because `max_background` requests were in flight.
+    pub read_repairs_skipped: u64,
+    /// Keys remembered for a server that could not take a write.
+    pub hints_recorded: u64,
+    /// Hinted (or failed) copies deleted.
+    pub hinted_deletes: u64,
+    /// Servers flushed because they had more hints than `max_hints`.
+    pub hint_flushes: u64,
+    /// Reconnects that found a server with a new `instance_id` (it restarted, empty).
+    pub restarts_detected: u64,
+    /// Values written erasure coded, and the time spent encoding them (nanoseconds).
+    pub ec_writes: u64,
+    pub encode_ns: u64,
+    /// Erasure-coded values read; of them, rebuilt with parity (a data fragment was not
+    /// among the first k), read while a server of the value failed or lacked its
+    /// fragment (degraded), and the time spent decoding (nanoseconds).
+    pub ec_reads: u64,
+    pub decodes: u64,
+    pub degraded_reads: u64,
+    pub decode_ns: u64,
+    /// Fragments written back to servers that missed them.
+    pub fragment_repairs: u64,
+}
+
+impl PoolCounters {
+    pub fn pairs(&self) -> Vec<(String, u64)> {
+        [
+            ("copies_written", self.copies_written),
+            ("copy_write_failures", self.copy_write_failures),
+            ("ops_short", self.ops_short),
+            ("reads_failed_over", self.reads_failed_over),
+            ("read_repairs", self.read_repairs),
+            ("read_repairs_skipped", self.read_repairs_skipped),
+            ("hints_recorded", self.hints_recorded),
+            ("hinted_deletes", self.hinted_deletes),
+            ("hint_flushes", self.hint_flushes),
+            ("restarts_detected", self.restarts_detected),
+            ("ec_writes", self.ec_writes),
+            ("encode_ns", self.encode_ns),
+            ("ec_reads", self.ec_reads),
+            ("decodes", self.decodes),
+            ("degraded_reads", self.degraded_reads),
+            ("decode_ns", self.decode_ns),
+            ("fragment_repairs", self.fragment_repairs),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// What must happen on a server before it may be read again.
+#[derive(Debug, Default)]
+pub(crate) struct ServerHints {
+    /// Keys whose write failed there while it could not be reached.
+    pub(crate) keys: HashSet<Vec<u8>>,
+    /// More than `max_hints` keys: flush the server instead.
+    pub(crate) overflow: bool,
+    /// Hinted deletes and flushes sent and not yet answered.
+    pub(crate) replaying: usize,
+}
+
+/// Why a request was issued on the pool's behalf.
+#[derive(Debug)]
+pub(crate) enum Role {
+    /// A step of the task under handle id `task`.
+    Step { task: u64 },
+    /// Delete a copy that may be stale.
+    Hint { key: Vec<u8> },
+    /// Flush a server that had too many hints.
+    Flush,
+    /// Ask a newly connected server for its instance id.
+    Probe,
+    /// Write a value back to a copy that missed it.
+    Repair,
+    /// Write a fragment back to a server that missed it.
+    FragmentRepair,
+    /// Anything else the pool does in the background (gat's touches of the other copies).
+    Background,
+}
+
+#[derive(Debug)]
+pub(crate) struct Child {
+    pub(crate) role: Role,
+    pub(crate) server: usize,
+}
+
+/// A replicated operation in progress.
+pub(crate) struct Task {
+    /// The caller has its result (or stopped waiting for it).
+    pub(crate) delivered: bool,
+    pub(crate) abandoned: bool,
+    /// Steps in flight.
+    pub(crate) outstanding: usize,
+    pub(crate) key: Vec<u8>,
+    pub(crate) copies: Vec<usize>,
+    pub(crate) needed: usize,
+    pub(crate) acked: usize,
+    pub(crate) failed: usize,
+    pub(crate) last_err: Option<Error>,
+    /// Copies that failed this write while its outcome was open: deleted (or hinted)
+    /// once it succeeds, left alone if it fails (they may hold the newest acknowledged
+    /// value, which a failed write does not replace).
+    pub(crate) suspects: Vec<usize>,
+    /// The write was delivered as a success.
+    pub(crate) succeeded: bool,
+    pub(crate) kind: Kind,
+}
+
+pub(crate) enum Kind {
+    /// get/gets/gat: one copy after another; once a copy answers with a fragment of an
+    /// erasure-coded value, all the value's servers at once (`ec`).
+    Read {
+        op: Op,
+        order: Vec<usize>,
+        next: usize,
+        missed: Vec<usize>,
+        asked: usize,
+        ec: Option<Box<EcRead>>,
+    },
+    /// set/delete/touch: every copy at once (`per_copy[i]`, when given, is what copy `i`
+    /// gets instead of `op`: an erasure-coded value's fragments); `any` = some copy
+    /// deleted/touched.
+    Fanout {
+        op: Op,
+        per_copy: Vec<Op>,
+        any: bool,
+        cas: u64,
+    },
+    /// Conditional operations: the leader, then the others.
+    Lead {
+        op: Op,
+        leader: usize,
+        reply: Option<Reply>,
+    },
+}
+
+/// A read that found a fragment: what the value's servers answered.
+pub(crate) struct EcRead {
+    /// The value's servers, fragment `i` on `servers[i]`.
+    pub(crate) servers: Vec<usize>,
+    /// Fragments of this code that arrived: (position, stripe, bytes).
+    pub(crate) frags: Vec<(usize, FragmentHeader, Bytes)>,
+    /// Positions that answered without a fragment of this code (a miss, or something else).
+    pub(crate) missing: Vec<usize>,
+    /// Positions that could not be asked or failed.
+    pub(crate) failed: usize,
+    pub(crate) flags: u32,
+    /// Servers of the value not asked yet (a read of a key known to be coded asks k+1
+    /// first, the others only if those do not do).
+    pub(crate) unasked: Vec<usize>,
+}
