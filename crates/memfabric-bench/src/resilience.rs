@@ -56,6 +56,9 @@ pub struct ResilienceConfig {
     /// Outstanding requests of the pipelined EC SETs.
     pub window: usize,
     pub progress: bool,
+    /// The EC pool's `ec_threshold` (1: every value coded).
+    pub ec_threshold: usize,
+    pub randomize_reads: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -208,13 +211,13 @@ fn pool_config(cfg: &ResilienceConfig, kind: PoolKind) -> Config {
         connect_timeout: t,
         retry_timeout: Duration::from_secs(1),
         write_policy: cfg.policy,
+        randomize_reads: cfg.randomize_reads,
         ..Config::default()
     };
     match kind {
         PoolKind::Ec => Config {
             ec: Some(cfg.ec),
-            // Every measured value is coded, so sizes compare like with like.
-            ec_threshold: 1,
+            ec_threshold: cfg.ec_threshold.max(1),
             ..base
         },
         PoolKind::Replicated => Config {

@@ -26,6 +26,13 @@ pub(crate) struct ResilienceArgs {
     /// Write policy of both pools.
     #[arg(long, default_value = "quorum")]
     write_policy: WritePolicy,
+    /// The smallest value the EC pool codes (default 1: every measured value, so that the
+    /// pools compare like with like; the library's and the CLI's default is 16384).
+    #[arg(long, default_value_t = 1)]
+    ec_threshold: usize,
+    /// Both pools read a random copy (or, for a coded key, fragment set) first.
+    #[arg(long)]
+    randomize_reads: bool,
     /// Transports to measure, comma separated (tcp, ucx).
     #[arg(long, value_delimiter = ',', default_value = "tcp,ucx")]
     transport: Vec<String>,
@@ -103,6 +110,8 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
         bytes_per_point: a.bytes_per_point,
         window: a.window,
         progress: !a.quiet,
+        ec_threshold: a.ec_threshold,
+        randomize_reads: a.randomize_reads,
     };
     let ucx = a.transport.iter().any(|t| t == "ucx");
     let mut fleet = Fleet::start(&spec, a.servers, ucx)?;
