@@ -41,31 +41,42 @@ fn free_port() -> u16 {
 
 impl Daemon {
     /// Start on a fresh TCP port (plus `extra` flags) and wait until it accepts.
+    ///
+    /// Another test may probe the same free port and start its daemon on it first: ours
+    /// then fails to bind and exits, while the port answers — the other daemon's, killed
+    /// when that test ends. So a start counts only if our child is still running once the
+    /// port answers (a daemon that cannot bind exits at once); otherwise a new port.
     fn start(extra: &[&str]) -> Daemon {
-        let port = free_port();
-        let mut args: Vec<String> = vec![
-            "-p".into(),
-            port.to_string(),
-            "-l".into(),
-            "127.0.0.1".into(),
-            "-t".into(),
-            "2".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(BIN)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn memfabricd");
-        let d = Daemon {
-            child,
-            port,
-            unix: None,
-        };
-        d.wait_ready(|| TcpStream::connect(("127.0.0.1", port)).is_ok());
-        d
+        for _ in 0..5 {
+            let port = free_port();
+            let mut args: Vec<String> = vec![
+                "-p".into(),
+                port.to_string(),
+                "-l".into(),
+                "127.0.0.1".into(),
+                "-t".into(),
+                "2".into(),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let child = Command::new(BIN)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn memfabricd");
+            let mut d = Daemon {
+                child,
+                port,
+                unix: None,
+            };
+            d.wait_ready(|| TcpStream::connect(("127.0.0.1", port)).is_ok());
+            std::thread::sleep(Duration::from_millis(50));
+            if matches!(d.child.try_wait(), Ok(None)) {
+                return d;
+            }
+        }
+        panic!("memfabricd could not start on a free port five times");
     }
 
     fn start_unix(path: &PathBuf, extra: &[&str]) -> Daemon {
