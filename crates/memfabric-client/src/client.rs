@@ -349,7 +349,6 @@ impl Client {
                 return false;
             }
         }
-        // Results nobody will collect (the caller only drains at the end).
         true
     }
 

@@ -17,7 +17,7 @@ use memfabric_proto::ec_fragment::FragmentHeader;
 use crate::client::{Client, Handle};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
-use crate::tasks::{Child, EcRead, Kind, Role, Task, WritePolicy};
+use crate::tasks::{Background, EcRead, Kind, Task, WritePolicy};
 
 /// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
 pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {
@@ -402,11 +402,6 @@ impl Client {
         if self.config.read_repair && !missing.is_empty() {
             if let Some(Ok(frags)) = self.ec_code.as_ref().map(|c| c.encode(stripe, &value)) {
                 for pos in missing {
-                    if self.background_inflight >= self.config.max_background {
-                        self.counters.read_repairs_skipped += 1;
-                        continue;
-                    }
-                    self.background_inflight += 1;
                     let op = Op::Store {
                         mode: StoreMode::Add,
                         key: t.key.clone(),
@@ -415,11 +410,9 @@ impl Client {
                         exptime: 0,
                         cas: 0,
                     };
-                    let child = Child {
-                        role: Role::FragmentRepair,
-                        server: servers[pos],
-                    };
-                    self.issue(servers[pos], op, Some(child));
+                    if !self.in_background(servers[pos], Background::FragmentRepair, op) {
+                        self.counters.read_repairs_skipped += 1;
+                    }
                 }
             }
         }

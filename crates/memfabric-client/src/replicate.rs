@@ -31,7 +31,7 @@ use crate::client::{Client, Done, Handle};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 pub use crate::tasks::{Acks, PoolCounters, WritePolicy};
-use crate::tasks::{Child, Kind, Role, Task};
+use crate::tasks::{Background, Child, Kind, Role, Task};
 use crate::transport::ConnId;
 
 fn to_u8(n: usize) -> u8 {
@@ -121,11 +121,9 @@ impl Client {
         if hints.overflow {
             hints.overflow = false;
             hints.keys.clear();
-            hints.replaying += 1;
             self.issue_first(s, conn, Role::Flush, Op::FlushAll { delay: 0 });
         } else {
             let keys: Vec<Vec<u8>> = hints.keys.drain().collect();
-            hints.replaying += keys.len();
             for key in keys {
                 let op = Op::Delete { key: key.clone() };
                 self.issue_first(s, conn, Role::Hint { key }, op);
@@ -160,7 +158,6 @@ impl Client {
     /// server can be reached, else remember to delete it before the server is read again.
     pub(crate) fn distrust_copy(&mut self, s: usize, key: &[u8]) {
         if self.is_up(s) && self.servers[s].conn.is_some() {
-            self.servers[s].hints.replaying += 1;
             let op = Op::Delete { key: key.to_vec() };
             let child = Child {
                 role: Role::Hint { key: key.to_vec() },
@@ -247,11 +244,7 @@ impl Client {
                 any: false,
                 cas: 0,
             },
-            _ => Kind::Lead {
-                op,
-                leader: usize::MAX,
-                reply: None,
-            },
+            _ => Kind::Lead { op, reply: None },
         };
         let task = Task {
             delivered: false,
@@ -342,9 +335,6 @@ impl Client {
                     self.suspect_copy(t, s);
                 }
                 let leader = t.copies[pos];
-                if let Kind::Lead { leader: l, .. } = &mut t.kind {
-                    *l = leader;
-                }
                 self.step(id, t, leader, op);
             }
         }
@@ -482,20 +472,14 @@ impl Client {
                         }
                     }
                 }
-                Role::Hint { key } => {
-                    self.servers[s].hints.replaying -= 1;
-                    match result {
-                        Ok(Reply::Deleted(_)) => self.counters.hinted_deletes += 1,
-                        _ => self.hint(s, &key),
-                    }
-                }
-                Role::Flush => {
-                    self.servers[s].hints.replaying -= 1;
-                    match result {
-                        Ok(Reply::Ok) => self.counters.hint_flushes += 1,
-                        _ => self.servers[s].hints.overflow = true,
-                    }
-                }
+                Role::Hint { key } => match result {
+                    Ok(Reply::Deleted(_)) => self.counters.hinted_deletes += 1,
+                    _ => self.hint(s, &key),
+                },
+                Role::Flush => match result {
+                    Ok(Reply::Ok) => self.counters.hint_flushes += 1,
+                    _ => self.servers[s].hints.overflow = true,
+                },
                 Role::Probe => {
                     if let Ok(Reply::Stats(stats)) = result {
                         let id = stats
@@ -507,19 +491,16 @@ impl Client {
                         }
                     }
                 }
-                Role::Repair => {
+                Role::Background(kind) => {
                     self.background_inflight -= 1;
                     if let Ok(Reply::Stored(StoreStatus::Stored { .. })) = result {
-                        self.counters.read_repairs += 1;
+                        match kind {
+                            Background::Repair => self.counters.read_repairs += 1,
+                            Background::FragmentRepair => self.counters.fragment_repairs += 1,
+                            Background::Touch => {}
+                        }
                     }
                 }
-                Role::FragmentRepair => {
-                    self.background_inflight -= 1;
-                    if let Ok(Reply::Stored(StoreStatus::Stored { .. })) = result {
-                        self.counters.fragment_repairs += 1;
-                    }
-                }
-                Role::Background => self.background_inflight -= 1,
             }
         }
         self.settling = false;
@@ -589,10 +570,9 @@ impl Client {
                 }
                 self.decide(id, t);
             }
-            Kind::Lead { op, leader, reply } => {
+            Kind::Lead { op, reply } => {
                 if reply.is_none() {
                     // The leader's answer.
-                    debug_assert_eq!(s, *leader);
                     match result {
                         Ok(r) if succeeded(&r) => {
                             t.acked = 1;
@@ -680,11 +660,6 @@ impl Client {
         t.acked = 1 + missed.len();
         if self.config.read_repair {
             for m in missed {
-                if self.background_inflight >= self.config.max_background {
-                    self.counters.read_repairs_skipped += 1;
-                    continue;
-                }
-                self.background_inflight += 1;
                 // `add`: never overwrite a value written meanwhile.
                 let op = Op::Store {
                     mode: StoreMode::Add,
@@ -694,11 +669,9 @@ impl Client {
                     exptime: exptime.unwrap_or(0),
                     cas: 0,
                 };
-                let child = Child {
-                    role: Role::Repair,
-                    server: m,
-                };
-                self.issue(m, op, Some(child));
+                if !self.in_background(m, Background::Repair, op) {
+                    self.counters.read_repairs_skipped += 1;
+                }
             }
         }
         if let Some(exptime) = exptime {
@@ -707,21 +680,31 @@ impl Client {
             };
             let rest: Vec<usize> = order[*next..].to_vec();
             for o in rest {
-                if self.is_up(o) && self.background_inflight < self.config.max_background {
-                    self.background_inflight += 1;
+                if self.is_up(o) {
                     let op = Op::Touch {
                         key: t.key.clone(),
                         exptime,
                     };
-                    let child = Child {
-                        role: Role::Background,
-                        server: o,
-                    };
-                    self.issue(o, op, Some(child));
+                    self.in_background(o, Background::Touch, op);
                 }
             }
         }
         self.deliver(id, t, Ok(Reply::Value(Some(v))));
+    }
+
+    /// Issues `op` to server `s` in the background (nobody waits for it), unless
+    /// `max_background` such requests are in flight; false when it was not issued.
+    pub(crate) fn in_background(&mut self, s: usize, kind: Background, op: Op) -> bool {
+        if self.background_inflight >= self.config.max_background {
+            return false;
+        }
+        self.background_inflight += 1;
+        let child = Child {
+            role: Role::Background(kind),
+            server: s,
+        };
+        self.issue(s, op, Some(child));
+        true
     }
 
     /// The caller stopped waiting for task `id`: its steps finish in the background.

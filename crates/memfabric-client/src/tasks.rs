@@ -145,8 +145,6 @@ pub(crate) struct ServerHints {
     pub(crate) keys: HashSet<Vec<u8>>,
     /// More than `max_hints` keys: flush the server instead.
     pub(crate) overflow: bool,
-    /// Hinted deletes and flushes sent and not yet answered.
-    pub(crate) replaying: usize,
 }
 
 /// Why a request was issued on the pool's behalf.
@@ -160,12 +158,19 @@ pub(crate) enum Role {
     Flush,
     /// Ask a newly connected server for its instance id.
     Probe,
+    /// Work nobody waits for, bounded by `max_background`.
+    Background(Background),
+}
+
+/// What a background request does (its counter).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Background {
     /// Write a value back to a copy that missed it.
     Repair,
     /// Write a fragment back to a server that missed it.
     FragmentRepair,
-    /// Anything else the pool does in the background (gat's touches of the other copies).
-    Background,
+    /// Give the other copies a gat's new expiry time.
+    Touch,
 }
 
 #[derive(Debug)]
@@ -217,11 +222,7 @@ pub(crate) enum Kind {
         cas: u64,
     },
     /// Conditional operations: the leader, then the others.
-    Lead {
-        op: Op,
-        leader: usize,
-        reply: Option<Reply>,
-    },
+    Lead { op: Op, reply: Option<Reply> },
 }
 
 /// A read that found a fragment: what the value's servers answered.

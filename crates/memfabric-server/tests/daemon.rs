@@ -28,6 +28,16 @@ impl Drop for Daemon {
     }
 }
 
+fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn memfabricd")
+}
+
 /// A port free for both TCP and UDP on 127.0.0.1 right now.
 fn free_port() -> u16 {
     loop {
@@ -58,13 +68,7 @@ impl Daemon {
                 "2".into(),
             ];
             args.extend(extra.iter().map(|s| s.to_string()));
-            let child = Command::new(BIN)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn memfabricd");
+            let child = spawn(&args);
             let mut d = Daemon {
                 child,
                 port,
@@ -83,13 +87,7 @@ impl Daemon {
         let _ = std::fs::remove_file(path);
         let mut args = vec!["-s", path.to_str().expect("utf-8 path"), "-t", "2"];
         args.extend_from_slice(extra);
-        let child = Command::new(BIN)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn memfabricd");
+        let child = spawn(&args);
         let d = Daemon {
             child,
             port: 0,
