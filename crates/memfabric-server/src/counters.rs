@@ -106,6 +106,9 @@ thread_counters! {
     ucx_wakeups_by_timer,
     /// Adaptive UCX polls started (`--ucx-poll-us`): only UCX work starts one.
     ucx_poll_spins,
+    /// Pauses of a worker whose UCX had work it could not do (sends waiting for room in
+    /// a peer's FIFO; see `UcxStall` in worker.rs).
+    ucx_stalled_waits,
 }
 
 /// memcached's per-slab-class command counters, in the order `stats slabs` prints them.

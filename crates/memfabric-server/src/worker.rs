@@ -166,6 +166,9 @@ impl Worker {
         let idle_timeout = self.shared.settings.idle_timeout;
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
+        // Rounds in a row in which UCX refused to be armed (it has work) and progressing
+        // it then did nothing (see `UcxStall`).
+        let mut stall = UcxStall::default();
         loop {
             // The clock only when a spin may be running (not per TCP request otherwise).
             let spinning = spin_until.is_some_and(|t| Instant::now() < t);
@@ -207,6 +210,12 @@ impl Worker {
             // has work already, do not sleep.
             let ucx_armed = self.fabric.as_mut().is_some_and(|f| f.in_use());
             let ucx_busy = !busy && ucx_armed && self.fabric.as_mut().is_some_and(|f| !f.arm());
+            if ucx_busy {
+                if let Some(pause) = stall.pause() {
+                    self.stats.ucx_stalled_waits.incr();
+                    std::thread::sleep(pause);
+                }
+            }
             let timeout = if busy || ucx_busy {
                 Some(Duration::ZERO)
             } else if idle_timeout > 0 {
@@ -287,6 +296,7 @@ impl Worker {
                     }
                 }
                 active |= ucx_work;
+                stall.after_round(ucx_busy, ucx_work || !events.is_empty());
             }
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
@@ -487,6 +497,45 @@ impl Worker {
                 let _ = c.drive(&self.shared, &self.stats, &self.inbox, false, now);
             }
             self.close(t);
+        }
+    }
+}
+
+/// A UCX worker that will not arm (`UCS_ERR_BUSY`: it has work) although progressing it
+/// does nothing. Its transports hold sends they cannot make yet: a shared-memory reply
+/// waits for room in the client's receive FIFO, which only the client, running, makes
+/// (and a client that died with its FIFO full leaves such sends behind for good: UCX 1.13
+/// does not drop them when the endpoint is force-closed). No event will say when to
+/// retry, so the worker must poll; spinning hot would take the core from the very client
+/// it waits for (seen on 2 cores: 6 servers' workers spinning, pipelined clients at a
+/// fifth of their blocking rate, idle servers at 100% CPU). After a few such rounds the
+/// worker pauses between them, growing to `UCX_STALL_PAUSE_MAX`, and any work resets it.
+#[derive(Default)]
+struct UcxStall {
+    rounds: u32,
+}
+
+/// Rounds of a stall polled hot before the first pause: a FIFO that is full for a moment
+/// (a burst) is usually drained by then.
+const UCX_STALL_HOT_ROUNDS: u32 = 16;
+/// The longest pause: TCP and UDP clients of a stalled worker wait at most this much
+/// longer, and so does a UCX client's request that comes while the worker cannot arm.
+const UCX_STALL_PAUSE_MAX: Duration = Duration::from_micros(200);
+
+impl UcxStall {
+    /// The pause before the next round, if the stall has gone on long enough.
+    fn pause(&self) -> Option<Duration> {
+        let over = self.rounds.checked_sub(UCX_STALL_HOT_ROUNDS)?;
+        let us = 4u64 << over.min(6);
+        Some(Duration::from_micros(us).min(UCX_STALL_PAUSE_MAX))
+    }
+
+    /// A round ended: `busy` UCX would not arm; `work` anything was done.
+    fn after_round(&mut self, busy: bool, work: bool) {
+        if busy && !work {
+            self.rounds = self.rounds.saturating_add(1);
+        } else {
+            self.rounds = 0;
         }
     }
 }

@@ -99,6 +99,7 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
             v.put("ucx_wakeups_by_timer", t.ucx_wakeups_by_timer);
             v.put("ucx_poll_spins", t.ucx_poll_spins);
+            v.put("ucx_stalled_waits", t.ucx_stalled_waits);
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),

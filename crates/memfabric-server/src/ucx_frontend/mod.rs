@@ -136,7 +136,16 @@ pub struct FabricWorker {
     quiet_since: Option<std::time::Instant>,
     /// Quiet for at least `UCX_LINGER` (until something makes it busy again).
     dormant: bool,
+    /// Endpoint closes in progress, and since when that number has not changed.
+    closes_seen: Option<(usize, std::time::Instant)>,
 }
+
+/// How long endpoint closes that make no progress keep the worker attending to UCX. A
+/// close can hang for good: UCX 1.13 never completes the force-close of a shared-memory
+/// endpoint whose peer died with its receive FIFO full (our replies still queued for
+/// it). Past this the worker may go dormant as if the close had finished; the close's
+/// state stays allocated (a few hundred bytes per dead client) until the process exits.
+const UCX_CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a worker keeps arming and progressing UCX after its last client, transfer
 /// and endpoint close are gone (for messages still in flight from a departed peer).
@@ -213,6 +222,7 @@ impl FabricWorker {
             // Quiet since long enough: nothing to attend to before a first client.
             quiet_since: std::time::Instant::now().checked_sub(UCX_LINGER),
             dormant: false,
+            closes_seen: None,
         }))
     }
 
@@ -235,7 +245,7 @@ impl FabricWorker {
             || !self.receiving.is_empty()
             || !self.sending.is_empty()
             || !self.held.is_empty()
-            || self.w.closing() > 0;
+            || self.closes_progressing();
         if busy {
             self.quiet_since = None;
             self.dormant = false;
@@ -250,6 +260,24 @@ impl FabricWorker {
         let lingering = now.duration_since(*self.quiet_since.get_or_insert(now)) < UCX_LINGER;
         self.dormant = !lingering;
         lingering
+    }
+
+    /// Whether endpoint closes are in progress and have not all been stuck for
+    /// `UCX_CLOSE_PATIENCE` (the clock is read only while closes are pending).
+    fn closes_progressing(&mut self) -> bool {
+        let n = self.w.closing();
+        if n == 0 {
+            self.closes_seen = None;
+            return false;
+        }
+        let now = std::time::Instant::now();
+        match self.closes_seen {
+            Some((seen, since)) if seen == n => now.duration_since(since) < UCX_CLOSE_PATIENCE,
+            _ => {
+                self.closes_seen = Some((n, now));
+                true
+            }
+        }
     }
 
     /// Before sleeping: `false` if UCX has work right now (do not block).
