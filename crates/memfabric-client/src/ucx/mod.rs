@@ -202,8 +202,30 @@ impl UcxTransport {
     }
 }
 
+/// How long a dropped transport waits for its requests in flight.
+const DROP_SETTLE: Duration = Duration::from_secs(1);
+
 impl Drop for UcxTransport {
     fn drop(&mut self) {
+        // Requests still in flight (copies a quorum write did not wait for, calls given
+        // up on) finish first, for a bounded time: a server whose reply or rendezvous
+        // is on its way when our endpoint closes is left with sends to a closed endpoint,
+        // which UCX 1.13 never drops (seen over shared memory: that server's worker then
+        // cannot sleep, memfabricd's `ucx_stalled_waits`).
+        let limit = Instant::now() + DROP_SETTLE;
+        let (mut done, mut failed) = (Vec::new(), Vec::new());
+        while self.has_work() && Instant::now() < limit {
+            if self
+                .wait(Duration::from_millis(10), &mut done, &mut failed)
+                .is_err()
+            {
+                break;
+            }
+            for conn in failed.drain(..) {
+                self.fail_conn(conn, "", &mut done);
+            }
+            done.clear();
+        }
         // Endpoints close (flushing what was sent, and finishing their wire-up) before
         // the lifelines go: the server force-closes its endpoint when the lifeline
         // closes, and UCX 1.13 aborts the process (an assertion in its TCP transport) when
