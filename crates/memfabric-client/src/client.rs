@@ -618,6 +618,27 @@ impl Client {
         }
     }
 
+    /// The earliest [`Client::deadline_of`] of `hs`, with the requests in flight scanned
+    /// once however many of `hs` are replicated operations (a window of 32 EC SETs has
+    /// ~200 requests in flight: scanning them per handle and round cost 9% of the run).
+    fn earliest_deadline(&self, hs: &[Handle]) -> Option<Instant> {
+        let mut earliest: Option<Instant> = None;
+        let mut tasks = false;
+        for h in hs {
+            match self.pending.get(&h.0) {
+                Some(p) => earliest = Some(earliest.map_or(p.deadline, |e| e.min(p.deadline))),
+                None => tasks |= self.waiting(h.0),
+            }
+        }
+        if tasks {
+            let task = self
+                .nearest_deadline()
+                .unwrap_or_else(|| Instant::now() + self.config.timeout);
+            earliest = Some(earliest.map_or(task, |e| e.min(task)));
+        }
+        earliest
+    }
+
     /// Progress once without blocking; the result if the request has finished. A result is
     /// returned once: after that the handle is unknown.
     pub fn test(&mut self, h: Handle) -> Option<Result<Reply, Error>> {
@@ -679,7 +700,7 @@ impl Client {
             if !waiting || limit.is_some_and(|l| now >= l) {
                 break;
             }
-            let nearest = hs.iter().filter_map(|h| self.deadline_of(h.0)).min();
+            let nearest = self.earliest_deadline(hs);
             let until = match (nearest, limit) {
                 (Some(d), Some(l)) => d.min(l),
                 (Some(d), None) => d,
