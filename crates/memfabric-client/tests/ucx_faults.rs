@@ -290,3 +290,85 @@ fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
     let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
     assert!(!matches!(state, Some('Z' | 'X')), "server exited: {stat}");
 }
+
+/// User plus system CPU time of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start past its ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat(5): 12 and 13 past the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Child mode: ask for many values and die without reading the replies, which fill this
+/// client's receive queue and wait in the server for room that never comes.
+fn client_dying_with_replies_queued(url: &str) -> ! {
+    let mut c = Client::new(url, Config::default()).unwrap();
+    let hs: Vec<_> = (0..800)
+        .map(|i| c.iget(format!("v{}", i % 64).as_bytes()))
+        .collect();
+    let _ = c.test(hs[0]);
+    std::process::abort();
+}
+
+/// Clients killed while the server's replies to them are still queued (UCX 1.13 never
+/// finishes closing such a shared-memory endpoint): the server still serves, and once
+/// they are gone it goes idle rather than polling the dead endpoints for ever (it did:
+/// a core per worker, for good, after one killed client).
+#[test]
+fn clients_killed_with_replies_queued_leave_the_server_idle() {
+    if let Ok(url) = std::env::var("MF_DYING_READER") {
+        client_dying_with_replies_queued(&url);
+    }
+    let (server, url) = start_ucx_server();
+    let mut t = Client::new(server.addr().as_str(), Config::default()).unwrap();
+    let value = vec![b'r'; 48 << 10];
+    for i in 0..64 {
+        t.set(format!("v{i}").as_bytes(), &value, 0, 0).unwrap();
+    }
+    for _ in 0..5 {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "clients_killed_with_replies_queued_leave_the_server_idle",
+                "--nocapture",
+            ])
+            .env("MF_DYING_READER", &url)
+            .status()
+            .unwrap();
+        assert!(!status.success(), "child should have died");
+    }
+    let stalls = |t: &mut Client| -> u64 {
+        let all = t.stats(Some("fabric"));
+        let found = all.into_iter().flat_map(|(_, r)| r.unwrap_or_default());
+        found
+            .filter(|(k, _)| k == "ucx_stalled_waits")
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .sum()
+    };
+    // Idle: no stalled rounds and (almost) no CPU over a whole second. Until the dead
+    // endpoints are given up on (UCX_CLOSE_PATIENCE) the worker still polls them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s0, cpu0) = (stalls(&mut t), cpu_ticks(server.pid()));
+        std::thread::sleep(Duration::from_secs(1));
+        let (s1, cpu1) = (stalls(&mut t), cpu_ticks(server.pid()));
+        // Ticks are 1/100 s: a polling worker burns tens of them a second.
+        if s1 == s0 && cpu1 - cpu0 <= 10 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never went idle: {} stalled rounds, {} ticks of CPU in a second",
+            s1 - s0,
+            cpu1 - cpu0
+        );
+    }
+    println!("stalled rounds after the kills: {}", stalls(&mut t));
+    // And a new UCX client is served as before.
+    let mut c = Client::new(url.as_str(), Config::default()).unwrap();
+    assert_eq!(c.get(b"v9").unwrap().unwrap().data.len(), 48 << 10);
+    c.set(b"after", b"ok", 0, 0).unwrap();
+    assert_eq!(&c.get(b"after").unwrap().unwrap().data[..], b"ok");
+}
