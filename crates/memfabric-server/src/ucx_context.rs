@@ -101,6 +101,11 @@ pub struct FabricShared {
     /// without peer-failure handling: UCX 1.13 can neither cancel nor fail them, so their
     /// pending items stay allocated (never linked, never visible) until UCX lets go.
     pub orphaned_receives: AtomicU64,
+    /// Sessions ended because a transfer failed on their endpoint (without peer-failure
+    /// handling: UCX had destroyed the endpoint), and the rendezvous offers from them
+    /// abandoned (their descriptors stay allocated until the worker goes).
+    pub failed_sessions: AtomicU64,
+    pub abandoned_offers: AtomicU64,
     /// One-sided readers' access hints applied / refused (item gone or changed).
     pub hints_taken: AtomicU64,
     pub hints_stale: AtomicU64,
@@ -159,6 +164,8 @@ impl FabricShared {
             total_sessions: AtomicU64::new(0),
             peer_error_sessions: AtomicU64::new(0),
             orphaned_receives: AtomicU64::new(0),
+            failed_sessions: AtomicU64::new(0),
+            abandoned_offers: AtomicU64::new(0),
             hints_taken: AtomicU64::new(0),
             hints_stale: AtomicU64::new(0),
             pins: AtomicU64::new(0),
@@ -184,6 +191,8 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             ("ucx_total_sessions", &fs.total_sessions),
             ("ucx_peer_error_sessions", &fs.peer_error_sessions),
             ("ucx_orphaned_receives", &fs.orphaned_receives),
+            ("ucx_failed_sessions", &fs.failed_sessions),
+            ("ucx_abandoned_offers", &fs.abandoned_offers),
             ("ucx_onesided_hints", &fs.hints_taken),
             ("ucx_onesided_hints_stale", &fs.hints_stale),
             ("ucx_pins", &fs.pins),

@@ -25,8 +25,8 @@ unsafe impl Sync for Context {}
 impl Context {
     /// Create a context named `name` (shown in UCX's own logs).
     ///
-    /// One setting differs from UCX's default unless the environment sets it:
-    /// `RNDV_SCHEME=get_zcopy`. The receiver of a rendezvous message *pulls* the data (the
+    /// Two settings differ from UCX's default unless the environment sets them:
+    /// `PROTO_INDIRECT_ID=on` (see below) and `RNDV_SCHEME=get_zcopy`. The receiver of a rendezvous message *pulls* the data (the
     /// server reads a SET's value into item memory, a client reads a GET's value), so a
     /// sender that dies mid-transfer makes the read fail at once instead of leaving the
     /// receiver waiting for data that never comes. UCX falls back to another scheme where
@@ -42,6 +42,18 @@ impl Context {
             // (an option this UCX does not know) leaves UCX's default in place.
             let _ = unsafe {
                 sys::ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"get_zcopy".as_ptr())
+            };
+        }
+        if std::env::var_os("UCX_PROTO_INDIRECT_ID").is_none() {
+            // Endpoint ids on the wire are indices, not pointers, whatever the endpoints'
+            // error handling mode: a message naming an endpoint UCX has destroyed then
+            // fails its lookup instead of following a dangling pointer (UCX 1.13 destroys
+            // the endpoint it made for a peer when a transfer with that peer fails, e.g. a
+            // copy from a client that died, while that client's rendezvous offers are
+            // still queued: memfabricd aborted in `ucp_worker_get_ep_by_id`).
+            // SAFETY: as above.
+            let _ = unsafe {
+                sys::ucp_config_modify(config, c"PROTO_INDIRECT_ID".as_ptr(), c"on".as_ptr())
             };
         }
         let cname = std::ffi::CString::new(name).unwrap_or_default();

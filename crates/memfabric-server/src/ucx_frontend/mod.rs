@@ -138,7 +138,15 @@ pub struct FabricWorker {
     dormant: bool,
     /// Endpoint closes in progress, and since when that number has not changed.
     closes_seen: Option<(usize, std::time::Instant)>,
+    /// Sessions ended because a transfer on their endpoint failed (the newest
+    /// `FAILED_SESSIONS_KEPT`): rendezvous offers still coming from them are abandoned,
+    /// not received or released (see `mf::RndvData::abandon`).
+    failed_sessions: VecDeque<u32>,
 }
+
+/// How many failed sessions are remembered: offers from one stop within a progress round
+/// or two of its failure (the sender is dead); this is ample.
+const FAILED_SESSIONS_KEPT: usize = 256;
 
 /// How long endpoint closes that make no progress keep the worker attending to UCX. A
 /// close can hang for good: UCX 1.13 never completes the force-close of a shared-memory
@@ -223,6 +231,7 @@ impl FabricWorker {
             quiet_since: std::time::Instant::now().checked_sub(UCX_LINGER),
             dormant: false,
             closes_seen: None,
+            failed_sessions: VecDeque::new(),
         }))
     }
 
@@ -297,6 +306,27 @@ impl FabricWorker {
                 break;
             }
             active = true;
+            // Sessions whose transfers failed end before anything else of this round is
+            // served: a request of theirs queued ahead of the failure must not be
+            // received from a destroyed endpoint.
+            let failed: Vec<u32> = events
+                .iter()
+                .filter_map(|e| match e {
+                    mf::Event::Done {
+                        token,
+                        result: Err(_),
+                        ..
+                    } => self
+                        .receiving
+                        .get(token)
+                        .map(|r| r.session)
+                        .or_else(|| self.sending.get(token).map(|x| x.session)),
+                    _ => None,
+                })
+                .collect();
+            for session in failed {
+                self.transfer_failed(registry, session);
+            }
             while let Some(e) = events.pop_front() {
                 self.handle(registry, stats, e);
             }

@@ -49,6 +49,13 @@ impl FabricWorker {
             return;
         };
         let known = self.by_session.contains_key(&ids.session);
+        if !known && self.failed_sessions.contains(&ids.session) {
+            let n = super::session::abandon(msg);
+            if let Some(fs) = shared.fabric.as_ref() {
+                fs.abandoned_offers.fetch_add(n, Ordering::Relaxed);
+            }
+            return;
+        }
         if known && !replayed {
             let cap = shared.settings.ucx_session_inflight_max;
             let wait = self

@@ -277,6 +277,36 @@ impl FabricWorker {
         }
     }
 
+    /// A transfer of `session` failed. Over an endpoint with peer error handling UCX
+    /// reports the endpoint itself (`EpFailed`). Without it, UCX 1.13 has failed and
+    /// destroyed the endpoint the session's messages come through (a copy from a client
+    /// that died, seen as an I/O error, then "endpoint timeout" for the rest): the session
+    /// ends now, and its rendezvous offers still waiting, or still to arrive, are
+    /// abandoned — receiving or giving back one looks the destroyed endpoint up, and UCX
+    /// aborts the process (a client killed mid-burst of large SETs took memfabricd down).
+    pub(super) fn transfer_failed(&mut self, registry: &Registry, session: u32) {
+        let Some(&t) = self.by_session.get(&session) else {
+            return;
+        };
+        let Some(c) = self.clients.get_mut(&t) else {
+            return;
+        };
+        if c.session.as_ref().is_some_and(|(_, ep)| ep.peer_errors()) {
+            return;
+        }
+        let abandoned: u64 = c.waiting.drain(..).map(abandon).sum();
+        c.waiting_bytes = 0;
+        if self.failed_sessions.len() >= super::FAILED_SESSIONS_KEPT {
+            self.failed_sessions.pop_front();
+        }
+        self.failed_sessions.push_back(session);
+        if let Some(fs) = self.shared().fabric.as_ref() {
+            fs.failed_sessions.fetch_add(1, Ordering::Relaxed);
+            fs.abandoned_offers.fetch_add(abandoned, Ordering::Relaxed);
+        }
+        self.drop_client(registry, t);
+    }
+
     pub(super) fn drop_client(&mut self, registry: &Registry, token: Token) {
         let Some(mut c) = self.clients.remove(&token) else {
             return;
@@ -344,4 +374,17 @@ pub(super) fn session_ep<'a>(
 ) -> Option<&'a mf::Endpoint> {
     let t = by_session.get(&session)?;
     clients.get(t)?.session.as_ref().map(|(_, ep)| ep)
+}
+
+/// Lets go of a request from a session whose endpoint failed: rendezvous data is
+/// abandoned (`mf::RndvData::abandon`), anything else is dropped as usual. Returns the
+/// offers abandoned (0 or 1).
+pub(super) fn abandon(msg: mf::AmMessage) -> u64 {
+    match msg.data {
+        mf::AmData::Rndv(d) => {
+            d.abandon();
+            1
+        }
+        _ => 0,
+    }
 }

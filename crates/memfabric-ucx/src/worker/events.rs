@@ -106,6 +106,15 @@ impl RndvData {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Let go of the descriptor without giving it back to UCX, for one whose sender's
+    /// endpoint UCX has failed and destroyed (a transfer on an endpoint without peer
+    /// error handling failed): receiving or releasing it looks that endpoint up, which
+    /// aborts the process in UCX 1.13 (`ucp_worker_get_ep_by_id` asserts). Its buffer
+    /// stays allocated until the worker is destroyed.
+    pub fn abandon(mut self) {
+        self.desc = std::ptr::null_mut();
+    }
 }
 
 impl Drop for RndvData {
