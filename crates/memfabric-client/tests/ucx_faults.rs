@@ -301,25 +301,53 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-/// Child mode: ask for many values and die without reading the replies, which fill this
-/// client's receive queue and wait in the server for room that never comes.
-fn client_dying_with_replies_queued(url: &str) -> ! {
+/// Child mode: a burst of requests, then death without reading a reply. `reader`: GETs of
+/// 48 KB values, whose replies fill this client's receive queue and wait in the server
+/// for room that never comes. Writer: GETs and 64 KB SETs, whose values the server is
+/// still copying out of this process (or has yet to) when it dies.
+fn client_dying_mid_burst(url: &str, reader: bool) -> ! {
     let mut c = Client::new(url, Config::default()).unwrap();
-    let hs: Vec<_> = (0..800)
-        .map(|i| c.iget(format!("v{}", i % 64).as_bytes()))
-        .collect();
+    let hs: Vec<_> = if reader {
+        (0..800)
+            .map(|i| c.iget(format!("v{}", i % 64).as_bytes()))
+            .collect()
+    } else {
+        let big = Bytes::from(vec![b'w'; 64 << 10]);
+        (0..400)
+            .flat_map(|i| {
+                let (k, w) = (format!("v{}", i % 64), format!("w{}", i % 64));
+                [
+                    c.iget(k.as_bytes()),
+                    c.iset(w.as_bytes(), big.clone(), 0, 0),
+                ]
+            })
+            .collect()
+    };
     let _ = c.test(hs[0]);
     std::process::abort();
 }
 
-/// Clients killed while the server's replies to them are still queued (UCX 1.13 never
-/// finishes closing such a shared-memory endpoint): the server still serves, and once
-/// they are gone it goes idle rather than polling the dead endpoints for ever (it did:
-/// a core per worker, for good, after one killed client).
+/// A `stats fabric` counter, 0 if this server does not report it.
+fn fabric_counter(c: &mut Client, name: &str) -> u64 {
+    c.stats(Some("fabric"))
+        .into_iter()
+        .flat_map(|(_, r)| r.unwrap_or_default())
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v.parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+/// Clients killed in the middle of bursts of large GETs and SETs. Both used to hurt the
+/// server over shared memory (UCX 1.13, endpoints without peer-failure handling): a
+/// copy from a dead writer made UCX destroy the endpoint its queued offers name, and
+/// the next one aborted memfabricd; replies queued for a dead reader left the worker
+/// polling them for good, a core per worker. The server must keep serving, and go idle
+/// once they are gone.
 #[test]
-fn clients_killed_with_replies_queued_leave_the_server_idle() {
-    if let Ok(url) = std::env::var("MF_DYING_READER") {
-        client_dying_with_replies_queued(&url);
+fn clients_killed_mid_burst_leave_the_server_serving_and_idle() {
+    if let Ok(spec) = std::env::var("MF_DYING_BURST") {
+        let (kind, url) = spec.split_once(' ').unwrap();
+        client_dying_mid_burst(url, kind == "reader");
     }
     let (server, url) = start_ucx_server();
     let mut t = Client::new(server.addr().as_str(), Config::default()).unwrap();
@@ -327,33 +355,29 @@ fn clients_killed_with_replies_queued_leave_the_server_idle() {
     for i in 0..64 {
         t.set(format!("v{i}").as_bytes(), &value, 0, 0).unwrap();
     }
-    for _ in 0..5 {
+    for kind in ["writer", "reader", "writer", "reader", "writer", "writer"] {
         let status = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "clients_killed_with_replies_queued_leave_the_server_idle",
+                "clients_killed_mid_burst_leave_the_server_serving_and_idle",
                 "--nocapture",
             ])
-            .env("MF_DYING_READER", &url)
+            .env("MF_DYING_BURST", format!("{kind} {url}"))
             .status()
             .unwrap();
         assert!(!status.success(), "child should have died");
+        // Alive and serving after each.
+        assert_eq!(t.get(b"v3").unwrap().unwrap().data.len(), 48 << 10);
     }
-    let stalls = |t: &mut Client| -> u64 {
-        let all = t.stats(Some("fabric"));
-        let found = all.into_iter().flat_map(|(_, r)| r.unwrap_or_default());
-        found
-            .filter(|(k, _)| k == "ucx_stalled_waits")
-            .map(|(_, v)| v.parse::<u64>().unwrap())
-            .sum()
-    };
     // Idle: no stalled rounds and (almost) no CPU over a whole second. Until the dead
     // endpoints are given up on (UCX_CLOSE_PATIENCE) the worker still polls them.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (s0, cpu0) = (stalls(&mut t), cpu_ticks(server.pid()));
+        let s0 = fabric_counter(&mut t, "ucx_stalled_waits");
+        let cpu0 = cpu_ticks(server.pid());
         std::thread::sleep(Duration::from_secs(1));
-        let (s1, cpu1) = (stalls(&mut t), cpu_ticks(server.pid()));
+        let s1 = fabric_counter(&mut t, "ucx_stalled_waits");
+        let cpu1 = cpu_ticks(server.pid());
         // Ticks are 1/100 s: a polling worker burns tens of them a second.
         if s1 == s0 && cpu1 - cpu0 <= 10 {
             break;
@@ -365,10 +389,16 @@ fn clients_killed_with_replies_queued_leave_the_server_idle() {
             cpu1 - cpu0
         );
     }
-    println!("stalled rounds after the kills: {}", stalls(&mut t));
-    // And a new UCX client is served as before.
+    println!(
+        "stalled rounds {}, sessions failed {}, offers abandoned {}",
+        fabric_counter(&mut t, "ucx_stalled_waits"),
+        fabric_counter(&mut t, "ucx_failed_sessions"),
+        fabric_counter(&mut t, "ucx_abandoned_offers"),
+    );
+    // A new UCX client is served as before, large values included.
     let mut c = Client::new(url.as_str(), Config::default()).unwrap();
     assert_eq!(c.get(b"v9").unwrap().unwrap().data.len(), 48 << 10);
-    c.set(b"after", b"ok", 0, 0).unwrap();
-    assert_eq!(&c.get(b"after").unwrap().unwrap().data[..], b"ok");
+    let big = vec![b'n'; 64 << 10];
+    c.set(b"after", &big, 0, 0).unwrap();
+    assert_eq!(c.get(b"after").unwrap().unwrap().data, big);
 }
