@@ -135,7 +135,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let ucx_memory = if listeners.ucx.is_empty() {
         None
     } else {
-        match memfabric_ucx::Context::new("memfabricd") {
+        match memfabric_ucx::Context::new_server("memfabricd") {
             Ok(ctx) => Some(crate::ucx_context::StoreMemory::new(ctx)),
             Err(e) => {
                 tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");

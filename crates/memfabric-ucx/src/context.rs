@@ -25,13 +25,30 @@ unsafe impl Sync for Context {}
 impl Context {
     /// Create a context named `name` (shown in UCX's own logs).
     ///
-    /// Two settings differ from UCX's default unless the environment sets them:
-    /// `PROTO_INDIRECT_ID=on` (see below) and `RNDV_SCHEME=get_zcopy`. The receiver of a rendezvous message *pulls* the data (the
+    /// One setting differs from UCX's default unless the environment sets it:
+    /// `RNDV_SCHEME=get_zcopy`. The receiver of a rendezvous message *pulls* the data (the
     /// server reads a SET's value into item memory, a client reads a GET's value), so a
     /// sender that dies mid-transfer makes the read fail at once instead of leaving the
     /// receiver waiting for data that never comes. UCX falls back to another scheme where
     /// a transport cannot read remotely.
     pub fn new(name: &str) -> Result<Arc<Context>> {
+        Context::create(name, false)
+    }
+
+    /// [`Context::new`] for a server: also `PROTO_INDIRECT_ID=on` unless the environment
+    /// sets it. Endpoint ids on the wire are then indices, not pointers, whatever the
+    /// endpoints' error handling mode: a message naming an endpoint UCX has destroyed
+    /// fails its lookup instead of following a dangling pointer. UCX 1.13 destroys the
+    /// endpoint it made for a peer when a transfer with that peer fails (a copy from a
+    /// client that died) while that peer's rendezvous offers are still queued, and
+    /// memfabricd aborted in `ucp_worker_get_ep_by_id`. Not for clients: with indirect ids
+    /// UCX asserts, when the worker goes, that no endpoint still has requests (a client
+    /// dropped with requests to a dead server aborted).
+    pub fn new_server(name: &str) -> Result<Arc<Context>> {
+        Context::create(name, true)
+    }
+
+    fn create(name: &str, indirect_ids: bool) -> Result<Arc<Context>> {
         crate::ucx_log::install();
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL env prefix and file name mean "UCX_ from the environment"; config is
@@ -44,13 +61,7 @@ impl Context {
                 sys::ucp_config_modify(config, c"RNDV_SCHEME".as_ptr(), c"get_zcopy".as_ptr())
             };
         }
-        if std::env::var_os("UCX_PROTO_INDIRECT_ID").is_none() {
-            // Endpoint ids on the wire are indices, not pointers, whatever the endpoints'
-            // error handling mode: a message naming an endpoint UCX has destroyed then
-            // fails its lookup instead of following a dangling pointer (UCX 1.13 destroys
-            // the endpoint it made for a peer when a transfer with that peer fails, e.g. a
-            // copy from a client that died, while that client's rendezvous offers are
-            // still queued: memfabricd aborted in `ucp_worker_get_ep_by_id`).
+        if indirect_ids && std::env::var_os("UCX_PROTO_INDIRECT_ID").is_none() {
             // SAFETY: as above.
             let _ = unsafe {
                 sys::ucp_config_modify(config, c"PROTO_INDIRECT_ID".as_ptr(), c"on".as_ptr())
