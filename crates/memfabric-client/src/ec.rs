@@ -62,6 +62,8 @@ pub struct Code {
     rs: ReedSolomon,
 }
 
+use memfabric_proto::ec_fragment::HEADER_LEN;
+
 impl Code {
     pub fn new(k: u8, m: u8) -> Result<Code, EcError> {
         if k == 0 || m == 0 || usize::from(k) + usize::from(m) > 255 {
@@ -81,45 +83,69 @@ impl Code {
     }
 
     /// The `k + m` fragments of `value` for write `stripe` (index `i` at position `i`).
-    /// Each fragment is built in place — header room, then its shard — so the value is
-    /// copied once and the parity is computed straight into the parity fragments.
     pub fn encode(&self, stripe: u64, value: &[u8]) -> Result<Vec<Vec<u8>>, EcError> {
-        use memfabric_proto::ec_fragment::HEADER_LEN;
+        let mut frags = self.encode_data(stripe, value);
+        let parity = self.encode_parity(stripe, value.len(), &frags)?;
+        frags.extend(parity);
+        Ok(frags)
+    }
+
+    /// The `k` data fragments of `value` for write `stripe`: header room, then the shard
+    /// (the value's bytes, the last one zero-padded), so the value is copied once. They
+    /// can be sent before the parity is computed ([`Code::encode_parity`]).
+    pub fn encode_data(&self, stripe: u64, value: &[u8]) -> Vec<Vec<u8>> {
         let len = shard_len(value.len() as u64, self.k) as usize;
-        let mut frags: Vec<Vec<u8>> = (0..self.total_shards())
+        (0..self.data_shards())
             .map(|i| {
                 let mut f = Vec::with_capacity(HEADER_LEN + len);
                 f.resize(HEADER_LEN, 0);
-                if i < self.data_shards() {
-                    let from = (i * len).min(value.len());
-                    let to = ((i + 1) * len).min(value.len());
-                    f.extend_from_slice(&value[from..to]);
-                }
+                let from = (i * len).min(value.len());
+                let to = ((i + 1) * len).min(value.len());
+                f.extend_from_slice(&value[from..to]);
                 f.resize(HEADER_LEN + len, 0);
+                self.seal(stripe, value.len(), i, &mut f);
                 f
             })
+            .collect()
+    }
+
+    /// The `m` parity fragments of the write whose data fragments
+    /// ([`Code::encode_data`] of a `value_len`-byte value) are `data`: the parity is
+    /// computed straight into them.
+    pub fn encode_parity<B: AsRef<[u8]>>(
+        &self,
+        stripe: u64,
+        value_len: usize,
+        data: &[B],
+    ) -> Result<Vec<Vec<u8>>, EcError> {
+        let len = shard_len(value_len as u64, self.k) as usize;
+        let mut parity: Vec<Vec<u8>> = (0..usize::from(self.m))
+            .map(|_| vec![0u8; HEADER_LEN + len])
             .collect();
         {
-            let (data, parity) = frags.split_at_mut(self.data_shards());
-            let data: Vec<&[u8]> = data.iter().map(|f| &f[HEADER_LEN..]).collect();
-            let mut parity: Vec<&mut [u8]> =
-                parity.iter_mut().map(|f| &mut f[HEADER_LEN..]).collect();
+            let shards: Vec<&[u8]> = data.iter().map(|f| &f.as_ref()[HEADER_LEN..]).collect();
+            let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|f| &mut f[HEADER_LEN..]).collect();
             self.rs
-                .encode_sep(&data, &mut parity)
+                .encode_sep(&shards, &mut out)
                 .map_err(|e| EcError::Coding(format!("{e:?}")))?;
         }
-        for (i, f) in frags.iter_mut().enumerate() {
-            let header = FragmentHeader {
-                k: self.k,
-                m: self.m,
-                index: i as u8,
-                stripe,
-                value_len: value.len() as u64,
-            }
-            .header(&f[HEADER_LEN..]);
-            f[..HEADER_LEN].copy_from_slice(&header);
+        for (j, f) in parity.iter_mut().enumerate() {
+            self.seal(stripe, value_len, self.data_shards() + j, f);
         }
-        Ok(frags)
+        Ok(parity)
+    }
+
+    /// Writes fragment `index`'s header (with the CRC of its shard) in front of it.
+    fn seal(&self, stripe: u64, value_len: usize, index: usize, f: &mut [u8]) {
+        let header = FragmentHeader {
+            k: self.k,
+            m: self.m,
+            index: index as u8,
+            stripe,
+            value_len: value_len as u64,
+        }
+        .header(&f[HEADER_LEN..]);
+        f[..HEADER_LEN].copy_from_slice(&header);
     }
 
     /// The value of the newest write (highest stripe) of which at least `k` intact

@@ -94,36 +94,39 @@ impl Client {
             self.counters.ops_short += 1;
             return self.fail_now(e);
         }
-        let stripe = self.next_stripe();
-        let start = Instant::now();
-        let encoded = self.ec_code.as_ref().map(|c| c.encode(stripe, value));
-        self.counters.encode_ns += start.elapsed().as_nanos() as u64;
-        let fragments = match encoded {
-            Some(Ok(f)) => f,
-            Some(Err(e)) => return self.fail_now(Error::Protocol(e.to_string())),
-            None => return self.fail_now(Error::Protocol("no code".into())),
+        // Out of self while the fragments are issued (put back below; nothing in between
+        // reads it).
+        let Some(code) = self.ec_code.take() else {
+            return self.fail_now(Error::Protocol("no code".into()));
         };
+        let stripe = self.next_stripe();
+        let started = Instant::now();
+        let data: Vec<Bytes> = code
+            .encode_data(stripe, value)
+            .into_iter()
+            .map(Bytes::from)
+            .collect();
+        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
         self.counters.ec_writes += 1;
         self.remember_coded(&key_for_hint);
-        let per_copy: Vec<Op> = fragments
-            .into_iter()
-            .map(|f| Op::Store {
-                mode: StoreMode::Set,
-                key: key.clone(),
-                value: Bytes::from(f),
-                flags: *flags,
-                exptime: *exptime,
-                cas: 0,
-            })
-            .collect();
+        let value_len = value.len();
+        let (key, flags, exptime) = (key.clone(), *flags, *exptime);
+        let store = |value: Bytes| Op::Store {
+            mode: StoreMode::Set,
+            key: key.clone(),
+            value,
+            flags,
+            exptime,
+            cas: 0,
+        };
         let h = self.new_handle();
-        let task = Task {
+        let mut task = Task {
             delivered: false,
             abandoned: false,
             outstanding: 0,
             key: key.clone(),
             needed,
-            copies,
+            copies: copies.clone(),
             acked: 0,
             failed: 0,
             last_err: None,
@@ -131,12 +134,41 @@ impl Client {
             succeeded: false,
             kind: Kind::Fanout {
                 op,
-                per_copy,
+                per_copy: Vec::new(),
                 any: false,
                 cas: 0,
             },
         };
-        self.launch(h, task)
+        // The data fragments go out first; the parity is computed while they travel
+        // (a rendezvous transfer is pulled by the server meanwhile). Nothing is settled
+        // until every fragment is issued.
+        let was = std::mem::replace(&mut self.settling, true);
+        for (&s, f) in copies.iter().zip(data.iter()) {
+            let op = store(f.clone());
+            self.fanout_copy(h.0, &mut task, s, op);
+        }
+        let started = Instant::now();
+        let parity = code.encode_parity(stripe, value_len, &data);
+        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
+        drop(data);
+        match parity {
+            Ok(parity) => {
+                for (&s, f) in copies[code.data_shards()..].iter().zip(parity) {
+                    self.fanout_copy(h.0, &mut task, s, store(Bytes::from(f)));
+                }
+            }
+            Err(e) => {
+                // Not reachable for a valid code; the parity copies count as failed.
+                task.failed += copies.len() - code.data_shards();
+                task.last_err = Some(Error::Protocol(e.to_string()));
+            }
+        }
+        self.ec_code = Some(code);
+        self.decide(h.0, &mut task);
+        self.tasks.insert(h.0, task);
+        self.settling = was;
+        self.settle();
+        h
     }
 
     /// A read met a fragment on server `s`: ask every other server of the value at once.

@@ -286,6 +286,22 @@ impl Client {
         );
     }
 
+    /// One copy of a fan-out: sent to server `s`, or counted failed if it is down.
+    pub(crate) fn fanout_copy(&mut self, id: u64, t: &mut Task, s: usize, op: Op) {
+        if self.is_up(s) {
+            self.step(id, t, s, op);
+            return;
+        }
+        t.failed += 1;
+        t.last_err = Some(self.down(s));
+        match op {
+            // Whatever the outcome, the key is to be gone there too.
+            Op::Delete { .. } => self.distrust_copy(s, &t.key.clone()),
+            Op::Touch { .. } => {}
+            _ => self.suspect_copy(t, s),
+        }
+    }
+
     fn start(&mut self, id: u64, t: &mut Task) {
         match &t.kind {
             Kind::Read { ec: Some(_), .. } => {
@@ -300,21 +316,8 @@ impl Client {
                 let ops: Vec<Op> = (0..t.copies.len())
                     .map(|i| per_copy.get(i).unwrap_or(op).clone())
                     .collect();
-                let is_delete = matches!(op, Op::Delete { .. });
-                let is_touch = matches!(op, Op::Touch { .. });
                 for (s, op) in t.copies.clone().into_iter().zip(ops) {
-                    if self.is_up(s) {
-                        self.step(id, t, s, op);
-                    } else {
-                        t.failed += 1;
-                        t.last_err = Some(self.down(s));
-                        if is_delete {
-                            // Whatever the outcome, the key is to be gone there too.
-                            self.distrust_copy(s, &t.key.clone());
-                        } else if !is_touch {
-                            self.suspect_copy(t, s);
-                        }
-                    }
+                    self.fanout_copy(id, t, s, op);
                 }
                 self.decide(id, t);
             }
@@ -426,7 +429,7 @@ impl Client {
 
     /// Delivers a write once enough copies acknowledged, or once too many failed and the
     /// rest answered.
-    fn decide(&mut self, id: u64, t: &mut Task) {
+    pub(crate) fn decide(&mut self, id: u64, t: &mut Task) {
         if t.delivered {
             return;
         }
