@@ -634,6 +634,30 @@ mod tests {
     }
 
     #[test]
+    fn a_stall_is_polled_hot_then_with_growing_pauses_until_work_comes() {
+        let mut s = UcxStall::default();
+        for _ in 0..UCX_STALL_HOT_ROUNDS {
+            assert_eq!(s.pause(), None);
+            s.after_round(true, false);
+        }
+        let mut pauses = Vec::new();
+        for _ in 0..10 {
+            pauses.push(s.pause().unwrap().as_micros());
+            s.after_round(true, false);
+        }
+        assert_eq!(pauses, [4, 8, 16, 32, 64, 128, 200, 200, 200, 200]);
+        // Any work, or UCX arming again, ends the stall.
+        s.after_round(true, true);
+        assert_eq!(s.pause(), None);
+        for _ in 0..UCX_STALL_HOT_ROUNDS + 3 {
+            s.after_round(true, false);
+        }
+        assert!(s.pause().is_some());
+        s.after_round(false, false);
+        assert_eq!(s.pause(), None);
+    }
+
+    #[test]
     fn off_never_spins() {
         let mut p = AdaptivePoll::new(Duration::ZERO);
         let t = Instant::now();
