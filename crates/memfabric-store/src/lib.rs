@@ -37,7 +37,7 @@ pub use ops::{ArithStatus, DeleteStatus, Found, SetMode, StoreStatus};
 pub use pins::{PendingItem, PinnedItem};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
 pub use store::{
-    AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, NewItem, PrefetchHint,
+    AllocError, ArithOptions, DumpCursor, GetOptions, ItemInfo, LinkOptions, NewItem, PrefetchHint,
     ReassignStatus, Store, Txn,
 };
 

@@ -120,3 +120,113 @@ impl Store {
         v
     }
 }
+
+/// Where an `lru_crawler metadump` stands: the classes it covers and the next chunk to
+/// look at. The walk is not a snapshot (as memcached's crawler is not): an item stored
+/// or moved while it runs may be listed or not, but every item linked throughout is
+/// listed once.
+#[derive(Clone, Debug)]
+pub struct DumpCursor {
+    /// Classes to walk, ascending.
+    classes: Vec<u8>,
+    /// Position in `classes`, page position in that class, chunk in that page.
+    class: usize,
+    page: usize,
+    chunk: usize,
+}
+
+impl DumpCursor {
+    /// A walk of `classes` (every class when empty).
+    pub fn new(mut classes: Vec<u8>) -> DumpCursor {
+        if classes.is_empty() {
+            classes = (1..=crate::slab::MAX_CLASSES as u8).collect();
+        }
+        classes.sort_unstable();
+        classes.dedup();
+        DumpCursor {
+            classes,
+            class: 0,
+            page: 0,
+            chunk: 0,
+        }
+    }
+}
+
+impl Store {
+    /// Appends memcached's metadump lines (`key=<uri-encoded key> exp=<unix time or -1>
+    /// la=<last access> cas=<cas> fetch=<yes|no> cls=<class> size=<bytes>\n`) for the
+    /// live items after `cur` until `out` has grown by `budget` bytes or the walk is
+    /// over; true when it is over. A class's lock is held for one page at most.
+    pub fn metadump(&self, cur: &mut DumpCursor, out: &mut Vec<u8>, budget: usize) -> bool {
+        let start = out.len();
+        let now = self.clock.now();
+        let mut key = Vec::with_capacity(crate::KEY_MAX_LEN);
+        while let Some(&class) = cur.classes.get(cur.class) {
+            let ci = self.slabs.classes.get(class as usize).copied();
+            let page = ci.and_then(|ci| {
+                let st = self.slabs.lock(class);
+                st.pages.get(cur.page).map(|&p| (ci, p))
+            });
+            let Some((ci, page)) = page else {
+                cur.class += 1;
+                cur.page = 0;
+                cur.chunk = 0;
+                continue;
+            };
+            while cur.chunk < ci.per_page {
+                let off = self.slabs.chunk_off(&ci, page, cur.chunk);
+                cur.chunk += 1;
+                if item::state(&self.arena, off) != item::LINKED {
+                    continue;
+                }
+                let h = item::read_header(&self.arena, off);
+                if !h.seq.is_multiple_of(2) || self.dead(&h, now).is_some() {
+                    continue;
+                }
+                key.resize(h.key_len as usize, 0);
+                self.arena.read(item::key_off(off), &mut key);
+                // The key is the item's only if nothing rewrote the chunk meanwhile.
+                if item::read_header(&self.arena, off).seq != h.seq {
+                    continue;
+                }
+                // The same fields as the meta `me` command (memcached's item size).
+                let info = self.info(&h);
+                out.extend_from_slice(b"key=");
+                uri_encode(&key, out);
+                let exp = if info.exptime == 0 {
+                    -1
+                } else {
+                    i64::from(info.exptime)
+                };
+                let fetched = if info.fetched { "yes" } else { "no" };
+                let size = self.memcached_item_size(key.len(), info.value_len as usize, info.flags);
+                out.extend_from_slice(
+                    format!(
+                        " exp={exp} la={} cas={} fetch={fetched} cls={} size={size}\n",
+                        info.last_access, info.cas, info.class_id,
+                    )
+                    .as_bytes(),
+                );
+                if out.len() - start >= budget {
+                    return false;
+                }
+            }
+            cur.page += 1;
+            cur.chunk = 0;
+        }
+        true
+    }
+}
+
+/// memcached's `uriencode`: letters, digits and `-._~` as they are, every other byte as
+/// `%XX` (upper-case hex).
+fn uri_encode(key: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in key {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+}

@@ -20,6 +20,7 @@ mod txn;
 #[cfg(test)]
 mod tests;
 
+pub use admin::DumpCursor;
 pub use new_item::NewItem;
 pub(crate) use new_item::Owner;
 pub use options::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, ReassignStatus};

@@ -217,3 +217,46 @@ fn the_fast_checksum_continues_exactly_as_crc32c_does() {
         assert_eq!(fast, crc32c::crc32c(&v), "cut at {cut}");
     }
 }
+
+#[test]
+fn a_metadump_in_small_turns_lists_every_live_item_once_and_only_the_asked_classes() {
+    let s = quiet_store(16 << 20);
+    let mut want = std::collections::BTreeSet::new();
+    for k in 0..3000 {
+        // Three sizes: three classes.
+        let v = vec![b'v'; [1, 300, 3000][k % 3]];
+        let key = format!("k:{k}/x");
+        s.store(SetMode::Set, key.as_bytes(), &v, 0, 0, 0);
+        want.insert(key.replace(':', "%3A").replace('/', "%2F"));
+    }
+    s.delete(b"k:7/x", 0);
+    want.remove("k%3A7%2Fx");
+    let mut cur = crate::DumpCursor::new(Vec::new());
+    let mut out = Vec::new();
+    let mut turns = 0;
+    while !s.metadump(&mut cur, &mut out, 4096) {
+        turns += 1;
+    }
+    assert!(turns > 10, "the walk stopped at its budget");
+    let text = String::from_utf8(out).unwrap();
+    let got: Vec<&str> = text
+        .lines()
+        .map(|l| l.strip_prefix("key=").unwrap().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len(), "each live item once");
+    let got_set: std::collections::BTreeSet<String> = got.iter().map(|k| k.to_string()).collect();
+    assert_eq!(got_set, want);
+    assert!(text
+        .lines()
+        .all(|l| l.contains(" exp=-1 la=") && l.contains(" fetch=no cls=")));
+    // One class only: its items, nothing else.
+    let class = s.slabs.class_for(40 + 6 + 300).unwrap();
+    let mut cur = crate::DumpCursor::new(vec![class]);
+    let mut out = Vec::new();
+    assert!(s.metadump(&mut cur, &mut out, usize::MAX));
+    let text = String::from_utf8(out).unwrap();
+    let n = text.lines().count();
+    assert!(n > 0 && n < want.len());
+    let cls = format!(" cls={class} ");
+    assert!(text.lines().all(|l| l.contains(&cls)), "{text:.200}");
+}
