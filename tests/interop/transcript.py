@@ -420,6 +420,7 @@ _META_LINE = re.compile(rb"^(HD|VA|EN|NF|NS|EX|MN)((?: [^\r\n]*)?)(\r\n)$")
 _ME_CAS = re.compile(rb"^(ME .*cas=)(\d+)(.*\r\n)$")
 _VERSION = re.compile(rb"^VERSION .*\r\n$")
 _STAT = re.compile(rb"^STAT .*\r\n$")
+_METADUMP = re.compile(rb"^(key=\S+ exp=)(-1|\d+)( la=)(\d+)( cas=)(\d+)( fetch=.*\n)$")
 
 
 def _show(b: bytes, limit: int = 160) -> str:
@@ -444,6 +445,10 @@ def normalise_ascii(reply: bytes, cas: CasMap) -> list[str]:
         m = _VALUE_CAS.match(line)
         if m:
             line = m.group(1) + cas.token(int(m.group(2))).encode() + m.group(3)
+        elif (m := _METADUMP.match(line)) is not None:
+            exp = m.group(2) if m.group(2) == b"-1" else b"<time>"
+            line = (m.group(1) + exp + m.group(3) + b"<time>" + m.group(5)
+                    + cas.token(int(m.group(6))).encode() + m.group(7))
         elif _VERSION.match(line):
             line = b"VERSION <version>\r\n"
         elif (m := _ME_CAS.match(line)) is not None:

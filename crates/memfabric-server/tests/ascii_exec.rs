@@ -630,10 +630,13 @@ fn admin_commands_answer_as_memcached_does() {
         ("lru_crawler\r\n", "ERROR\r\n"),
         ("lru_crawler crawl 1\r\n", "OK\r\n"),
         ("lru_crawler crawl 99\r\n", "BADCLASS invalid class id\r\n"),
+        ("lru_crawler metadump all\r\n", "END\r\n"),
+        ("lru_crawler metadump 1,2\r\n", "END\r\n"),
         (
-            "lru_crawler metadump all\r\n",
-            "ERROR metadump not allowed\r\n",
+            "lru_crawler metadump 99\r\n",
+            "BADCLASS invalid class id\r\n",
         ),
+        ("lru_crawler metadump\r\n", "ERROR\r\n"),
         (
             "lru_crawler tocrawl x\r\n",
             "CLIENT_ERROR bad command line format\r\n",

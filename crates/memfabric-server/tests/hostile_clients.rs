@@ -551,3 +551,56 @@ fn clients_that_reset_mid_value_give_back_what_they_held() {
         b"VALUE after 0 4\r\nfine\r\nEND\r\n"
     );
 }
+
+#[test]
+fn metadumps_nobody_reads_cost_their_output_caps_and_a_read_one_lists_every_item() {
+    let mut d = Daemon::start(&["-m", "256"]);
+    // Long keys: the dump (~100 MB of lines) is far larger than any output cap.
+    const N: usize = 300_000;
+    let key = |i: usize| format!("{}{i:08}", "k".repeat(200));
+    let mut burst = Vec::new();
+    for i in 0..N {
+        burst.extend_from_slice(format!("set {} 0 0 1 noreply\r\nv\r\n", key(i)).as_bytes());
+    }
+    burst.extend_from_slice(b"mn\r\n");
+    pipelined(&d, burst, b"MN\r\n");
+    assert_eq!(d.stat("curr_items"), N as u64);
+    let before = d.rss();
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        let mut c = d.tcp();
+        c.write_all(b"lru_crawler metadump all\r\n").expect("write");
+        idle.push(c);
+    }
+    d.settle("bytes_written");
+    let grown = d.rss().saturating_sub(before);
+    println!("20 unread metadumps: RSS +{} MiB", grown / MIB);
+    assert!(d.alive(), "server died");
+    assert!(
+        grown < 128 * MIB,
+        "20 unread metadumps grew the server by {} MiB (a dump is ~100 MB)",
+        grown / MIB
+    );
+    // A client that reads gets every item once, then END, then what it asked after.
+    let mut c = d.tcp();
+    c.write_all(b"lru_crawler metadump all\r\nversion\r\n")
+        .expect("write");
+    let dump = read_until(&mut c, b"END\r\nVERSION 1.6.18\r\n");
+    let mut keys: Vec<&[u8]> = dump
+        .split(|&b| b == b'\n')
+        .filter_map(|l| l.strip_prefix(b"key="))
+        .map(|l| &l[..l.iter().position(|&b| b == b' ').unwrap_or(l.len())])
+        .collect();
+    assert_eq!(keys.len(), N, "every item listed");
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), N, "no item listed twice");
+    let line = dump.split(|&b| b == b'\n').next().unwrap();
+    let line = String::from_utf8_lossy(line);
+    assert!(
+        line.contains(" exp=-1 la=") && line.contains(" fetch=no cls="),
+        "memcached's line format: {line}"
+    );
+    // The unread ones, read at last, are whole too.
+    assert!(read_until(&mut idle[3], b"END\r\n").len() >= dump.len() - 32);
+}

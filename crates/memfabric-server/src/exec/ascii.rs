@@ -290,6 +290,9 @@ fn execute(
         }
         // Accepted as memcached does; the store's automove policy is fixed at start.
         Request::SlabsAutomove { noreply, .. } => answer(noreply, reply::OK, out),
+        Request::LruCrawler(LruCrawlerRequest::Metadump(classes)) => {
+            return metadump(ctx, sess, classes, len, out);
+        }
         Request::LruCrawler(c) => lru_crawler(ctx, c, out),
         Request::LruTune { noreply, .. } => answer(noreply, reply::OK, out),
         // The store's per-class eviction queue has no segments to switch: accepted as memcached
@@ -704,16 +707,63 @@ fn stats(ctx: &ExecCtx<'_>, s: StatsRequest<'_>, out: &mut Vec<u8>) {
     }
 }
 
+/// `lru_crawler metadump <all|hash|classes>`: starts the dump (`Session::dump`), which
+/// `exec::process` streams a chunk at a time as the client reads, ending with `END`.
+/// Commands after it are answered after it, in order.
+fn metadump(
+    ctx: &ExecCtx<'_>,
+    sess: &mut Session,
+    classes: &[u8],
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Step {
+    let shared = ctx.shared;
+    let refuse = if !shared.store.config().background_sweeper {
+        Some(reply::CRAWLER_DISABLED)
+    } else if !shared.settings.dump_enabled || ctx.transport == crate::shared::Transport::Udp {
+        // Over UDP memcached's crawler writes to an unconnected socket: nothing arrives.
+        Some(reply::METADUMP_DISABLED)
+    } else {
+        None
+    };
+    if let Some(line) = refuse {
+        out.extend_from_slice(line);
+        return Step::Done(len);
+    }
+    let classes = match classes {
+        // memcached walks the hash table for `hash`; the item set is the same.
+        b"all" | b"hash" => Vec::new(),
+        list => {
+            let mut ids = Vec::new();
+            for id in list.split(|&b| b == b',').filter(|s| !s.is_empty()) {
+                match ascii::parse_u32(id) {
+                    Some(n @ 1..=MAX_SLAB_CLASS) => ids.push(n as u8),
+                    _ => {
+                        out.extend_from_slice(reply::CRAWLER_BADCLASS);
+                        return Step::Done(len);
+                    }
+                }
+            }
+            if ids.is_empty() {
+                out.extend_from_slice(b"NOTSTARTED no items to crawl\r\n");
+                return Step::Done(len);
+            }
+            ids
+        }
+    };
+    sess.dump = Some(memfabric_store::DumpCursor::new(classes));
+    // The dump runs from `exec::process` before anything after it.
+    Step::Yield(len)
+}
+
 fn lru_crawler(ctx: &ExecCtx<'_>, c: LruCrawlerRequest<'_>, out: &mut Vec<u8>) {
     // Our background sweeper plays the part of memcached's LRU crawler.
     let running = ctx.shared.store.config().background_sweeper;
     let line = match c {
-        LruCrawlerRequest::Crawl(_) | LruCrawlerRequest::Metadump(_) if !running => {
-            reply::CRAWLER_DISABLED
-        }
+        LruCrawlerRequest::Crawl(_) if !running => reply::CRAWLER_DISABLED,
         // The sweeper already reclaims expired items of every class continuously.
         LruCrawlerRequest::Crawl(classes) => crawl_reply(classes),
-        LruCrawlerRequest::Metadump(_) => reply::METADUMP_DISABLED,
+        LruCrawlerRequest::Metadump(_) => unreachable!("handled by metadump"),
         // Accepted as memcached does; the sweeper paces itself.
         LruCrawlerRequest::Tocrawl(_) | LruCrawlerRequest::Sleep(_) => reply::OK,
         // The sweeper's lifetime is the store's: it cannot be started or stopped here.

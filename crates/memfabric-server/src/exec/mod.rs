@@ -42,7 +42,13 @@ pub struct Session {
     /// Commands whose reply is not ready, in the order their holes stand in the reply
     /// queue, with what completes each.
     pub parked: Vec<(Ticket, Resume)>,
+    /// An `lru_crawler metadump` being streamed: nothing after it runs until it ends.
+    pub dump: Option<memfabric_store::DumpCursor>,
 }
+
+/// Metadump bytes produced per turn: the output cap, checked before each turn, bounds
+/// what a client that does not read can make us hold.
+const DUMP_TURN: usize = 64 << 10;
 
 /// Pending commands one connection may have before it stops running requests (until one
 /// completes): bounds the work a client can leave waiting.
@@ -74,10 +80,10 @@ impl Session {
         self.receiving.is_some() || self.ascii.in_request()
     }
 
-    /// A value being received into item memory has fully arrived (`process` stores it,
-    /// even with no further input).
+    /// A value being received into item memory has fully arrived, or a metadump has more
+    /// to send (`process` goes on with either, even with no further input).
     pub fn received(&self) -> bool {
-        self.receiving.as_ref().is_some_and(Receiving::complete)
+        self.receiving.as_ref().is_some_and(Receiving::complete) || self.dump.is_some()
     }
 
     /// Values being received into item memory (0 or 1).
@@ -257,6 +263,19 @@ pub fn process(
                 finish_receiving(ctx, r, out);
             }
             handled += 1;
+        }
+        if let Some(cursor) = sess.dump.as_mut() {
+            if output_full(ctx.shared, out) {
+                progress.yielded = true;
+                break;
+            }
+            if !ctx.shared.store.metadump(cursor, out.bytes(), DUMP_TURN) {
+                // More next turn, once the client has read this much.
+                progress.yielded = true;
+                break;
+            }
+            out.bytes().extend_from_slice(b"END\r\n");
+            sess.dump = None;
         }
         if progress.consumed >= input.len() {
             break;
