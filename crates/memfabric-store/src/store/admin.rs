@@ -123,8 +123,9 @@ impl Store {
 
 /// Where an `lru_crawler metadump` stands: the classes it covers and the next chunk to
 /// look at. The walk is not a snapshot (as memcached's crawler is not): an item stored
-/// or moved while it runs may be listed or not, but every item linked throughout is
-/// listed once.
+/// while it runs may be listed or not, and while slab pages move between classes
+/// (`slabs reassign`, automove) an item may be missed or listed twice; otherwise every
+/// item linked throughout is listed once.
 #[derive(Clone, Debug)]
 pub struct DumpCursor {
     /// Classes to walk, ascending.
@@ -134,6 +135,10 @@ pub struct DumpCursor {
     page: usize,
     chunk: usize,
 }
+
+/// Chunks one metadump turn looks at, live or not: a turn over a mostly empty store ends
+/// within a bounded time too (the worker has other connections).
+const DUMP_CHUNKS_PER_TURN: usize = 1 << 16;
 
 impl DumpCursor {
     /// A walk of `classes` (every class when empty).
@@ -155,10 +160,12 @@ impl DumpCursor {
 impl Store {
     /// Appends memcached's metadump lines (`key=<uri-encoded key> exp=<unix time or -1>
     /// la=<last access> cas=<cas> fetch=<yes|no> cls=<class> size=<bytes>\n`) for the
-    /// live items after `cur` until `out` has grown by `budget` bytes or the walk is
-    /// over; true when it is over. A class's lock is held for one page at most.
+    /// live items after `cur` until `out` has grown by `budget` bytes, `DUMP_CHUNKS_PER_TURN`
+    /// chunks were looked at, or the walk is over; true when it is over. Items are read
+    /// lock-free (a class's lock only to find its next page).
     pub fn metadump(&self, cur: &mut DumpCursor, out: &mut Vec<u8>, budget: usize) -> bool {
         let start = out.len();
+        let mut visited = 0;
         let now = self.clock.now();
         let mut key = Vec::with_capacity(crate::KEY_MAX_LEN);
         while let Some(&class) = cur.classes.get(cur.class) {
@@ -174,6 +181,10 @@ impl Store {
                 continue;
             };
             while cur.chunk < ci.per_page {
+                if visited == DUMP_CHUNKS_PER_TURN {
+                    return false;
+                }
+                visited += 1;
                 let off = self.slabs.chunk_off(&ci, page, cur.chunk);
                 cur.chunk += 1;
                 if item::state(&self.arena, off) != item::LINKED {
