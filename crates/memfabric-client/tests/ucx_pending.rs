@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Kind, Server};
-use memfabric_client::{Client, Config, GetMode, Reply};
+use memfabric_client::{Client, Config, GetMode, Op, Reply, StoreMode, StoreStatus};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -72,4 +72,61 @@ fn a_held_ucx_get_completes_after_later_ones_by_its_own_id() {
     assert_eq!(value(c.wait(slow, TIMEOUT).expect("slow")), b"SS");
     let stats = admin(&mut tcp, "version");
     assert!(stats.starts_with("VERSION"), "{stats}");
+}
+
+/// A value that comes by rendezvous is stored when its bytes arrive, after requests sent
+/// behind it have arrived: those that touch its key wait for it, so one session's requests
+/// on a key take effect in the order it sent them (a quorum write's last copies are still
+/// travelling when the same client deletes the key). Requests on other keys do not wait.
+#[test]
+fn requests_behind_a_rendezvous_set_of_their_key_run_after_it() {
+    let server = Server::start(Kind::MemfabricdUcx, &["-t", "1"]);
+    let config = Config {
+        get_mode: GetMode::TwoSided,
+        ..Config::default()
+    };
+    let mut c = Client::new(server.url().as_str(), config).expect("client");
+    let big = Bytes::from(vec![7u8; 512 * 1024]);
+    c.set(b"other", b"o", 0, 0).expect("set other");
+    for round in 0..100u32 {
+        let key = format!("k{}", round % 4);
+        let key = key.as_bytes();
+        // set, delete: gone.
+        let set = c.iset(key, big.clone(), round, 0);
+        let other = c.iget(b"other");
+        let del = c.submit(Op::Delete { key: key.to_vec() });
+        assert!(matches!(
+            c.wait(set, TIMEOUT),
+            Ok(Reply::Stored(StoreStatus::Stored { .. }))
+        ));
+        assert_eq!(value(c.wait(other, TIMEOUT).expect("other")), b"o");
+        assert!(
+            matches!(c.wait(del, TIMEOUT), Ok(Reply::Deleted(true))),
+            "round {round}: the delete ran before the set it followed"
+        );
+        assert!(c.get(key).expect("get").is_none(), "round {round}");
+        // set, get, append: the get sees the new value, the append extends it.
+        let set = c.iset(key, big.clone(), round, 0);
+        let get = c.iget(key);
+        let append = c.submit(Op::Store {
+            mode: StoreMode::Append,
+            key: key.to_vec(),
+            value: Bytes::from_static(b"!"),
+            flags: 0,
+            exptime: 0,
+            cas: 0,
+        });
+        assert!(matches!(
+            c.wait(set, TIMEOUT),
+            Ok(Reply::Stored(StoreStatus::Stored { .. }))
+        ));
+        let got = value(c.wait(get, TIMEOUT).expect("get"));
+        assert!(got.len() == big.len(), "round {round}: {} bytes", got.len());
+        assert!(matches!(
+            c.wait(append, TIMEOUT),
+            Ok(Reply::Stored(StoreStatus::Stored { .. }))
+        ));
+        let v = c.get(key).expect("get").expect("hit");
+        assert_eq!((v.data.len(), v.flags), (big.len() + 1, round));
+    }
 }

@@ -39,7 +39,7 @@ mod replies;
 mod requests;
 mod session;
 
-use requests::{must_wait, waiting_shape, waiting_size};
+use requests::{behind_a_receive, must_wait, waiting_shape, waiting_size};
 use session::session_ep;
 
 /// mio tokens of UCX bootstrap/lifeline connections start here (far above TCP conns).
@@ -73,9 +73,13 @@ struct Client {
     accepted: Instant,
     /// Rendezvous bytes in flight to and from this session.
     inflight: u64,
-    /// Requests waiting for `inflight` to fall (in arrival order), and their size.
+    /// Requests waiting for `inflight` to fall, or for a value of their key still
+    /// arriving (in arrival order), and their size.
     waiting: VecDeque<mf::AmMessage>,
     waiting_bytes: u64,
+    /// Keys of the values this session is sending by rendezvous (received, then stored,
+    /// after requests sent behind them have arrived), and how many of each.
+    receiving_keys: HashMap<Box<[u8]>, u32>,
 }
 
 /// A rendezvous send in flight (a large GET value, pinned, or a large stats text).
@@ -359,6 +363,7 @@ impl FabricWorker {
                         fs.receiving_bytes.fetch_sub(r.bytes, Ordering::Relaxed);
                     }
                     let (session, bytes) = (r.session, r.bytes);
+                    self.receive_ended(session, &r.key);
                     self.received(stats, r, result, buf);
                     self.transfer_done(registry, stats, session, bytes);
                 }

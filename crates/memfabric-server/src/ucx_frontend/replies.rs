@@ -206,7 +206,7 @@ impl FabricWorker {
                 break;
             };
             let (op, rndv) = waiting_shape(front);
-            if must_wait(c.inflight, cap, op, rndv) {
+            if must_wait(c.inflight, cap, op, rndv) || behind_a_receive(c, front) {
                 break;
             }
             let Some(msg) = c.waiting.pop_front() else {

@@ -64,7 +64,9 @@ impl FabricWorker {
                 .and_then(|t| self.clients.get(t))
                 .is_some_and(|c| {
                     let (op, rndv) = waiting_shape(&msg);
-                    !c.waiting.is_empty() || must_wait(c.inflight, cap, op, rndv)
+                    !c.waiting.is_empty()
+                        || must_wait(c.inflight, cap, op, rndv)
+                        || behind_a_receive(c, &msg)
                 });
             if wait {
                 self.defer(registry, ids.session, msg);
@@ -284,12 +286,30 @@ impl FabricWorker {
                     .and_then(|t| self.clients.get_mut(t))
                 {
                     c.inflight += len as u64;
+                    *c.receiving_keys.entry(req.key.into()).or_insert(0) += 1;
                 }
                 self.receiving.insert(token, r);
                 self.arm_timer();
             }
             Ok(mf::Posted::Done(buf)) => self.received(ctx.stats, r, Ok(()), buf),
             Err(e) => self.received(ctx.stats, r, Err(e), None),
+        }
+    }
+
+    /// A rendezvous receive of `session` for `key` is over: requests behind it may run.
+    pub(super) fn receive_ended(&mut self, session: u32, key: &[u8]) {
+        let Some(c) = self
+            .by_session
+            .get(&session)
+            .and_then(|t| self.clients.get_mut(t))
+        else {
+            return;
+        };
+        if let Some(n) = c.receiving_keys.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                c.receiving_keys.remove(key);
+            }
         }
     }
 
@@ -538,6 +558,24 @@ pub(super) fn waiting_size(msg: &mf::AmMessage) -> u64 {
         mf::AmData::None | mf::AmData::Rndv(_) => 0,
     };
     (msg.header.len() + data + 64) as u64
+}
+/// Whether a request must wait for a value its session sent before it to arrive: one on
+/// the same key (a delete behind a set must not run first), or a `flush_all` behind any.
+/// memcached runs a connection's requests in order; a rendezvous value is stored only
+/// when its last byte has come, after the requests sent behind it have arrived.
+pub(super) fn behind_a_receive(c: &Client, msg: &mf::AmMessage) -> bool {
+    if c.receiving_keys.is_empty() {
+        return false;
+    }
+    match fp::decode_request(&msg.header) {
+        Ok(req) => match req.opcode {
+            Opcode::FlushAll => true,
+            Opcode::Stats | Opcode::Version | Opcode::Noop => false,
+            _ => c.receiving_keys.contains_key(req.key),
+        },
+        // Answered as malformed, in its turn.
+        Err(_) => false,
+    }
 }
 /// Whether a request must wait for the session's rendezvous bytes in flight to fall: a
 /// GET while they are at the cap (its reply may be large), a value by rendezvous that

@@ -29,6 +29,7 @@ impl FabricWorker {
                 inflight: 0,
                 waiting: VecDeque::new(),
                 waiting_bytes: 0,
+                receiving_keys: HashMap::new(),
             },
         );
         self.arm_timer();
