@@ -6,7 +6,8 @@
 //! frames of memfabric's own protocol (docs/fabric-protocol.md); `onesided` decodes and
 //! checks what a client reads from the server's memory with RMA (docs/one-sided.md).
 //! `meta_client` is the client's side of the meta protocol (its requests and the decoding
-//! of their replies). `number` is the one decimal parser (memcached's `safe_strto*`) both
+//! of their replies); `metadump` the lines of `lru_crawler metadump` as a client reads them.
+//! `number` is the one decimal parser (memcached's `safe_strto*`) both
 //! text protocols use. Limits every protocol shares are defined here, once.
 
 pub mod ascii;
@@ -15,6 +16,7 @@ pub mod ec_fragment;
 pub mod key_hint;
 pub mod meta;
 pub mod meta_client;
+pub mod metadump;
 pub mod number;
 pub mod onesided;
 pub mod ucx_wire;
