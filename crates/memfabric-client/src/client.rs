@@ -12,6 +12,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 
@@ -84,6 +85,13 @@ pub struct Config {
     /// fetch from k+1 of their servers at once; other keys are read primary first, and
     /// from all their servers once the primary answers with a fragment. 0 = none.
     pub ec_known_keys: usize,
+    /// Refill a server that restarted empty from the others, in a background thread,
+    /// when a replicated or coded pool sees the restart (default on). See
+    /// [`Client::repair`].
+    pub background_repair: bool,
+    /// Bytes per second a repair may read and write together (default 32 MiB/s; 0 =
+    /// unbounded).
+    pub repair_bandwidth: u64,
 }
 
 impl Default for Config {
@@ -106,6 +114,8 @@ impl Default for Config {
             ec: None,
             ec_threshold: 16 * 1024,
             ec_known_keys: 65536,
+            background_repair: true,
+            repair_bandwidth: 32 << 20,
         }
     }
 }
@@ -213,6 +223,9 @@ pub struct Client {
     pub(crate) last_stripe: u64,
     /// Keys known to hold a coded value (`ec_known_keys`).
     pub(crate) coded: std::collections::HashSet<Vec<u8>>,
+    /// Repairs of restarted servers (running, or asked to stop and not yet ended).
+    pub(crate) repairs: Vec<RepairJob>,
+    pub(crate) repair_tally: std::sync::Arc<RepairTally>,
 }
 
 /// `STAT` name/value pairs of one server.
@@ -283,6 +296,8 @@ impl Client {
             ec_code,
             last_stripe: 0,
             coded: std::collections::HashSet::new(),
+            repairs: Vec::new(),
+            repair_tally: std::sync::Arc::default(),
         }
     }
 

@@ -25,11 +25,15 @@
 //!   is flushed instead. Deleting rather than rewriting makes the copy miss, and a miss
 //!   is read past and repaired; it is never stale.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::client::{Client, Done, Handle};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::refill;
+use crate::repair::{RepairCounters, RepairJob};
 pub use crate::tasks::{Acks, PoolCounters, WritePolicy};
 use crate::tasks::{Background, Child, Kind, Role, Task};
 use crate::transport::ConnId;
@@ -151,7 +155,70 @@ impl Client {
         let old = self.servers[s].instance.replace(id.clone());
         if old.is_some_and(|o| o != id) {
             self.counters.restarts_detected += 1;
+            if self.config.background_repair {
+                let _ = self.repair(s, false);
+            }
         }
+    }
+
+    /// Refills server `index` from the pool's other servers in a background thread, as
+    /// the pool does by itself when it sees a server restarted empty (memfabricd's
+    /// `instance_id` changed; memcached has none, so with memcached servers call this
+    /// after restarting one). The thread walks the other servers' key lists (`lru_crawler
+    /// metadump`) and writes back, with `add`, every value or fragment `index` should
+    /// hold, at most `repair_bandwidth` bytes per second; a repair of the same server
+    /// still running is stopped first. Of several clients that repair the same server,
+    /// one does (a claim key on the server); `force` takes the claim even when another
+    /// client holds it or finished a repair in the last ten minutes. Progress: [`Client::repair_counters`],
+    /// [`Client::repairs_running`]. Dropping the client stops its repairs.
+    pub fn repair(&mut self, index: usize, force: bool) -> Result<(), Error> {
+        if !self.resilient() {
+            return Err(Error::Config(
+                "repair needs a replicated (replicas > 0) or erasure-coded pool".into(),
+            ));
+        }
+        if index >= self.servers.len() {
+            return Err(Error::Config(format!(
+                "no server {index} (the pool has {})",
+                self.servers.len()
+            )));
+        }
+        // Ended repairs go (their threads are done); one of the same server is stopped.
+        self.repairs.retain(RepairJob::running);
+        for j in self.repairs.iter().filter(|j| j.target == index) {
+            j.ask_to_stop();
+        }
+        let plan = refill::Plan {
+            servers: self.servers.iter().map(|s| s.addr.clone()).collect(),
+            ring: self.ring.clone(),
+            target: index,
+            force,
+            plain_copies: self.plain_copies(),
+            ec: self.config.ec,
+            bandwidth: self.config.repair_bandwidth,
+            timeout: self.config.timeout,
+            connect_timeout: self.config.connect_timeout,
+        };
+        let job = refill::spawn(plan, Arc::clone(&self.repair_tally))
+            .map_err(|e| Error::Config(format!("cannot start a repair thread: {e}")))?;
+        self.repairs.push(job);
+        Ok(())
+    }
+
+    /// Repairs still running.
+    pub fn repairs_running(&mut self) -> usize {
+        self.repairs.retain(RepairJob::running);
+        self.repairs.len()
+    }
+
+    /// What the pool's repairs have done so far.
+    pub fn repair_counters(&self) -> RepairCounters {
+        self.repair_tally.snapshot()
+    }
+
+    /// Why the last server whose key list a repair could not read could not be read.
+    pub fn repair_problem(&self) -> Option<String> {
+        self.repair_tally.last_problem()
     }
 
     /// Copy `s` of `key` failed a write and may hold an older value: delete it now if the

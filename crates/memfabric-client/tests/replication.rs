@@ -463,3 +463,177 @@ fn erasure_coded_values_survive_m_servers_down_and_torn_writes_are_never_mixed()
         erasure_coded(kind);
     }
 }
+
+/// Each server's TCP (text protocol) port, whatever the kind: `lru_crawler metadump all`
+/// there gives every key's expiry time (unix time, -1 = none).
+fn expiry_times(server: &Server) -> std::collections::HashMap<Vec<u8>, i64> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"lru_crawler metadump all\r\n").unwrap();
+    let mut out = std::collections::HashMap::new();
+    for line in BufReader::new(s).split(b'\n') {
+        let line = line.unwrap();
+        if line.starts_with(b"END") {
+            return out;
+        }
+        match memfabric_proto::metadump::parse_line(&line) {
+            Ok(memfabric_proto::metadump::DumpLine::Entry(e)) => {
+                out.insert(e.key, e.exp.map_or(-1, |t| t as i64));
+            }
+            other => panic!("{other:?}: {}", String::from_utf8_lossy(&line)),
+        }
+    }
+    panic!("the dump did not end");
+}
+
+/// One direct client per server (its own pool of one).
+fn direct(servers: &[Server]) -> Vec<Client> {
+    servers
+        .iter()
+        .map(|s| Client::new(s.url().as_str(), Config::default()).unwrap())
+        .collect()
+}
+
+/// A server that restarted empty is refilled from the others in the background: every
+/// value and every erasure-coded fragment it held comes back byte for byte, with its
+/// expiry time, and without a client reading anything. memfabricd's new instance id
+/// starts the repair; memcached has none, so there the test asks for it.
+fn a_restarted_server_is_refilled_in_the_background(kind: Kind) {
+    let mut servers = start(kind, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        repair_bandwidth: 4 << 20,
+        ..replicated(2, WritePolicy::All)
+    };
+    let mut c = pool(&servers, config.clone());
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    for i in 0..400u32 {
+        // Keys a dump must encode: spaces are not possible in the text protocol, but
+        // '%', '/', ':' and bytes above 0x7f are.
+        let key = format!("rf:{i}/%é:{}", i % 7).into_bytes();
+        let ttl = if i % 3 == 0 { 3600 } else { 0 };
+        let len = if i % 10 == 0 {
+            20_000 + 97 * i as usize
+        } else {
+            1 + i as usize
+        };
+        let value: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+        c.set(&key, &value, i, ttl).unwrap();
+        keys.push(key);
+    }
+    let victim = 3;
+    let mut one = direct(&servers);
+    let before: Vec<(Vec<u8>, memfabric_client::Value)> = keys
+        .iter()
+        .filter_map(|k| one[victim].get(k).unwrap().map(|v| (k.clone(), v)))
+        .collect();
+    let coded = before
+        .iter()
+        .filter(|(_, v)| v.data.starts_with(b"MFEC"))
+        .count();
+    assert!(
+        before.len() > 100 && coded > 5,
+        "{} held, {coded} coded",
+        before.len()
+    );
+    let expiry_before = expiry_times(&servers[victim]);
+    drop(one);
+
+    // A second client of the same pool, which knows the server's run too: one of the
+    // two repairs it, the other leaves it to that one.
+    let mut c2 = pool(&servers, config);
+    let probe = key_on(&c, victim, "probe");
+    c2.set(&probe, b"p", 0, 0).unwrap();
+    servers[victim].kill();
+    servers[victim].restart();
+    assert_eq!(expiry_times(&servers[victim]).len(), 0, "restarted empty");
+    // The pools notice the restart when they next talk to the server.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    if kind == Kind::Memcached {
+        sleep(Duration::from_millis(400));
+        c.repair(victim, false).unwrap();
+        c2.repair(victim, false).unwrap();
+    } else {
+        for c in [&mut c, &mut c2] {
+            while c.pool_counters().restarts_detected == 0 {
+                assert!(std::time::Instant::now() < deadline, "restart never seen");
+                let _ = c.set(&probe, b"p", 0, 0);
+                sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    while c.repairs_running() + c2.repairs_running() > 0 {
+        assert!(std::time::Instant::now() < deadline + Duration::from_secs(40));
+        sleep(Duration::from_millis(50));
+    }
+    let (a, b) = (c.repair_counters(), c2.repair_counters());
+    let counted = if a.repairs_finished > 0 { &a } else { &b };
+    assert_eq!(
+        (a.repairs_started, b.repairs_started),
+        (1, 1),
+        "{kind:?}: {a:?} {b:?}"
+    );
+    assert_eq!(
+        (
+            a.repairs_finished + b.repairs_finished,
+            a.repairs_left_to_others + b.repairs_left_to_others,
+            a.repair_sources_failed + b.repair_sources_failed
+        ),
+        (1, 1, 0),
+        "{kind:?}: {a:?} {b:?} {:?} {:?}",
+        c.repair_problem(),
+        c2.repair_problem()
+    );
+    let mut one = direct(&servers);
+    for (key, value) in &before {
+        let now = one[victim].get(key).unwrap();
+        let now = now
+            .unwrap_or_else(|| panic!("{kind:?}: {:?} not refilled", String::from_utf8_lossy(key)));
+        assert!(
+            now.data == value.data,
+            "{kind:?}: {:?} differs",
+            String::from_utf8_lossy(key)
+        );
+        assert_eq!(now.flags, value.flags);
+    }
+    // What it held, and nothing it should not hold (the probe may have been refilled
+    // too: a write that failed on the restarting server still landed on the others).
+    assert!(
+        counted.repair_copies_written >= before.len() as u64,
+        "{counted:?}"
+    );
+    let expiry_after = expiry_times(&servers[victim]);
+    for key in expiry_after.keys() {
+        assert!(
+            key == &probe
+                || key == b"memfabric.repair.claim"
+                || before.iter().any(|(k, _)| k == key),
+            "{kind:?}: {:?} refilled on a server that is not its copy",
+            String::from_utf8_lossy(key)
+        );
+    }
+    for (key, _) in &before {
+        let (was, is) = (expiry_before[key], expiry_after[key]);
+        assert!(
+            was == is || (was > 0 && (was - is).abs() <= 2),
+            "{was} {is}"
+        );
+    }
+    assert!(expiry_after.values().filter(|&&e| e > 0).count() > 30);
+}
+
+#[test]
+fn a_restarted_server_is_refilled_in_the_background_memfabricd() {
+    a_restarted_server_is_refilled_in_the_background(Kind::Memfabricd);
+}
+
+#[test]
+fn a_restarted_server_is_refilled_in_the_background_memfabricd_ucx() {
+    a_restarted_server_is_refilled_in_the_background(Kind::MemfabricdUcx);
+}
+
+#[test]
+fn a_restarted_server_is_refilled_in_the_background_memcached() {
+    a_restarted_server_is_refilled_in_the_background(Kind::Memcached);
+}

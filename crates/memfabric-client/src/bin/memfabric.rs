@@ -52,6 +52,9 @@ struct Cli {
     /// The smallest value that is erasure coded, in bytes.
     #[arg(long, default_value_t = 16 * 1024)]
     ec_threshold: usize,
+    /// Bytes per second a repair may read and write together (0 = unbounded).
+    #[arg(long, default_value_t = 32 << 20)]
+    repair_bandwidth: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -93,6 +96,18 @@ enum Cmd {
         #[arg(required = true)]
         keys: Vec<String>,
     },
+    /// Refill SERVER (as written in --servers) from the pool's other servers after it
+    /// restarted empty: what a replicated or coded pool does by itself in the background
+    /// when it sees a restart (docs/resilience.md). Prints progress to standard error;
+    /// exit 0 when done, 1 when another client is repairing it (or just did), 2 when the
+    /// repair failed.
+    Repair {
+        server: String,
+        /// Repair even if another client holds the claim or finished a repair of this
+        /// run of the server in the last ten minutes.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -112,6 +127,7 @@ fn main() -> ExitCode {
         randomize_reads: cli.randomize_reads,
         ec: cli.ec,
         ec_threshold: cli.ec_threshold,
+        repair_bandwidth: cli.repair_bandwidth,
         ..Config::default()
     };
     let counters = cli.counters;
@@ -132,6 +148,9 @@ fn main() -> ExitCode {
         }
         if client.config().replicas > 0 || client.config().ec.is_some() {
             for (name, value) in client.pool_counters().pairs() {
+                eprintln!("{name} {value}");
+            }
+            for (name, value) in client.repair_counters().pairs() {
                 eprintln!("{name} {value}");
             }
         }
@@ -229,5 +248,61 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
             }
             Ok(0)
         }
+        Cmd::Repair { server, force } => repair(client, &server, force),
     }
+}
+
+/// `repair SERVER`: runs the pool's repair of SERVER in the foreground, a progress line
+/// a second.
+fn repair(
+    client: &mut Client,
+    server: &str,
+    force: bool,
+) -> Result<u8, Box<dyn std::error::Error>> {
+    let wanted = memfabric_client::ServerAddr::parse(server)?;
+    let index = client
+        .servers()
+        .iter()
+        .position(|a| a.host_port() == wanted.host_port())
+        .ok_or_else(|| format!("{server} is not one of --servers"))?;
+    client.repair(index, force)?;
+    let started = std::time::Instant::now();
+    let mut last = started;
+    while client.repairs_running() > 0 {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = std::time::Instant::now();
+            let c = client.repair_counters();
+            eprintln!(
+                "repair {server}: {} keys, {} written, {} MiB, {:.0} s",
+                c.repair_keys_scanned,
+                c.repair_copies_written,
+                c.repair_bytes >> 20,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let c = client.repair_counters();
+    if let Some(p) = client.repair_problem() {
+        eprintln!("memfabric: {p}");
+    }
+    eprintln!(
+        "repair {server}: {} keys, {} written, {} already there, {} skipped, {} undone, \
+         {} bytes in {:.1} s",
+        c.repair_keys_scanned,
+        c.repair_copies_written,
+        c.repair_already_present,
+        c.repair_skipped,
+        c.repair_undone,
+        c.repair_bytes,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if c.repairs_finished > 0 {
+        0
+    } else if c.repairs_left_to_others > 0 {
+        eprintln!("repair {server}: another client holds the repair claim (or finished one)");
+        1
+    } else {
+        2
+    })
 }

@@ -1,0 +1,526 @@
+//! Refilling a server that restarted empty from the other servers of the pool, in a
+//! thread of its own, bounded in bandwidth (docs/resilience.md, "Restarted servers").
+//!
+//! Servers do not talk to each other, so the client walks their key lists: it reads each
+//! other server's `lru_crawler metadump` (memfabricd and memcached write the same lines),
+//! and for every key whose copies include the empty server — taken from the first live
+//! other copy only, so a key is handled once — it reads the value there and writes it
+//! back with `add` (a value a client wrote meanwhile is never replaced) and the expiry
+//! time the dump gave. An erasure-coded key's missing fragment is rebuilt from `k`
+//! fragments of the newest write that has them, exactly as the write made it. A value
+//! that changed at its source while it was being copied is deleted again: a missing copy
+//! is read past and repaired, a stale one would be served.
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use memfabric_proto::ec_fragment::FragmentHeader;
+use memfabric_proto::metadump::{parse_line, DumpEntry, DumpLine, LINE_MAX};
+
+use crate::addr::{Scheme, ServerAddr};
+use crate::client::{Client, Config};
+use crate::ec::{Code, EcGeometry};
+use crate::ketama::Continuum;
+use crate::op::{Reply, Value};
+use crate::repair::{RepairJob, RepairTally};
+use crate::transport::GetMode;
+
+/// What a repair needs to know about its pool.
+pub(crate) struct Plan {
+    pub(crate) servers: Vec<ServerAddr>,
+    pub(crate) ring: Continuum,
+    /// The server to refill.
+    pub(crate) target: usize,
+    /// Take the claim on the target even if another client holds it.
+    pub(crate) force: bool,
+    /// Copies of a value that is not coded.
+    pub(crate) plain_copies: usize,
+    pub(crate) ec: Option<EcGeometry>,
+    /// Bytes per second read and written together; 0 = unbounded.
+    pub(crate) bandwidth: u64,
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// The key a repair claims on the server it refills (with `add`, so that of many clients
+/// that see the same restart one repairs), keeps while it runs, and leaves behind as
+/// "done" for a while once finished. Never copied between servers. Reserved: a pool's
+/// own data must not use it.
+pub const CLAIM_KEY: &[u8] = b"memfabric.repair.claim";
+/// How long a claim lasts unless renewed (a client that died mid-repair gives way to
+/// another after this), how often it is renewed, and how long a finished repair's mark
+/// stays.
+const CLAIM_TTL: u32 = 30;
+const CLAIM_RENEW: Duration = Duration::from_secs(10);
+const DONE_TTL: u32 = 600;
+
+/// How often a `BUSY` server (another dump or crawl running) is asked again, and how
+/// long apart.
+const BUSY_RETRIES: u32 = 30;
+const BUSY_PAUSE: Duration = Duration::from_secs(1);
+
+/// Starts refilling `plan.target` in a thread; counted in `tally`.
+pub(crate) fn spawn(plan: Plan, tally: Arc<RepairTally>) -> std::io::Result<RepairJob> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let target = plan.target;
+    let flag = Arc::clone(&stop);
+    RepairTally::add(&tally.started, 1);
+    let counts = Arc::clone(&tally);
+    let thread = std::thread::Builder::new()
+        .name(format!("memfabric-repair-{target}"))
+        .spawn(move || {
+            let ended = Refill::new(plan, flag, &counts).run_claimed();
+            match ended {
+                Ok(true) => RepairTally::add(&counts.finished, 1),
+                Ok(false) => RepairTally::add(&counts.left_to_others, 1),
+                Err(_) => RepairTally::add(&counts.abandoned, 1),
+            }
+        });
+    match thread {
+        Ok(t) => Ok(RepairJob {
+            target,
+            stop,
+            thread: Some(t),
+        }),
+        Err(e) => {
+            RepairTally::add(&tally.abandoned, 1);
+            Err(e)
+        }
+    }
+}
+
+/// Why a repair, or its walk of one server, ended early.
+#[derive(Debug)]
+enum Halt {
+    /// Asked to stop.
+    Stopped,
+    /// The server being refilled does not answer.
+    TargetFailed,
+    /// This source's key list could not be read (the others are still walked).
+    Source(String),
+}
+
+struct Refill<'a> {
+    plan: Plan,
+    stop: Arc<AtomicBool>,
+    tally: &'a RepairTally,
+    /// A one-server client per server of the pool (none where it could not be made).
+    direct: Vec<Option<Client>>,
+    /// Other servers that answered when the repair started: the sources.
+    alive: Vec<bool>,
+    code: Option<Code>,
+    budget: Budget,
+    /// When the claim on the target was last renewed.
+    claimed: Instant,
+}
+
+impl<'a> Refill<'a> {
+    fn new(plan: Plan, stop: Arc<AtomicBool>, tally: &'a RepairTally) -> Self {
+        let config = Config {
+            timeout: plan.timeout,
+            connect_timeout: plan.connect_timeout,
+            retry_timeout: plan.timeout,
+            get_mode: GetMode::TwoSided,
+            access_hints: false,
+            background_repair: false,
+            ..Config::default()
+        };
+        let direct = plan
+            .servers
+            .iter()
+            .map(|a| Client::new(vec![a.clone()], config.clone()).ok())
+            .collect();
+        let code = plan.ec.and_then(|g| Code::new(g.k, g.m).ok());
+        let budget = Budget::new(plan.bandwidth);
+        let alive = vec![false; plan.servers.len()];
+        Refill {
+            plan,
+            stop,
+            tally,
+            direct,
+            alive,
+            code,
+            budget,
+            claimed: Instant::now(),
+        }
+    }
+
+    /// Claims the target, refills it, and marks it done (or lets the claim go when the
+    /// repair ends early). `Ok(false)`: another client holds the claim or finished a
+    /// repair of this run of the server.
+    fn run_claimed(&mut self) -> Result<bool, Halt> {
+        let target = self.plan.target;
+        let Some(t) = self.direct[target].as_mut() else {
+            return Err(Halt::TargetFailed);
+        };
+        let claim = if self.plan.force {
+            t.set(CLAIM_KEY, b"running", 0, CLAIM_TTL).map(|()| true)
+        } else {
+            t.add(CLAIM_KEY, b"running", 0, CLAIM_TTL)
+        };
+        match claim {
+            Ok(true) => self.claimed = Instant::now(),
+            Ok(false) => return Ok(false),
+            Err(_) => return Err(Halt::TargetFailed),
+        }
+        let ended = self.run();
+        if let Some(t) = self.direct[target].as_mut() {
+            let _ = match ended {
+                Ok(()) => t.set(CLAIM_KEY, b"done", 0, DONE_TTL),
+                Err(_) => t.delete(CLAIM_KEY).map(drop),
+            };
+        }
+        ended.map(|()| true)
+    }
+
+    /// Keeps the claim while the walk goes on.
+    fn renew_claim(&mut self) {
+        if self.claimed.elapsed() < CLAIM_RENEW {
+            return;
+        }
+        self.claimed = Instant::now();
+        if let Some(t) = self.direct[self.plan.target].as_mut() {
+            let _ = t.touch(CLAIM_KEY, CLAIM_TTL);
+        }
+    }
+
+    fn run(&mut self) -> Result<(), Halt> {
+        let target = self.plan.target;
+        if !self.answers(target) {
+            return Err(Halt::TargetFailed);
+        }
+        for s in 0..self.plan.servers.len() {
+            self.alive[s] = s != target && self.answers(s);
+        }
+        for s in 0..self.plan.servers.len() {
+            if !self.alive[s] {
+                continue;
+            }
+            match self.walk(s) {
+                Ok(()) => {}
+                Err(Halt::Source(why)) => {
+                    let name = self.plan.servers[s].host_port();
+                    self.tally.problem(format!("key list of {name}: {why}"));
+                    RepairTally::add(&self.tally.sources_failed, 1);
+                }
+                Err(h) => return Err(h),
+            }
+        }
+        Ok(())
+    }
+
+    fn answers(&mut self, s: usize) -> bool {
+        self.direct[s]
+            .as_mut()
+            .is_some_and(|c| c.version().first().is_some_and(|(_, r)| r.is_ok()))
+    }
+
+    fn stopped(&self) -> Result<(), Halt> {
+        if self.stop.load(Ordering::Relaxed) {
+            Err(Halt::Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Where server `s` answers the text protocol: its own address, or for a `ucx://`
+    /// server the TCP port its `stats settings` names.
+    fn text_address(&mut self, s: usize) -> Result<SocketAddr, Halt> {
+        let addr = &self.plan.servers[s];
+        let port = match addr.scheme {
+            Scheme::Tcp => addr.port,
+            Scheme::Ucx => {
+                let c = self.direct[s].as_mut().ok_or(Halt::TargetFailed)?;
+                let stats = c.stats(Some("settings"));
+                let found = stats.first().and_then(|(_, r)| {
+                    let r = r.as_ref().ok()?;
+                    r.iter()
+                        .find(|(k, _)| k == "tcpport")
+                        .and_then(|(_, v)| v.parse::<u16>().ok())
+                });
+                found.ok_or_else(|| Halt::Source("no tcpport in its stats settings".into()))?
+            }
+        };
+        (addr.host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| Halt::Source(e.to_string()))?
+            .next()
+            .ok_or_else(|| Halt::Source("its name does not resolve".into()))
+    }
+
+    /// Reads server `s`'s key list and repairs the keys it is the source of.
+    fn walk(&mut self, s: usize) -> Result<(), Halt> {
+        let addr = self.text_address(s)?;
+        let io = |e: std::io::Error| Halt::Source(e.to_string());
+        let mut busy = 0;
+        'dump: loop {
+            self.stopped()?;
+            let stream =
+                TcpStream::connect_timeout(&addr, self.plan.connect_timeout).map_err(io)?;
+            // A dump streams as fast as it is read; a server that stops sending is given
+            // up on.
+            stream
+                .set_read_timeout(Some(self.plan.timeout.max(Duration::from_secs(5))))
+                .map_err(io)?;
+            let _ = stream.set_nodelay(true);
+            (&stream)
+                .write_all(b"lru_crawler metadump all\r\n")
+                .map_err(io)?;
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::with_capacity(LINE_MAX);
+            let mut first = true;
+            loop {
+                line.clear();
+                let n = (&mut reader)
+                    .take(LINE_MAX as u64 + 2)
+                    .read_until(b'\n', &mut line)
+                    .map_err(io)?;
+                if n == 0 {
+                    return Err(Halt::Source("closed before END".into()));
+                }
+                match parse_line(&line) {
+                    Ok(DumpLine::End) => return Ok(()),
+                    Ok(DumpLine::Refused { busy: true, .. }) if first && busy < BUSY_RETRIES => {
+                        busy += 1;
+                        self.pause(BUSY_PAUSE)?;
+                        continue 'dump;
+                    }
+                    Ok(DumpLine::Refused { text, .. }) => return Err(Halt::Source(text)),
+                    Ok(DumpLine::Entry(e)) => self.consider(s, &e)?,
+                    Err(e) => return Err(Halt::Source(e.to_string())),
+                }
+                first = false;
+            }
+        }
+    }
+
+    fn pause(&self, d: Duration) -> Result<(), Halt> {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            self.stopped()?;
+            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+        }
+        Ok(())
+    }
+
+    /// A key listed by `source`: repaired if the refilled server should hold it and
+    /// `source` is its first live other copy.
+    fn consider(&mut self, source: usize, e: &DumpEntry) -> Result<(), Halt> {
+        self.stopped()?;
+        self.renew_claim();
+        if e.key == CLAIM_KEY {
+            return Ok(());
+        }
+        let target = self.plan.target;
+        let widest = self
+            .plan
+            .plain_copies
+            .max(self.code.as_ref().map_or(0, Code::total_shards));
+        let copies = self.plan.ring.successors(&e.key, widest);
+        if !copies.contains(&target) {
+            return Ok(());
+        }
+        if copies.iter().find(|&&s| s != target && self.alive[s]) != Some(&source) {
+            return Ok(());
+        }
+        let exptime = match e.exp {
+            None => 0,
+            // Expired, or about to: not worth copying.
+            Some(t) if t <= unix_now() + 1 => return self.skip(),
+            // memcached takes an expiry past 30 days as a unix time.
+            Some(t) => match u32::try_from(t) {
+                Ok(t) => t,
+                Err(_) => return self.skip(),
+            },
+        };
+        self.repair(source, &e.key, exptime, &copies)
+    }
+
+    fn skip(&self) -> Result<(), Halt> {
+        RepairTally::add(&self.tally.skipped, 1);
+        Ok(())
+    }
+
+    fn repair(
+        &mut self,
+        source: usize,
+        key: &[u8],
+        exptime: u32,
+        copies: &[usize],
+    ) -> Result<(), Halt> {
+        let target = self.plan.target;
+        let Some(src) = self.direct[source].as_mut() else {
+            return self.skip();
+        };
+        let original = match src.gets(key) {
+            Ok(Some(v)) => v,
+            // Deleted or evicted since the dump listed it, or the source failed.
+            _ => return self.skip(),
+        };
+        let coded = self.code.is_some() && FragmentHeader::decode(&original.data).is_ok();
+        let (write, read) = if coded {
+            match self.rebuild_fragment(source, key, &original, copies) {
+                Some(Some(w)) => w,
+                Some(None) => return self.skip(),
+                None => return Ok(()), // not one of the target's
+            }
+        } else {
+            let mine = copies[..self.plan.plain_copies.min(copies.len())].contains(&target);
+            if !mine {
+                return Ok(());
+            }
+            (original.data.clone(), original.data.len())
+        };
+        RepairTally::add(&self.tally.scanned, 1);
+        self.budget.take((read + write.len()) as u64, &self.stop)?;
+        RepairTally::add(&self.tally.bytes, (read + write.len()) as u64);
+        let Some(t) = self.direct[target].as_mut() else {
+            return Err(Halt::TargetFailed);
+        };
+        match t.add(key, &write, original.flags, exptime) {
+            Ok(true) => RepairTally::add(&self.tally.written, 1),
+            Ok(false) => {
+                RepairTally::add(&self.tally.present, 1);
+                return Ok(());
+            }
+            Err(_) => {
+                if self.answers(target) {
+                    return self.skip();
+                }
+                return Err(Halt::TargetFailed);
+            }
+        }
+        // Changed (or deleted) at the source while it was copied: the copy may be older
+        // than what a client wrote, so it goes again.
+        let now = self.direct[source].as_mut().map(|c| c.gets(key));
+        let same = matches!(now, Some(Ok(Some(ref v))) if v.cas == original.cas);
+        if !same {
+            if let Some(t) = self.direct[target].as_mut() {
+                let _ = t.delete(key);
+            }
+            RepairTally::add(&self.tally.undone, 1);
+        }
+        Ok(())
+    }
+
+    /// The refilled server's fragment of a coded key, rebuilt from the other servers'
+    /// (`original` is `source`'s): `None` when it is not one of the key's servers,
+    /// `Some(None)` when no write has `k` fragments left. With the bytes read.
+    fn rebuild_fragment(
+        &mut self,
+        source: usize,
+        key: &[u8],
+        original: &Value,
+        copies: &[usize],
+    ) -> Option<Option<(Bytes, usize)>> {
+        let code = self.code.as_ref()?;
+        let (k, n) = (code.data_shards(), code.total_shards());
+        let servers = &copies[..n.min(copies.len())];
+        let pos = servers.iter().position(|&s| s == self.plan.target)?;
+        let mut pieces: Vec<Bytes> = vec![original.data.clone()];
+        let asked: Vec<usize> = servers
+            .iter()
+            .copied()
+            .filter(|&s| s != self.plan.target && s != source && self.alive[s])
+            .collect();
+        let mut handles = Vec::new();
+        for &s in &asked {
+            if let Some(c) = self.direct[s].as_mut() {
+                handles.push((s, c.iget(key)));
+            }
+        }
+        for (s, h) in handles {
+            if let Some(c) = self.direct[s].as_mut() {
+                if let Ok(Reply::Value(Some(v))) = c.wait(h, self.plan.timeout) {
+                    pieces.push(v.data);
+                }
+            }
+        }
+        let read = pieces.iter().map(Bytes::len).sum();
+        let code = self.code.as_ref()?;
+        let headers: Vec<FragmentHeader> = pieces
+            .iter()
+            .filter_map(|p| FragmentHeader::decode(p).ok().map(|(h, _)| h))
+            .filter(|h| usize::from(h.k) == k && usize::from(h.k) + usize::from(h.m) == n)
+            .collect();
+        // The newest write with k distinct fragments (the one a reader returns).
+        let mut writes: Vec<(u64, u64)> = headers.iter().map(|h| (h.stripe, h.value_len)).collect();
+        writes.sort_unstable_by(|a, b| b.cmp(a));
+        writes.dedup();
+        let chosen = writes.into_iter().find(|&(stripe, len)| {
+            let have: HashSet<u8> = headers
+                .iter()
+                .filter(|h| h.stripe == stripe && h.value_len == len)
+                .map(|h| h.index)
+                .collect();
+            have.len() >= k
+        });
+        let Some((stripe, len)) = chosen else {
+            return Some(None);
+        };
+        let of_it: Vec<&[u8]> = pieces
+            .iter()
+            .filter(|p| {
+                FragmentHeader::decode(p)
+                    .is_ok_and(|(h, _)| h.stripe == stripe && h.value_len == len)
+            })
+            .map(|p| &p[..])
+            .collect();
+        let value = code.decode(&of_it).ok()?;
+        let mut fragments = code.encode(stripe, &value).ok()?;
+        let fragment = fragments.swap_remove(pos);
+        Some(Some((Bytes::from(fragment), read)))
+    }
+}
+
+/// The bandwidth bound: bytes may be spent at `rate` per second on average, with at most
+/// one second's worth saved up while the repair had nothing to copy.
+struct Budget {
+    rate: u64,
+    since: Instant,
+    spent: u64,
+}
+
+impl Budget {
+    fn new(rate: u64) -> Self {
+        Budget {
+            rate,
+            since: Instant::now(),
+            spent: 0,
+        }
+    }
+
+    fn take(&mut self, bytes: u64, stop: &AtomicBool) -> Result<(), Halt> {
+        if self.rate == 0 {
+            return Ok(());
+        }
+        let allowed = |elapsed: Duration| elapsed.as_secs_f64() * self.rate as f64;
+        if allowed(self.since.elapsed()) > self.spent as f64 + self.rate as f64 {
+            // Idle for more than a second: start the average again.
+            self.since = Instant::now();
+            self.spent = 0;
+        }
+        self.spent += bytes;
+        let due = Duration::from_secs_f64(self.spent as f64 / self.rate as f64);
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(Halt::Stopped);
+            }
+            let elapsed = self.since.elapsed();
+            if elapsed >= due {
+                return Ok(());
+            }
+            std::thread::sleep((due - elapsed).min(Duration::from_millis(20)));
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
