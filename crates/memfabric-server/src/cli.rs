@@ -177,7 +177,8 @@ pub struct Args {
     /// disable watch commands (accepted: memfabricd has no watch commands)
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
-    /// ASCII protocol authentication file (not supported: refuses to start)
+    /// ASCII protocol authentication file: `user:password` lines (memcached's `-Y`;
+    /// reloaded on SIGHUP). Needs `-U 0` and `--ucx-port 0`
     #[arg(short = 'Y', long = "auth-file", value_name = "file")]
     pub auth_file: Option<String>,
     /// mmap a file for item memory, restartable cache (not supported: refuses to start)
@@ -359,12 +360,6 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
             "memfabricd has no TLS and would serve every client in clear text",
         ));
     }
-    if let Some(f) = &a.auth_file {
-        return Err(refused(
-            &format!("-Y {f} (ascii authentication)"),
-            "memfabricd has no ascii authentication and would serve every client unauthenticated",
-        ));
-    }
     if let Some(f) = &a.memory_file {
         return Err(refused(
             &format!("-e {f} (restartable memory file)"),
@@ -469,6 +464,25 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_transfer_timeout = a.ucx_transfer_timeout;
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
+    if let Some(f) = &a.auth_file {
+        // memcached's checks and messages; then the one memfabricd adds: its UCX port
+        // has no authentication yet, so it would be a way around -Y.
+        if s.udp_port != 0 {
+            return Err(fatal(
+                "Cannot use UDP with ascii authentication enabled (-U 0 to disable)",
+            ));
+        }
+        if s.ucx_port != 0 {
+            return Err(refused(
+                &format!("-Y {f} with --ucx-port {}", s.ucx_port),
+                "the UCX port does not authenticate yet, so any client could get around \
+                 -Y through it (start with --ucx-port 0)",
+            ));
+        }
+        let (file, warning) = crate::auth::AuthFile::load(f).map_err(fatal)?;
+        warnings.extend(warning);
+        s.auth = Some(std::sync::Arc::new(file));
+    }
 
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;
@@ -859,7 +873,6 @@ mod tests {
         for (flags, names) in [
             (&["-S"][..], "-S (SASL"),
             (&["-Z"][..], "-Z (TLS"),
-            (&["-Y", "/etc/mc.auth"][..], "-Y /etc/mc.auth"),
             (&["-e", "/dev/shm/mc"][..], "-e /dev/shm/mc"),
             (&["--enable-sasl"][..], "-S (SASL"),
             (&["--enable-ssl"][..], "-Z (TLS"),

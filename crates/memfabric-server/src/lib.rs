@@ -7,6 +7,7 @@
 //! all up from `Settings` (which `cli` builds from memcached's flags). `fabric` is the UCX
 //! active-message path, served by the same worker loops.
 
+pub mod auth;
 pub mod bounds;
 pub mod cli;
 pub mod command;

@@ -262,12 +262,14 @@ const UNIX: Token = Token(usize::MAX - 3);
 const UCX_LISTENER: usize = 1 << 20;
 
 /// Run the accept loop until a signal or `shutdown` stops the server. `signals` is the
-/// read end of the self-pipe the signal handlers write to.
+/// read end of the self-pipe the signal handlers write to; `hup` is set by SIGHUP (the
+/// `-Y` file is read again, within one turn of the loop).
 pub fn accept_loop(
     shared: &Arc<Shared>,
     listeners: &mut Listeners,
     workers: &[WorkerHandle],
     mut signals: mio::net::UnixStream,
+    hup: &std::sync::atomic::AtomicBool,
 ) -> io::Result<()> {
     let mut poll = Poll::new()?;
     let waker = mio::Waker::new(poll.registry(), WAKE)?;
@@ -320,6 +322,14 @@ pub fn accept_loop(
         }
         if shared.is_shutting_down() {
             break;
+        }
+        if hup.swap(false, Ordering::Relaxed) {
+            if let Some(auth) = shared.settings.auth.as_ref() {
+                match auth.reload() {
+                    Ok(n) => tracing::info!("SIGHUP: auth file read again, {n} entries"),
+                    Err(e) => tracing::warn!("SIGHUP: {e}; the previous entries stay"),
+                }
+            }
         }
         // Accept on every listener each round: cheap when nothing is pending, and it
         // covers listeners whose edge we left unconsumed last time.

@@ -114,7 +114,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     }
 
     // Signals: handlers only write to a pipe; the accept loop reads it. SIGHUP is taken
-    // so that it does not kill the server (memcached ignores it too).
+    // so that it does not kill the server; as memcached's, it reads the `-Y` file again.
     let (sig_read, sig_write) = std::os::unix::net::UnixStream::pair()?;
     sig_read.set_nonblocking(true)?;
     sig_write.set_nonblocking(true)?;
@@ -126,7 +126,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let hup = Arc::new(std::sync::atomic::AtomicBool::new(false));
     sig_ids.push(signal_hook::flag::register(
         signal_hook::consts::SIGHUP,
-        hup,
+        Arc::clone(&hup),
     )?);
 
     // With a UCX listener, the store's memory comes from UCX where it can (shared memory
@@ -198,6 +198,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         &mut listeners,
         &workers,
         mio::net::UnixStream::from_std(sig_read),
+        &hup,
     );
     shared.request_shutdown();
     drop(listeners);

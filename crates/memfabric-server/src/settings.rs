@@ -7,6 +7,8 @@ pub const DEFAULT_UCX_POLL_US: u64 = 50;
 /// Everything memfabricd is configured with. Field defaults match memcached 1.6.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// `-Y FILE`: the ascii authentication table (memcached's `-Y`), loaded.
+    pub auth: Option<std::sync::Arc<crate::auth::AuthFile>>,
     /// TCP port (`-p`, default 11211; 0 = off; -1 = an ephemeral port, as memcached:
     /// each listener binds port 0 and `MEMCACHED_PORT_FILENAME` reports what it got).
     pub tcp_port: i32,
@@ -134,6 +136,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             tcp_port: 11211,
+            auth: None,
             udp_port: 0,
             listen: Vec::new(),
             unix_socket: None,

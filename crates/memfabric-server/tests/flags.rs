@@ -135,14 +135,11 @@ fn ports(text: &str) -> Vec<(String, String, u16)> {
 
 #[test]
 fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
-    let auth = temp_path("auth");
     let mem = temp_path("memfile");
-    let auth_s = auth.to_str().expect("utf-8 temp path");
     let mem_s = mem.to_str().expect("utf-8 temp path");
     let cases: &[(&[&str], &str)] = &[
         (&["-S"], "-S"),
         (&["-Z"], "-Z"),
-        (&["-Y", auth_s], "-Y"),
         (&["-e", mem_s], "-e"),
         (&["-o", "ext_path=/tmp/memfabric-flags-ext:64m"], "ext_path"),
         (&["-o", "modern,ext_item_size=512"], "ext_item_size"),

@@ -370,7 +370,11 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("tcp_backlog", s.backlog);
     v.put("binding_protocol", s.protocol.name());
     v.put("auth_enabled_sasl", "no");
-    v.put("auth_enabled_ascii", "no");
+    // memcached prints the file's path when -Y is on.
+    match s.auth.as_ref() {
+        Some(a) => v.put("auth_enabled_ascii", a.path()),
+        None => v.put("auth_enabled_ascii", "no"),
+    }
     v.put("item_size_max", c.item_size_max);
     v.put("maxconns_fast", yes_no(s.maxconns_fast));
     v.put("hashpower_init", s.hashpower_init);

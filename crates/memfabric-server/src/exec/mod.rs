@@ -19,6 +19,7 @@ use crate::settings::ProtocolChoice;
 pub use crate::shared::{ExecCtx, Shared, Transport};
 
 pub mod ascii;
+pub mod auth;
 pub mod binary;
 pub mod meta;
 
@@ -44,6 +45,8 @@ pub struct Session {
     pub parked: Vec<(Ticket, Resume)>,
     /// An `lru_crawler metadump` being streamed: nothing after it runs until it ends.
     pub dump: Option<memfabric_store::DumpCursor>,
+    /// Where the connection is in the `-Y` handshake (unused without `-Y`).
+    pub auth: auth::AuthState,
 }
 
 /// Metadump bytes produced per turn: the output cap, checked before each turn, bounds
@@ -296,22 +299,27 @@ pub fn process(
             progress.yielded = true;
             break;
         }
-        let proto = match sess.proto {
-            Some(p) => p,
-            None => {
-                let p = match ctx.shared.settings.protocol {
-                    ProtocolChoice::Ascii => Proto::Ascii,
-                    ProtocolChoice::Binary => Proto::Binary,
-                    ProtocolChoice::Auto if rest[0] == binary::REQUEST_MAGIC => Proto::Binary,
-                    ProtocolChoice::Auto => Proto::Ascii,
-                };
-                sess.proto = Some(p);
-                p
+        let step = if ctx.shared.settings.auth.is_some() && !sess.auth.done {
+            // With -Y nothing but the handshake runs until it succeeds.
+            auth::process_one(ctx, sess, rest, out)
+        } else {
+            let proto = match sess.proto {
+                Some(p) => p,
+                None => {
+                    let p = match ctx.shared.settings.protocol {
+                        ProtocolChoice::Ascii => Proto::Ascii,
+                        ProtocolChoice::Binary => Proto::Binary,
+                        ProtocolChoice::Auto if rest[0] == binary::REQUEST_MAGIC => Proto::Binary,
+                        ProtocolChoice::Auto => Proto::Ascii,
+                    };
+                    sess.proto = Some(p);
+                    p
+                }
+            };
+            match proto {
+                Proto::Ascii => ascii::process_one(ctx, sess, rest, out),
+                Proto::Binary => binary::process_one(ctx, sess, rest, out),
             }
-        };
-        let step = match proto {
-            Proto::Ascii => ascii::process_one(ctx, sess, rest, out),
-            Proto::Binary => binary::process_one(ctx, sess, rest, out),
         };
         match step {
             Step::Done(n) => {
