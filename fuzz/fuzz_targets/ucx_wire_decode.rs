@@ -19,6 +19,16 @@ fuzz_target!(|data: &[u8]| {
         assert!(used <= data.len());
         assert!(h.worker_address.len() <= ucx_wire::BLOB_MAX);
     }
+    if let Ok(Some((c, used))) = ucx_wire::decode_challenge(data) {
+        assert_eq!(used, 8 + ucx_wire::NONCE_LEN);
+        // The flags byte (7) is not kept; everything else round-trips.
+        let e = c.encode();
+        assert_eq!((&e[..7], &e[8..]), (&data[..7], &data[8..used]));
+    }
+    if let Ok(Some((p, used))) = ucx_wire::decode_proof(data) {
+        assert!(p.user.len() <= ucx_wire::USER_MAX);
+        assert_eq!(used, 12 + p.user.len() + ucx_wire::MAC_LEN);
+    }
     if let Ok(Some((w, used))) = ucx_wire::decode_welcome(data) {
         assert!(used <= data.len());
         assert!(w.arena_rkey.len() <= ucx_wire::BLOB_MAX);

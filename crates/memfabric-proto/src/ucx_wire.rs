@@ -46,6 +46,8 @@ pub enum DecodeError {
     TooLarge,
     #[error("trailing bytes")]
     Trailing,
+    #[error("a different bootstrap frame")]
+    WrongFrame,
 }
 
 macro_rules! byte_enum {
@@ -340,6 +342,128 @@ pub struct Welcome {
 pub const WELCOME_OK: u8 = 0;
 pub const WELCOME_BAD_VERSION: u8 = 1;
 pub const WELCOME_REFUSED: u8 = 2;
+/// Not a WELCOME but a [`Challenge`]: the server has credentials (`-Y`) and wants a
+/// [`Proof`] before it hands the HELLO's worker address to UCX.
+pub const WELCOME_CHALLENGE: u8 = 3;
+/// The proof did not match any credential: the server closes the connection.
+pub const WELCOME_AUTH_FAILED: u8 = 4;
+
+/// Bytes of a challenge's nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of a proof's MAC (HMAC-SHA-256).
+pub const MAC_LEN: usize = 32;
+/// Longest user name a proof carries.
+pub const USER_MAX: usize = 255;
+/// What a proof's MAC covers besides the nonce and the worker address.
+const PROOF_CONTEXT: &[u8] = b"memfabric ucx bootstrap proof v1\0";
+
+/// The server's answer to a HELLO when it has credentials: a fresh random nonce, so that
+/// a recorded proof is worth nothing on another connection. Laid out as a WELCOME's first
+/// 8 bytes (status [`WELCOME_CHALLENGE`]), then the nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    pub version: u16,
+    pub nonce: [u8; NONCE_LEN],
+}
+
+impl Challenge {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + NONCE_LEN);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&[WELCOME_CHALLENGE, 0]);
+        out.extend_from_slice(&self.nonce);
+        out
+    }
+}
+
+/// The status byte of the server frame at the start of `b` (a WELCOME or a challenge),
+/// once 8 bytes have come.
+pub fn server_frame_status(b: &[u8]) -> Option<u8> {
+    b.get(6).copied().filter(|_| b.len() >= 8)
+}
+
+/// Decode a challenge from the start of `b` (`Ok(None)`: need more bytes).
+pub fn decode_challenge(b: &[u8]) -> Result<Option<(Challenge, usize)>, DecodeError> {
+    if b.len() >= 4 && b[..4] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut r = Reader { b, at: 0 };
+    let res = (|| {
+        r.take(4)?;
+        let version = r.u16()?;
+        let sf = r.take(2)?;
+        if sf[0] != WELCOME_CHALLENGE {
+            return Err(DecodeError::WrongFrame);
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(r.take(NONCE_LEN)?);
+        Ok(Challenge { version, nonce })
+    })();
+    need_more(res, r.at)
+}
+
+/// The client's answer to a challenge: who it is, and the MAC of the challenge and its
+/// HELLO's worker address keyed with its password ([`proof_mac`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    pub user: Vec<u8>,
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Proof {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12 + self.user.len() + MAC_LEN);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        put_blob(&mut out, &self.user);
+        out.extend_from_slice(&self.mac);
+        out
+    }
+}
+
+/// Decode a proof from the start of `b` (`Ok(None)`: need more bytes).
+pub fn decode_proof(b: &[u8]) -> Result<Option<(Proof, usize)>, DecodeError> {
+    if b.len() >= 4 && b[..4] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut r = Reader { b, at: 0 };
+    let res = (|| {
+        r.take(8)?;
+        let n = r.u32()? as usize;
+        if n > USER_MAX {
+            return Err(DecodeError::TooLarge);
+        }
+        let user = r.take(n)?.to_vec();
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(r.take(MAC_LEN)?);
+        Ok(Proof { user, mac })
+    })();
+    need_more(res, r.at)
+}
+
+/// HMAC-SHA-256 keyed with `password` over a fixed context, the challenge's nonce and the
+/// HELLO's worker address: proves the password without sending it, for this connection
+/// only, and binds the address (a peer in the middle cannot swap in its own).
+pub fn proof_mac(password: &[u8], nonce: &[u8; NONCE_LEN], worker_address: &[u8]) -> [u8; MAC_LEN] {
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length.
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(password) else {
+        return [0; MAC_LEN];
+    };
+    mac.update(PROOF_CONTEXT);
+    mac.update(nonce);
+    mac.update(&(worker_address.len() as u64).to_le_bytes());
+    mac.update(worker_address);
+    mac.finalize().into_bytes().into()
+}
+
+/// Whether `got` is `want`, looking at every byte (the time taken does not say how many
+/// leading bytes of a guess were right).
+pub fn macs_equal(got: &[u8; MAC_LEN], want: &[u8; MAC_LEN]) -> bool {
+    got.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
 
 impl Welcome {
     pub fn encode(&self) -> Vec<u8> {
@@ -570,11 +694,39 @@ mod tests {
 
     proptest! {
         #[test]
+        fn proofs_and_challenges_round_trip(
+            user in proptest::collection::vec(any::<u8>(), 0..=USER_MAX),
+            nonce in any::<[u8; NONCE_LEN]>(),
+            address in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let c = Challenge { version: VERSION, nonce };
+            let bytes = c.encode();
+            prop_assert_eq!(server_frame_status(&bytes), Some(WELCOME_CHALLENGE));
+            prop_assert_eq!(decode_challenge(&bytes).unwrap(), Some((c, bytes.len())));
+            prop_assert_eq!(decode_challenge(&bytes[..bytes.len() - 1]).unwrap(), None);
+            let p = Proof { user, mac: proof_mac(b"pw", &nonce, &address) };
+            let bytes = p.encode();
+            prop_assert_eq!(decode_proof(&bytes).unwrap(), Some((p.clone(), bytes.len())));
+            prop_assert_eq!(decode_proof(&bytes[..bytes.len() - 1]).unwrap(), None);
+            // The MAC depends on the password, the nonce and the address.
+            prop_assert!(macs_equal(&p.mac, &proof_mac(b"pw", &nonce, &address)));
+            prop_assert!(!macs_equal(&p.mac, &proof_mac(b"pW", &nonce, &address)));
+            let mut other = nonce;
+            other[0] ^= 1;
+            prop_assert!(!macs_equal(&p.mac, &proof_mac(b"pw", &other, &address)));
+            let mut moved = address.clone();
+            moved.push(0);
+            prop_assert!(!macs_equal(&p.mac, &proof_mac(b"pw", &nonce, &moved)));
+        }
+
+        #[test]
         fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = decode_request(&b);
             let _ = decode_response(&b);
             let _ = decode_hello(&b);
             let _ = decode_welcome(&b);
+            let _ = decode_challenge(&b);
+            let _ = decode_proof(&b);
             let _ = request_ids(&b);
         }
     }
