@@ -178,7 +178,7 @@ pub struct Args {
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
     /// ASCII protocol authentication file: `user:password` lines (memcached's `-Y`;
-    /// reloaded on SIGHUP). Needs `-U 0` and `--ucx-port 0`
+    /// reloaded on SIGHUP; the UCX bootstrap asks for the same credentials). Needs `-U 0`
     #[arg(short = 'Y', long = "auth-file", value_name = "file")]
     pub auth_file: Option<String>,
     /// mmap a file for item memory, restartable cache (not supported: refuses to start)
@@ -465,18 +465,11 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
     if let Some(f) = &a.auth_file {
-        // memcached's checks and messages; then the one memfabricd adds: its UCX port
-        // has no authentication yet, so it would be a way around -Y.
+        // memcached's checks and messages. The UCX bootstrap uses the same file
+        // (a challenge and a proof before UCX sees anything; docs/fabric-protocol.md).
         if s.udp_port != 0 {
             return Err(fatal(
                 "Cannot use UDP with ascii authentication enabled (-U 0 to disable)",
-            ));
-        }
-        if s.ucx_port != 0 {
-            return Err(refused(
-                &format!("-Y {f} with --ucx-port {}", s.ucx_port),
-                "the UCX port does not authenticate yet, so any client could get around \
-                 -Y through it (start with --ucx-port 0)",
             ));
         }
         let (file, warning) = crate::auth::AuthFile::load(f).map_err(fatal)?;

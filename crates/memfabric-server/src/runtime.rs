@@ -186,6 +186,13 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         }
         workers.push(worker::spawn(n, Arc::clone(&shared), udp)?);
     }
+    if !listeners.ucx.is_empty() && shared.settings.auth.is_none() {
+        tracing::warn!(
+            "the UCX port ({}) serves anyone who can reach it (no -Y file): keep it on a \
+             trusted network",
+            shared.settings.ucx_port
+        );
+    }
     tracing::info!(
         "memfabricd ready: {} tcp, {} udp, {} unix, {} ucx listener(s), {threads} worker(s)",
         listeners.tcp.len(),

@@ -254,7 +254,7 @@ impl Worker {
                     // Progressed below.
                 } else if FabricWorker::owns(t) {
                     if let Some(f) = self.fabric.as_mut() {
-                        f.drive_stream(self.poll.registry(), t);
+                        f.drive_stream(self.poll.registry(), &self.stats, t);
                     }
                 } else if t.0 < FIRST_CONN {
                     active = true;

@@ -68,6 +68,9 @@ struct Client {
     outbuf: Vec<u8>,
     /// WELCOME said no: close once it is sent.
     refused: bool,
+    /// With `-Y`: the HELLO held back (its worker address not yet shown to UCX) and the
+    /// nonce of the challenge sent for it, until the client's proof comes.
+    challenged: Option<(fp::Hello, [u8; fp::NONCE_LEN])>,
     session: Option<(u32, mf::Endpoint)>,
     /// When the bootstrap connection was accepted (HELLO deadline).
     accepted: Instant,

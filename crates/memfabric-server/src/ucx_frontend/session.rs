@@ -24,6 +24,7 @@ impl FabricWorker {
                 inbuf: Vec::new(),
                 outbuf: Vec::new(),
                 refused: false,
+                challenged: None,
                 session: None,
                 accepted: Instant::now(),
                 inflight: 0,
@@ -118,7 +119,7 @@ impl FabricWorker {
     }
 
     /// A bootstrap/lifeline socket is ready.
-    pub fn drive_stream(&mut self, registry: &Registry, token: Token) {
+    pub fn drive_stream(&mut self, registry: &Registry, stats: &ThreadStats, token: Token) {
         if token == TIMER_TOKEN {
             self.on_timer(registry);
             return;
@@ -150,14 +151,29 @@ impl FabricWorker {
                 }
             }
         }
-        if !closed && c.session.is_none() && !c.inbuf.is_empty() {
-            match fp::decode_hello(&c.inbuf) {
-                Ok(None) => {}
-                Ok(Some((hello, used))) if used == c.inbuf.len() => {
-                    self.welcome(token, hello);
+        if !closed && c.session.is_none() && !c.refused && !c.inbuf.is_empty() {
+            if c.challenged.is_some() {
+                match fp::decode_proof(&c.inbuf) {
+                    Ok(None) => {}
+                    Ok(Some((proof, used))) if used == c.inbuf.len() => {
+                        self.check_proof(stats, token, &proof);
+                    }
+                    // Bytes after the proof, or not a proof at all.
+                    Ok(Some(_)) | Err(_) => closed = true,
                 }
-                // Bytes after HELLO, or not a HELLO at all.
-                Ok(Some(_)) | Err(_) => closed = true,
+            } else {
+                match fp::decode_hello(&c.inbuf) {
+                    Ok(None) => {}
+                    Ok(Some((hello, used))) if used == c.inbuf.len() => {
+                        if self.shared().settings.auth.is_some() {
+                            self.challenge(token, hello);
+                        } else {
+                            self.welcome(token, hello);
+                        }
+                    }
+                    // Bytes after HELLO, or not a HELLO at all.
+                    Ok(Some(_)) | Err(_) => closed = true,
+                }
             }
         }
         if !closed {
@@ -165,6 +181,71 @@ impl FabricWorker {
         }
         if closed {
             self.drop_client(registry, token);
+        }
+    }
+
+    /// With `-Y`, a HELLO is answered with a challenge: nothing the client sent goes to
+    /// UCX until its proof is checked (docs/fabric-protocol.md 1.4).
+    fn challenge(&mut self, token: Token, hello: fp::Hello) {
+        let Some(nonce) = random_nonce() else {
+            // Without randomness a challenge would be guessable: refuse instead.
+            tracing::warn!("cannot read /dev/urandom for a UCX challenge; refusing the client");
+            self.refuse(token, fp::WELCOME_REFUSED);
+            return;
+        };
+        let Some(c) = self.clients.get_mut(&token) else {
+            return;
+        };
+        c.inbuf.clear();
+        let frame = fp::Challenge {
+            version: fp::VERSION,
+            nonce,
+        };
+        c.outbuf.extend_from_slice(&frame.encode());
+        c.challenged = Some((hello, nonce));
+    }
+
+    /// The client's answer to its challenge: a MAC of the nonce and its HELLO's worker
+    /// address with the password of one of the `-Y` file's users. Counted as memcached
+    /// counts its ascii handshake (`auth_cmds`, `auth_errors`).
+    fn check_proof(&mut self, stats: &ThreadStats, token: Token, proof: &fp::Proof) {
+        let Some((hello, nonce)) = self
+            .clients
+            .get_mut(&token)
+            .and_then(|c| c.challenged.take())
+        else {
+            return;
+        };
+        let ok = self.shared().settings.auth.as_ref().is_some_and(|a| {
+            a.verify(&proof.user, |password| {
+                let want = fp::proof_mac(password, &nonce, &hello.worker_address);
+                fp::macs_equal(&proof.mac, &want)
+            })
+        });
+        stats.auth_cmds.incr();
+        if ok {
+            self.welcome(token, hello);
+        } else {
+            stats.auth_errors.incr();
+            tracing::info!(
+                "ucx bootstrap: proof for user {:?} did not match; closing",
+                String::from_utf8_lossy(&proof.user)
+            );
+            self.refuse(token, fp::WELCOME_AUTH_FAILED);
+        }
+    }
+
+    /// Queue a WELCOME that says no (`flush_out` then drops the client).
+    fn refuse(&mut self, token: Token, status: u8) {
+        let reply = fp::Welcome {
+            version: fp::VERSION,
+            status,
+            ..Default::default()
+        };
+        if let Some(c) = self.clients.get_mut(&token) {
+            c.inbuf.clear();
+            c.outbuf.extend_from_slice(&reply.encode());
+            c.refused = true;
         }
     }
 
@@ -388,4 +469,12 @@ pub(super) fn abandon(msg: mf::AmMessage) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// A challenge's nonce, from the kernel's random source.
+fn random_nonce() -> Option<[u8; fp::NONCE_LEN]> {
+    let mut nonce = [0u8; fp::NONCE_LEN];
+    let mut f = std::fs::File::open("/dev/urandom").ok()?;
+    f.read_exact(&mut nonce).ok()?;
+    Some(nonce)
 }
