@@ -14,6 +14,7 @@ use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
+pub use crate::transport::Credentials;
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 
 /// The one place a scheme becomes a transport. Here, not in `transport.rs`, so that the
@@ -22,13 +23,15 @@ pub fn make_transport(
     scheme: Scheme,
     get_mode: GetMode,
     access_hints: bool,
+    credentials: Option<Credentials>,
 ) -> Result<Box<dyn Transport>, Error> {
     match scheme {
-        Scheme::Tcp => Ok(Box::new(crate::tcp::TcpTransport::new()?)),
-        Scheme::Ucx => Ok(Box::new(crate::ucx::UcxTransport::new(
-            get_mode,
-            access_hints,
-        )?)),
+        Scheme::Tcp => Ok(Box::new(
+            crate::tcp::TcpTransport::new()?.with_credentials(credentials),
+        )),
+        Scheme::Ucx => Ok(Box::new(
+            crate::ucx::UcxTransport::new(get_mode, access_hints)?.with_credentials(credentials),
+        )),
     }
 }
 
@@ -92,6 +95,8 @@ pub struct Config {
     /// Bytes per second a repair may read and write together (default 32 MiB/s; 0 =
     /// unbounded).
     pub repair_bandwidth: u64,
+    /// Who the pool is to servers started with `-Y` (default none).
+    pub credentials: Option<Credentials>,
 }
 
 impl Default for Config {
@@ -116,6 +121,7 @@ impl Default for Config {
             ec_known_keys: 65536,
             background_repair: true,
             repair_bandwidth: 32 << 20,
+            credentials: None,
         }
     }
 }
@@ -243,7 +249,21 @@ impl Client {
         if let Some(g) = config.ec {
             Code::new(g.k, g.m).map_err(|e| Error::Config(e.to_string()))?;
         }
-        let transport = make_transport(first.scheme, config.get_mode, config.access_hints)?;
+        if let Some(c) = &config.credentials {
+            if c.username.is_empty() || c.username.contains(' ') || c.password.contains(' ') {
+                return Err(Error::Config(
+                    "a user name must not be empty, and neither it nor the password may \
+                     contain a space (memcached's -Y handshake splits at spaces)"
+                        .into(),
+                ));
+            }
+        }
+        let transport = make_transport(
+            first.scheme,
+            config.get_mode,
+            config.access_hints,
+            config.credentials.clone(),
+        )?;
         Ok(Self::with_transport(list, config, transport))
     }
 

@@ -14,6 +14,10 @@ pub enum Error {
     /// The connection failed (reset, closed by the peer, write error).
     #[error("{server}: {msg}")]
     Io { server: String, msg: String },
+    /// The server wants credentials the pool was not given, or refused the ones it was
+    /// (`Config::credentials`; memfabricd and memcached `-Y`).
+    #[error("{server}: {msg}")]
+    Auth { server: String, msg: String },
     /// The server sent something the client cannot parse, or a feature is missing.
     #[error("protocol error: {0}")]
     Protocol(String),

@@ -53,7 +53,7 @@ pub mod transport;
 pub mod ucx;
 
 pub use addr::{Scheme, ServerAddr};
-pub use client::{Client, Config, Handle, IntoServers};
+pub use client::{Client, Config, Credentials, Handle, IntoServers};
 pub use ec::EcGeometry;
 pub use error::Error;
 pub use ketama::{Distribution, KeyHash};

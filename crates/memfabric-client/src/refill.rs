@@ -27,7 +27,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::ketama::Continuum;
 use crate::op::{Reply, Value};
 use crate::repair::{RepairJob, RepairTally};
-use crate::transport::GetMode;
+use crate::transport::{Credentials, GetMode};
 
 /// What a repair needs to know about its pool.
 pub(crate) struct Plan {
@@ -44,6 +44,8 @@ pub(crate) struct Plan {
     pub(crate) bandwidth: u64,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// The pool's credentials, for servers with `-Y`.
+    pub(crate) credentials: Option<Credentials>,
 }
 
 /// The key a repair claims on the server it refills (with `add`, so that of many clients
@@ -127,6 +129,7 @@ impl<'a> Refill<'a> {
             get_mode: GetMode::TwoSided,
             access_hints: false,
             background_repair: false,
+            credentials: plan.credentials.clone(),
             ..Config::default()
         };
         let direct = plan
@@ -261,6 +264,11 @@ impl<'a> Refill<'a> {
             self.stopped()?;
             let stream =
                 TcpStream::connect_timeout(&addr, self.plan.connect_timeout).map_err(io)?;
+            if let Some(c) = &self.plan.credentials {
+                let deadline = Instant::now() + self.plan.timeout;
+                crate::tcp::authenticate(&stream, c, &addr.to_string(), deadline)
+                    .map_err(|e| Halt::Source(e.to_string()))?;
+            }
             // A dump streams as fast as it is read; a server that stops sending is given
             // up on.
             stream

@@ -198,6 +198,7 @@ impl Client {
             bandwidth: self.config.repair_bandwidth,
             timeout: self.config.timeout,
             connect_timeout: self.config.connect_timeout,
+            credentials: self.config.credentials.clone(),
         };
         let job = refill::spawn(plan, Arc::clone(&self.repair_tally))
             .map_err(|e| Error::Config(format!("cannot start a repair thread: {e}")))?;

@@ -1,5 +1,6 @@
 //! The TCP transport: non-blocking sockets polled together through `mio`, requests pipelined,
-//! replies matched to requests in order per connection, meta protocol on the wire.
+//! replies matched to requests in order per connection, meta protocol on the wire. With
+//! credentials, each new connection first goes through memcached's `-Y` handshake.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -14,7 +15,7 @@ use crate::addr::ServerAddr;
 use crate::error::Error;
 use crate::meta::{self, Expect, OutQueue, Parsed};
 use crate::op::Op;
-use crate::transport::{Completion, ConnId, Transport};
+use crate::transport::{Completion, ConnId, Credentials, Transport};
 
 const READ_CHUNK: usize = 256 * 1024;
 const MAX_IOVECS: usize = 64;
@@ -38,6 +39,7 @@ pub struct TcpTransport {
     /// Requests of closed connections, completed with `Error::Closed` at the next progress.
     orphans: Vec<u64>,
     scratch: Vec<u8>,
+    credentials: Option<Credentials>,
 }
 
 impl TcpTransport {
@@ -53,7 +55,14 @@ impl TcpTransport {
             next_conn: 1,
             orphans: Vec::new(),
             scratch: vec![0; READ_CHUNK],
+            credentials: None,
         })
+    }
+
+    /// Authenticate every new connection as `credentials` (memcached's `-Y`).
+    pub fn with_credentials(mut self, credentials: Option<Credentials>) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     fn resolve(addr: &ServerAddr) -> Result<Vec<SocketAddr>, Error> {
@@ -107,6 +116,68 @@ fn flush(c: &mut Conn) -> io::Result<()> {
 
 /// Reads everything available and completes the requests whose replies are whole.
 /// `Err` = the connection is broken or out of step.
+/// memcached's ascii authentication on a new, still blocking, connection. First a meta
+/// no-op: a server without `-Y` answers `MN` (nothing to do: a `set` would store the
+/// credentials there), one with `-Y` refuses it as unauthenticated; then the handshake,
+/// a `set` with `<user> <password>` as its value, which `STORED` accepts.
+pub(crate) fn authenticate(
+    s: &StdTcpStream,
+    c: &Credentials,
+    server: &str,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let io_err = |e: io::Error| Error::Io {
+        server: server.to_string(),
+        msg: format!("authentication: {e}"),
+    };
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left)).map_err(io_err)?;
+    s.set_write_timeout(Some(left)).map_err(io_err)?;
+    let mut w = s;
+    w.write_all(b"mn\r\n").map_err(io_err)?;
+    match &reply_line(s).map_err(io_err)?[..] {
+        b"MN\r\n" => return Ok(()),
+        b"CLIENT_ERROR unauthenticated\r\n" => {}
+        other => {
+            return Err(Error::Protocol(format!(
+                "{server}: unexpected answer to mn: {}",
+                String::from_utf8_lossy(other).trim_end()
+            )))
+        }
+    }
+    let payload = format!("{} {}", c.username, c.password);
+    w.write_all(format!("set auth 0 0 {}\r\n{payload}\r\n", payload.len()).as_bytes())
+        .map_err(io_err)?;
+    match &reply_line(s).map_err(io_err)?[..] {
+        b"STORED\r\n" => Ok(()),
+        other => Err(Error::Auth {
+            server: server.to_string(),
+            msg: format!(
+                "authentication as {:?} refused: {}",
+                c.username,
+                String::from_utf8_lossy(other).trim_end()
+            ),
+        }),
+    }
+}
+
+/// One `\r\n`-ended line (at most 1 KiB; less if the server closed).
+fn reply_line(mut r: &StdTcpStream) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") && line.len() < 1024 {
+        match r.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(line)
+}
+
 fn read_and_parse(
     c: &mut Conn,
     scratch: &mut [u8],
@@ -176,6 +247,9 @@ impl Transport for TcpTransport {
                         server: name.clone(),
                         msg: e.to_string(),
                     };
+                    if let Some(c) = &self.credentials {
+                        authenticate(&s, c, &name, deadline)?;
+                    }
                     s.set_nonblocking(true).map_err(io_err)?;
                     s.set_nodelay(true).map_err(io_err)?;
                     let mut stream = TcpStream::from_std(s);

@@ -76,3 +76,22 @@ impl std::str::FromStr for GetMode {
         }
     }
 }
+
+/// A user of a server's `-Y` file. Over TCP the pool sends memcached's ascii handshake
+/// on every new connection; over UCX it answers the bootstrap's challenge with a MAC of
+/// the password (docs/fabric-protocol.md 1.4). Neither may contain a space (memcached's
+/// handshake splits at spaces).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+/// The password is not printed.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}

@@ -52,6 +52,18 @@ struct Cli {
     /// The smallest value that is erasure coded, in bytes.
     #[arg(long, default_value_t = 16 * 1024)]
     ec_threshold: usize,
+    /// A user of the servers' -Y file (memcached's ascii authentication; the UCX bootstrap
+    /// asks for the same credentials).
+    #[arg(long, env = "MEMFABRIC_USERNAME", requires = "password")]
+    username: Option<String>,
+    /// That user's password (better given in MEMFABRIC_PASSWORD than on the command line).
+    #[arg(
+        long,
+        env = "MEMFABRIC_PASSWORD",
+        hide_env_values = true,
+        requires = "username"
+    )]
+    password: Option<String>,
     /// Bytes per second a repair may read and write together (0 = unbounded).
     #[arg(long, default_value_t = 32 << 20)]
     repair_bandwidth: u64,
@@ -128,6 +140,10 @@ fn main() -> ExitCode {
         ec: cli.ec,
         ec_threshold: cli.ec_threshold,
         repair_bandwidth: cli.repair_bandwidth,
+        credentials: cli
+            .username
+            .zip(cli.password)
+            .map(|(username, password)| memfabric_client::Credentials { username, password }),
         ..Config::default()
     };
     let counters = cli.counters;

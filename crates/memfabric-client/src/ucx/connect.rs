@@ -34,6 +34,12 @@ pub(super) fn context() -> Result<Arc<mf::Context>, Error> {
 }
 
 impl UcxTransport {
+    /// Answer bootstrap challenges (servers with `-Y`) as `credentials`.
+    pub fn with_credentials(mut self, credentials: Option<crate::transport::Credentials>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
     pub(super) fn connect_server(
         &mut self,
         addr: &ServerAddr,
@@ -141,6 +147,18 @@ impl UcxTransport {
                 Err(e) => return Err(io(e)),
             };
             buf.extend_from_slice(&chunk[..n]);
+            if fp::server_frame_status(&buf) == Some(fp::WELCOME_CHALLENGE) {
+                match fp::decode_challenge(&buf) {
+                    Ok(Some((challenge, used))) => {
+                        buf.drain(..used);
+                        let proof = self.prove(&server, &challenge)?;
+                        s.write_all(&proof.encode()).map_err(io)?;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(Error::Protocol(format!("{server}: bad challenge: {e}"))),
+                }
+                continue;
+            }
             match fp::decode_welcome(&buf) {
                 Ok(Some((w, _))) => break w,
                 Ok(None) => {}
@@ -149,6 +167,15 @@ impl UcxTransport {
         };
         match welcome.status {
             fp::WELCOME_OK => Ok((s, welcome)),
+            fp::WELCOME_AUTH_FAILED => Err(Error::Auth {
+                server,
+                msg: format!(
+                    "the server refused the credentials of {:?}",
+                    self.credentials
+                        .as_ref()
+                        .map_or("", |c| c.username.as_str())
+                ),
+            }),
             fp::WELCOME_BAD_VERSION => Err(Error::Protocol(format!(
                 "{server}: fabric protocol version {} not supported (server speaks {})",
                 fp::VERSION,
@@ -156,6 +183,29 @@ impl UcxTransport {
             ))),
             _ => Err(Error::ServerDown { server }),
         }
+    }
+
+    /// The proof for a challenge: the MAC of its nonce and our worker address, keyed
+    /// with the password.
+    fn prove(&self, server: &str, challenge: &fp::Challenge) -> Result<fp::Proof, Error> {
+        let Some(c) = self.credentials.as_ref() else {
+            return Err(Error::Auth {
+                server: server.to_string(),
+                msg: "the server asks for credentials (its -Y file); the pool has none \
+                      (Config::credentials)"
+                    .into(),
+            });
+        };
+        if c.username.len() > fp::USER_MAX {
+            return Err(Error::Config(format!(
+                "a user name is at most {} bytes",
+                fp::USER_MAX
+            )));
+        }
+        Ok(fp::Proof {
+            user: c.username.as_bytes().to_vec(),
+            mac: fp::proof_mac(c.password.as_bytes(), &challenge.nonce, &self.address),
+        })
     }
 
     pub(super) fn fail_conn(&mut self, conn: ConnId, msg: &str, done: &mut Vec<Completion>) {

@@ -157,6 +157,8 @@ pub struct UcxTransport {
     /// Reused between progress rounds.
     events_buf: std::collections::VecDeque<mf::Event>,
     last_lifeline_check: Instant,
+    /// Who to be to a server that challenges the bootstrap (`-Y`).
+    credentials: Option<crate::transport::Credentials>,
 }
 
 impl UcxTransport {
@@ -198,6 +200,7 @@ impl UcxTransport {
             failed_conns: Vec::new(),
             events_buf: std::collections::VecDeque::new(),
             last_lifeline_check: Instant::now(),
+            credentials: None,
         })
     }
 }
