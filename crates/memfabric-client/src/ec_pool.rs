@@ -358,7 +358,16 @@ impl Client {
         let Kind::Read { ec: Some(read), .. } = &t.kind else {
             return;
         };
-        let count = |stripe: u64| read.frags.iter().filter(|f| f.1.stripe == stripe).count();
+        // Distinct fragments of a write: a fragment found twice (misplaced by another
+        // pool, or a copy) counts once, as decoding counts it.
+        let count = |stripe: u64| {
+            read.frags
+                .iter()
+                .filter(|f| f.1.stripe == stripe)
+                .map(|f| f.1.index)
+                .collect::<std::collections::HashSet<u8>>()
+                .len()
+        };
         let newest = read.frags.iter().map(|f| f.1.stripe).max();
         let heard = read.frags.len() + read.missing.len();
         let unheard = n - heard;

@@ -7,9 +7,9 @@
 //! other copy only, so a key is handled once — it reads the value there and writes it
 //! back with `add` (a value a client wrote meanwhile is never replaced) and the expiry
 //! time the dump gave. An erasure-coded key's missing fragment is rebuilt from `k`
-//! fragments of the newest write that has them, exactly as the write made it. A value
-//! that changed at its source while it was being copied is deleted again: a missing copy
-//! is read past and repaired, a stale one would be served.
+//! fragments of the newest write that has them, exactly as the write made it. A key
+//! deleted at its source while it was being copied is deleted again on the refilled
+//! server (the `add` may have brought it back).
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -48,11 +48,12 @@ pub(crate) struct Plan {
     pub(crate) credentials: Option<Credentials>,
 }
 
-/// The key a repair claims on the server it refills (with `add`, so that of many clients
+/// The keys a repair claims on the server it refills (with `add`, so that of many clients
 /// that see the same restart one repairs), keeps while it runs, and leaves behind as
-/// "done" for a while once finished. Never copied between servers. Reserved: a pool's
-/// own data must not use it.
-pub const CLAIM_KEY: &[u8] = b"memfabric.repair.claim";
+/// "done" for a while once finished: this prefix, then the pool's placement (copies of a
+/// plain value, and the code), since pools with different settings repair different
+/// keys. Never copied between servers. Reserved: a pool's own data must not use it.
+pub const CLAIM_PREFIX: &[u8] = b"memfabric.repair.claim";
 /// How long a claim lasts unless renewed (a client that died mid-repair gives way to
 /// another after this), how often it is renewed, and how long a finished repair's mark
 /// stays.
@@ -157,15 +158,16 @@ impl<'a> Refill<'a> {
     /// repair of this run of the server.
     fn run_claimed(&mut self) -> Result<bool, Halt> {
         let target = self.plan.target;
+        let claim = self.claim_key();
         let Some(t) = self.direct[target].as_mut() else {
             return Err(Halt::TargetFailed);
         };
-        let claim = if self.plan.force {
-            t.set(CLAIM_KEY, b"running", 0, CLAIM_TTL).map(|()| true)
+        let taken = if self.plan.force {
+            t.set(&claim, b"running", 0, CLAIM_TTL).map(|()| true)
         } else {
-            t.add(CLAIM_KEY, b"running", 0, CLAIM_TTL)
+            t.add(&claim, b"running", 0, CLAIM_TTL)
         };
-        match claim {
+        match taken {
             Ok(true) => self.claimed = Instant::now(),
             Ok(false) => return Ok(false),
             Err(_) => return Err(Halt::TargetFailed),
@@ -173,11 +175,21 @@ impl<'a> Refill<'a> {
         let ended = self.run();
         if let Some(t) = self.direct[target].as_mut() {
             let _ = match ended {
-                Ok(()) => t.set(CLAIM_KEY, b"done", 0, DONE_TTL),
-                Err(_) => t.delete(CLAIM_KEY).map(drop),
+                Ok(()) => t.set(&claim, b"done", 0, DONE_TTL),
+                Err(_) => t.delete(&claim).map(drop),
             };
         }
         ended.map(|()| true)
+    }
+
+    /// This pool's claim key: the prefix, the copies of a plain value and the code.
+    fn claim_key(&self) -> Vec<u8> {
+        let mut k = CLAIM_PREFIX.to_vec();
+        k.extend_from_slice(format!(".c{}", self.plan.plain_copies).as_bytes());
+        if let Some(g) = self.plan.ec {
+            k.extend_from_slice(format!(".rs{}+{}", g.k, g.m).as_bytes());
+        }
+        k
     }
 
     /// Keeps the claim while the walk goes on.
@@ -186,8 +198,9 @@ impl<'a> Refill<'a> {
             return;
         }
         self.claimed = Instant::now();
+        let claim = self.claim_key();
         if let Some(t) = self.direct[self.plan.target].as_mut() {
-            let _ = t.touch(CLAIM_KEY, CLAIM_TTL);
+            let _ = t.touch(&claim, CLAIM_TTL);
         }
     }
 
@@ -320,7 +333,7 @@ impl<'a> Refill<'a> {
     fn consider(&mut self, source: usize, e: &DumpEntry) -> Result<(), Halt> {
         self.stopped()?;
         self.renew_claim();
-        if e.key == CLAIM_KEY {
+        if e.key.starts_with(CLAIM_PREFIX) {
             return Ok(());
         }
         let target = self.plan.target;
@@ -369,7 +382,22 @@ impl<'a> Refill<'a> {
             // Deleted or evicted since the dump listed it, or the source failed.
             _ => return self.skip(),
         };
-        let coded = self.code.is_some() && FragmentHeader::decode(&original.data).is_ok();
+        // A fragment of another code is another pool's (pools with different settings
+        // may share servers): repairing it here would put it where that pool does not
+        // expect it. Plain values are copied whoever wrote them (the pool reads only
+        // the copies it places).
+        let coded = match FragmentHeader::decode(&original.data) {
+            Ok((h, _)) => match self.code.as_ref() {
+                Some(c)
+                    if usize::from(h.k) == c.data_shards()
+                        && usize::from(h.k) + usize::from(h.m) == c.total_shards() =>
+                {
+                    true
+                }
+                _ => return Ok(()),
+            },
+            Err(_) => false,
+        };
         let (write, read) = if coded {
             match self.rebuild_fragment(source, key, &original, copies) {
                 Some(Some(w)) => w,
@@ -402,11 +430,16 @@ impl<'a> Refill<'a> {
                 return Err(Halt::TargetFailed);
             }
         }
-        // Changed (or deleted) at the source while it was copied: the copy may be older
-        // than what a client wrote, so it goes again.
-        let now = self.direct[source].as_mut().map(|c| c.gets(key));
-        let same = matches!(now, Some(Ok(Some(ref v))) if v.cas == original.cas);
-        if !same {
+        // Deleted at the source while it was copied: a client's delete may have reached
+        // the refilled server before the `add`, which then brought the value back; it
+        // goes again. A source that holds a newer value is left alone: the write that
+        // made it went to the refilled server too and either replaced the copy (it came
+        // after the `add`, which succeeded) or failed there, and then the writing pool
+        // deletes that copy itself (a hint). Deleting here could delete that newer
+        // write's copy — for a coded value, one of its fragments, which can leave a
+        // write acknowledged with exactly k fragments unreadable.
+        let now = self.direct[source].as_mut().map(|c| c.get(key));
+        if matches!(now, Some(Ok(None))) {
             if let Some(t) = self.direct[target].as_mut() {
                 let _ = t.delete(key);
             }

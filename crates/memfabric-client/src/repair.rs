@@ -25,7 +25,8 @@ pub struct RepairCounters {
     pub repair_copies_written: u64,
     /// Keys it already held again (written by a client meanwhile): left as they are.
     pub repair_already_present: u64,
-    /// Copies written back and then deleted because the source changed meanwhile.
+    /// Copies written back and then deleted because the key was deleted at the source
+    /// meanwhile.
     pub repair_undone: u64,
     /// Keys that could not be repaired (gone, expired, a fragment set that no longer
     /// has `k` pieces of one write, an error reading the source).
