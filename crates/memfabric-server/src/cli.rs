@@ -223,6 +223,10 @@ pub struct Args {
         default_value_t = 10
     )]
     pub ucx_hello_timeout: u32,
+    /// With -Y: seconds a connection has to authenticate before it is closed (counted in
+    /// idle_kicks; 0 = no deadline)
+    #[arg(long = "auth-timeout", value_name = "seconds", default_value_t = 10)]
+    pub auth_timeout: u32,
     /// UCX: seconds a rendezvous transfer (a large GET reply or SET value) may stay in
     /// flight before its session is ended and the transfer cancelled (0 = no deadline).
     #[arg(
@@ -461,6 +465,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_port = a.ucx_port;
     s.ucx_eager_max = a.ucx_eager_max;
     s.ucx_hello_timeout = a.ucx_hello_timeout;
+    s.auth_timeout = a.auth_timeout;
     s.ucx_transfer_timeout = a.ucx_transfer_timeout;
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);

@@ -192,6 +192,8 @@ pub struct Conn {
     need: usize,
     /// Unix time of the last request, for `-o idle_timeout`.
     pub last_active: u32,
+    /// When the connection was accepted (server clock), for `--auth-timeout`.
+    pub accepted: u32,
     /// The poller reports this socket's writability too: only while a write stopped at
     /// `WouldBlock` left bytes queued (as memcached asks for `EV_WRITE` only then). An
     /// edge-triggered writable interest kept all the time costs an event-queue callback
@@ -202,6 +204,11 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Still has to pass the `-Y` handshake.
+    pub fn unauthenticated(&self, shared: &Shared) -> bool {
+        shared.settings.auth.is_some() && !self.session.auth.done
+    }
+
     pub fn new(
         stream: Stream,
         id: u64,
@@ -230,6 +237,7 @@ impl Conn {
             hint: None,
             need: 0,
             last_active: now,
+            accepted: now,
             wants_writable: false,
             share: Share::new(gauges),
         }

@@ -51,6 +51,8 @@ pub struct Settings {
     pub max_line: usize,
     /// Idle timeout in seconds (`-o idle_timeout`, 0 = off).
     pub idle_timeout: u32,
+    /// With `-Y`: seconds a connection has to authenticate (`--auth-timeout`, 0 = off).
+    pub auth_timeout: u32,
     /// Cap on how many bytes of replies one connection may queue before the server stops
     /// reading its requests (backpressure against clients that do not read).
     pub max_pending_output: usize,
@@ -156,6 +158,7 @@ impl Default for Settings {
             use_cas: true,
             max_line: 2048,
             idle_timeout: 0,
+            auth_timeout: 10,
             max_pending_output: 4 << 20,
             store: memfabric_store::StoreConfig::default(),
             enable_shutdown: false,

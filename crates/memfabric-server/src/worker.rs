@@ -164,6 +164,13 @@ impl Worker {
         let mut ucx_poll =
             AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
         let idle_timeout = self.shared.settings.idle_timeout;
+        // With -Y, connections that have not authenticated are swept too.
+        let auth_timeout = if self.shared.settings.auth.is_some() {
+            self.shared.settings.auth_timeout
+        } else {
+            0
+        };
+        let sweep = idle_timeout > 0 || auth_timeout > 0;
         let mut spin_until: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         // Rounds in a row in which UCX refused to be armed (it has work) and progressing
@@ -218,7 +225,7 @@ impl Worker {
             }
             let timeout = if busy || ucx_busy {
                 Some(Duration::ZERO)
-            } else if idle_timeout > 0 {
+            } else if sweep {
                 Some(Duration::from_secs(1))
             } else {
                 None
@@ -301,9 +308,9 @@ impl Worker {
             if active && !poll_for.is_zero() {
                 spin_until = Some(Instant::now() + poll_for);
             }
-            if idle_timeout > 0 && last_sweep.elapsed() >= Duration::from_secs(1) {
+            if sweep && last_sweep.elapsed() >= Duration::from_secs(1) {
                 last_sweep = Instant::now();
-                self.kick_idle(now, idle_timeout);
+                self.kick_idle(now, idle_timeout, auth_timeout);
             }
         }
     }
@@ -468,11 +475,19 @@ impl Worker {
         }
     }
 
-    fn kick_idle(&mut self, now: u32, idle_timeout: u32) {
+    /// Close connections idle for longer than `-o idle_timeout`, and with `-Y` those that
+    /// have not authenticated within `--auth-timeout` (0 = no limit, for either).
+    fn kick_idle(&mut self, now: u32, idle_timeout: u32, auth_timeout: u32) {
+        let shared = &self.shared;
         let idle: Vec<Token> = self
             .conns
             .iter()
-            .filter(|(_, c)| now.saturating_sub(c.last_active) > idle_timeout)
+            .filter(|(_, c)| {
+                (idle_timeout > 0 && now.saturating_sub(c.last_active) > idle_timeout)
+                    || (auth_timeout > 0
+                        && c.unauthenticated(shared)
+                        && now.saturating_sub(c.accepted) > auth_timeout)
+            })
             .map(|(t, _)| *t)
             .collect();
         for t in idle {

@@ -331,3 +331,40 @@ fn start_up_refuses_what_memcached_refuses() {
     let _ = std::fs::remove_file(good);
     let _ = std::fs::remove_file(bad);
 }
+
+#[test]
+fn a_connection_that_does_not_authenticate_in_time_is_closed_and_others_stay() {
+    let file = auth_file("deadline", "alice:secret\n");
+    let port = free_port();
+    let child = Command::new(BIN)
+        .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+        .args(["--ucx-port", "0", "--auth-timeout", "1", "-Y"])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mf = Server { child, port };
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < WAIT, "never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut silent = connect(&mf);
+    let mut halfway = connect(&mf);
+    halfway.write_all(b"set x 0 0 12\r\nalice").unwrap();
+    let mut authed = connect(&mf);
+    authed
+        .write_all(b"set x 0 0 12\r\nalice secret\r\n")
+        .unwrap();
+    assert_eq!(line(&mut authed), b"STORED\r\n");
+    assert!(closed(&mut silent), "a connection that says nothing");
+    assert!(closed(&mut halfway), "a handshake never finished");
+    // The authenticated one is not touched (no -o idle_timeout): still answers after the
+    // others were closed.
+    authed.write_all(b"mn\r\n").unwrap();
+    assert_eq!(line(&mut authed), b"MN\r\n");
+    assert!(stat(&mf, "idle_kicks") >= 2);
+    let _ = std::fs::remove_file(file);
+}

@@ -272,7 +272,10 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("store_no_memory", t.store_no_memory);
     v.put("auth_cmds", t.auth_cmds);
     v.put("auth_errors", t.auth_errors);
-    if shared.settings.idle_timeout > 0 {
+    // memcached shows it with -o idle_timeout; memfabricd also with -Y, whose
+    // --auth-timeout closes are counted there.
+    let auth_deadline = shared.settings.auth.is_some() && shared.settings.auth_timeout > 0;
+    if shared.settings.idle_timeout > 0 || auth_deadline {
         v.put("idle_kicks", t.idle_kicks);
     }
     v.put("bytes_read", t.bytes_read);
