@@ -18,5 +18,5 @@ pkill -f "memfabricd -p 23502"; sleep 0.3
 $B/memfabricd -p 23502 -U 0 --ucx-port 0 -l 127.0.0.1 -m 1024 >/dev/null 2>&1 & sleep 0.5
 S=127.0.0.1:23501,127.0.0.1:23502,127.0.0.1:23503
 /usr/bin/time -f "%e s wall, %U s user, %S s sys (client)" $B/memfabric --servers $S --replicas 2 --repair-bandwidth $BW repair 127.0.0.1:23502 2>&1 | tail -3
-printf 'stats\r\n' | timeout 1 nc -q1 127.0.0.1 23502 | grep -E "curr_items|bytes "
+printf 'stats\r\n' | timeout 1 nc -q1 127.0.0.1 23502 | grep -E "^STAT (curr_items|bytes) "
 pkill -f "memfabricd -p 235"
