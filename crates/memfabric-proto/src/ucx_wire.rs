@@ -292,11 +292,7 @@ impl Hello {
 /// Decode a HELLO from the start of `b`: `Ok(None)` when more bytes are needed,
 /// otherwise the frame and its length.
 pub fn decode_hello(b: &[u8]) -> Result<Option<(Hello, usize)>, DecodeError> {
-    if b.len() >= 4 && b[..4] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let mut r = Reader { b, at: 0 };
-    let res = (|| {
+    decode_frame(b, |r| {
         r.take(4)?;
         let version = r.u16()?;
         r.take(2)?;
@@ -305,7 +301,21 @@ pub fn decode_hello(b: &[u8]) -> Result<Option<(Hello, usize)>, DecodeError> {
             version,
             worker_address,
         })
-    })();
+    })
+}
+
+/// A bootstrap frame at the start of `b`, read by `body` from its first byte (magic
+/// included): `Ok(None)` while it is incomplete, else the frame and its length. Bytes
+/// that cannot start a frame (wrong magic) are refused as soon as four have come.
+fn decode_frame<T>(
+    b: &[u8],
+    body: impl FnOnce(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<Option<(T, usize)>, DecodeError> {
+    if b.len() >= 4 && b[..4] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let mut r = Reader { b, at: 0 };
+    let res = body(&mut r);
     need_more(res, r.at)
 }
 
@@ -385,11 +395,7 @@ pub fn server_frame_status(b: &[u8]) -> Option<u8> {
 
 /// Decode a challenge from the start of `b` (`Ok(None)`: need more bytes).
 pub fn decode_challenge(b: &[u8]) -> Result<Option<(Challenge, usize)>, DecodeError> {
-    if b.len() >= 4 && b[..4] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let mut r = Reader { b, at: 0 };
-    let res = (|| {
+    decode_frame(b, |r| {
         r.take(4)?;
         let version = r.u16()?;
         let sf = r.take(2)?;
@@ -399,8 +405,7 @@ pub fn decode_challenge(b: &[u8]) -> Result<Option<(Challenge, usize)>, DecodeEr
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(r.take(NONCE_LEN)?);
         Ok(Challenge { version, nonce })
-    })();
-    need_more(res, r.at)
+    })
 }
 
 /// The client's answer to a challenge: who it is, and the MAC of the challenge and its
@@ -425,11 +430,7 @@ impl Proof {
 
 /// Decode a proof from the start of `b` (`Ok(None)`: need more bytes).
 pub fn decode_proof(b: &[u8]) -> Result<Option<(Proof, usize)>, DecodeError> {
-    if b.len() >= 4 && b[..4] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let mut r = Reader { b, at: 0 };
-    let res = (|| {
+    decode_frame(b, |r| {
         r.take(8)?;
         let n = r.u32()? as usize;
         if n > USER_MAX {
@@ -439,8 +440,7 @@ pub fn decode_proof(b: &[u8]) -> Result<Option<(Proof, usize)>, DecodeError> {
         let mut mac = [0u8; MAC_LEN];
         mac.copy_from_slice(r.take(MAC_LEN)?);
         Ok(Proof { user, mac })
-    })();
-    need_more(res, r.at)
+    })
 }
 
 /// HMAC-SHA-256 keyed with `password` over a fixed context, the challenge's nonce and the
@@ -491,11 +491,7 @@ impl Welcome {
 
 /// Decode a WELCOME from the start of `b` (`Ok(None)`: need more bytes).
 pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError> {
-    if b.len() >= 4 && b[..4] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let mut r = Reader { b, at: 0 };
-    let res = (|| {
+    decode_frame(b, |r| {
         r.take(4)?;
         let version = r.u16()?;
         let sf = r.take(2)?;
@@ -523,8 +519,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
             arena_rkey: r.blob()?,
             index_rkey: r.blob()?,
         })
-    })();
-    need_more(res, r.at)
+    })
 }
 
 fn need_more<T>(res: Result<T, DecodeError>, at: usize) -> Result<Option<(T, usize)>, DecodeError> {
