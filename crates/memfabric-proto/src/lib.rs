@@ -31,3 +31,9 @@ pub const KEY_MAX_LEN: usize = 250;
 pub fn is_text_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= KEY_MAX_LEN && key.iter().all(|&b| b > 0x20 && b != 0x7f)
 }
+
+/// Whether two secrets (passwords, MACs) are equal, comparing every byte when the lengths
+/// agree: the time taken does not say how many leading bytes of a guess were right.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -4,6 +4,8 @@
 //! use, as memcached's does). The handshake that uses it is `exec/auth.rs`.
 use std::sync::RwLock;
 
+use memfabric_proto::same_secret as same;
+
 /// memcached keeps at most this many entries (later lines are ignored; memfabricd says
 /// so at start).
 pub const MAX_ENTRIES: usize = 8;
@@ -103,26 +105,10 @@ impl AuthFile {
         found
     }
 
-    /// Whether `user` and `pass` are an entry. Every entry is compared in full, so the
-    /// time taken does not say how much of a guess was right.
+    /// Whether `user` and `pass` are an entry.
     pub fn check(&self, user: &[u8], pass: &[u8]) -> bool {
-        let Ok(users) = self.users.read() else {
-            return false;
-        };
-        let mut found = false;
-        for c in users.iter() {
-            found |= same(&c.user, user) & same(&c.pass, pass);
-        }
-        found
+        self.verify(user, |p| same(p, pass))
     }
-}
-
-/// Equal bytes, comparing all of them when the lengths agree.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn read(path: &str) -> Result<Parsed, String> {

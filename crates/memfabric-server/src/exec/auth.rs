@@ -11,6 +11,7 @@
 //! one read, answers only the last of them (one reply buffer is reused); memfabricd
 //! answers each. A payload longer than [`PAYLOAD_MAX`] closes the connection (memcached
 //! stalls on one that does not fit its read buffer, or resets the connection).
+use memfabric_proto::ascii::tokenize;
 use memfabric_proto::number::safe_strtoul;
 
 use super::{ExecCtx, Session, Step};
@@ -51,10 +52,13 @@ pub fn process_one(
                 }
                 return Step::NeedMore(0);
             };
-            let tokens = tokens(&input[..nl]);
-            let size = match tokens.as_slice() {
-                [verb, _, _, _, size, ..] if *verb == b"set" => safe_strtoul(size),
-                _ => None,
+            // A `\r` before the newline stays in the last token; the number parser stops
+            // at it, as memcached's does.
+            let tokens = tokenize(&input[..nl]);
+            let size = if tokens.len() >= 5 && tokens.get(0) == b"set" {
+                safe_strtoul(tokens.get(4))
+            } else {
+                None
             };
             let Some(size) = size else {
                 reply(out, b"CLIENT_ERROR unauthenticated\r\n");
@@ -85,11 +89,12 @@ pub fn process_one(
     // memcached compares C strings: a NUL ends the payload.
     let text = &payload[..want - 2];
     let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
-    let creds = tokens(text);
-    let [user, pass, ..] = creds.as_slice() else {
+    let creds = tokenize(text);
+    if creds.len() < 2 {
         reply(out, b"CLIENT_ERROR bad authentication token format\r\n");
         return Step::Done(used + want);
-    };
+    }
+    let (user, pass) = (creds.get(0), creds.get(1));
     ctx.stats.auth_cmds.incr();
     let ok = ctx
         .shared
@@ -112,12 +117,4 @@ pub fn process_one(
 
 fn reply(out: &mut OutQueue, line: &[u8]) {
     out.bytes().extend_from_slice(line);
-}
-
-/// memcached's tokenizer: split at spaces, empty tokens skipped (a `\r` before the
-/// newline stays in the last token, where the number parser stops at it).
-fn tokens(line: &[u8]) -> Vec<&[u8]> {
-    line.split(|&b| b == b' ')
-        .filter(|t| !t.is_empty())
-        .collect()
 }
