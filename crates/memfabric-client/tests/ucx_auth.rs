@@ -83,6 +83,37 @@ fn a_pool_with_a_users_credentials_works_over_ucx_and_tcp_and_others_are_refused
     let _ = std::fs::remove_file(file);
 }
 
+/// `-S`: the UCX bootstrap proves the SASL password file's credentials (the TCP port
+/// speaks binary SASL only, which this client does not: docs/security.md).
+#[test]
+fn the_ucx_bootstrap_proves_the_sasl_password_file_with_minus_s() {
+    let file = users("sasl");
+    let server = Server::start_env(
+        Kind::MemfabricdUcx,
+        &["-S"],
+        &[("MEMCACHED_SASL_PWDB", file.to_str().unwrap())],
+    );
+    let mut c = Client::new(server.url().as_str(), config(Some(("bob", "pw2")))).unwrap();
+    c.set(b"k", &vec![5u8; 200_000], 3, 0).unwrap();
+    assert_eq!(c.get(b"k").unwrap().unwrap().data.len(), 200_000);
+    let mut wrong = Client::new(server.url().as_str(), config(Some(("bob", "pw")))).unwrap();
+    assert!(matches!(wrong.get(b"k").unwrap_err(), Error::Auth { .. }));
+    let mut nobody = Client::new(server.url().as_str(), config(None)).unwrap();
+    assert!(matches!(nobody.get(b"k").unwrap_err(), Error::Auth { .. }));
+    // An entry removed from the file is refused at the next bootstrap.
+    std::fs::write(&file, "alice:secret\n").unwrap();
+    let mut removed = Client::new(server.url().as_str(), config(Some(("bob", "pw2")))).unwrap();
+    assert!(matches!(removed.get(b"k").unwrap_err(), Error::Auth { .. }));
+    let stats = c.stats(None).remove(0).1.unwrap();
+    let errors: u64 = stats
+        .iter()
+        .find(|(k, _)| k == "auth_errors")
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    assert_eq!(errors, 2, "the wrong password and the removed entry");
+    let _ = std::fs::remove_file(file);
+}
+
 #[test]
 fn credentials_do_no_harm_with_servers_that_have_none() {
     for kind in [Kind::MemfabricdUcx, Kind::Memfabricd, Kind::Memcached] {

@@ -6,7 +6,8 @@
 //! frames of memfabric's own protocol (docs/fabric-protocol.md); `onesided` decodes and
 //! checks what a client reads from the server's memory with RMA (docs/one-sided.md).
 //! `meta_client` is the client's side of the meta protocol (its requests and the decoding
-//! of their replies); `metadump` the lines of `lru_crawler metadump` as a client reads them.
+//! of their replies); `metadump` the lines of `lru_crawler metadump` as a client reads them;
+//! `sasl` the binary protocol's SASL PLAIN message.
 //! `number` is the one decimal parser (memcached's `safe_strto*`) both
 //! text protocols use. Limits every protocol shares are defined here, once.
 
@@ -19,6 +20,7 @@ pub mod meta_client;
 pub mod metadump;
 pub mod number;
 pub mod onesided;
+pub mod sasl;
 pub mod ucx_wire;
 pub mod udp;
 

@@ -1,8 +1,12 @@
-//! memcached's ASCII authentication file (`-Y FILE`, `--auth-file`): `user:password`
-//! lines, read at start (a file memcached would refuse stops memfabricd too, with
-//! memcached's message) and again on SIGHUP (a reload that fails keeps the table in
-//! use, as memcached's does). The handshake that uses it is `exec/auth.rs`.
-use std::sync::RwLock;
+//! Who may connect: memcached's ASCII authentication file (`-Y FILE`, `--auth-file`):
+//! `user:password` lines, read at start (a file memcached would refuse stops memfabricd
+//! too, with memcached's message) and again on SIGHUP (a reload that fails keeps the
+//! table in use, as memcached's does); the handshake that uses it is `exec/auth.rs`. And
+//! the SASL password file (`-S` with `MEMCACHED_SASL_PWDB`, [`SaslPwdb`]) that binary
+//! SASL PLAIN (`exec/sasl.rs`) checks against. The UCX bootstrap proves either
+//! ([`Users`]).
+use std::io::{BufRead, BufReader, Read};
+use std::sync::{Arc, RwLock};
 
 use memfabric_proto::same_secret as same;
 
@@ -111,6 +115,108 @@ impl AuthFile {
     }
 }
 
+/// memcached's SASL password database (`MEMCACHED_SASL_PWDB`, memcached built with
+/// `--enable-sasl-pwdb`): `user:password` lines, read again at every attempt (so an edit
+/// takes effect at once, as in memcached). Matching is memcached's: the first line that
+/// starts with `user:` decides; its password runs to the next `:`, `\r`, `\n` or the end of
+/// memcached's 255-byte line buffer (longer lines are read as several).
+#[derive(Debug)]
+pub struct SaslPwdb {
+    path: String,
+}
+
+/// memcached's buffer for one line of the SASL password file, terminator included.
+const PWDB_ENTRY_MAX: usize = 256;
+/// The most of the file read per attempt: a user further down is not found.
+const PWDB_READ_MAX: u64 = 1 << 20;
+
+impl SaslPwdb {
+    /// The file named by `MEMCACHED_SASL_PWDB`; an error when it cannot be read now.
+    pub fn open(path: &str) -> Result<SaslPwdb, String> {
+        std::fs::File::open(path).map_err(|e| {
+            format!("-S: cannot read the SASL password file MEMCACHED_SASL_PWDB={path}: {e}")
+        })?;
+        Ok(SaslPwdb {
+            path: path.to_string(),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The password of `user`'s entry, if the file has one.
+    fn password_of(&self, user: &[u8]) -> Option<Vec<u8>> {
+        let file = std::fs::File::open(&self.path).ok()?;
+        password_in(BufReader::new(file.take(PWDB_READ_MAX)), user)
+    }
+
+    /// Whether `user` has an entry whose password satisfies `proves`.
+    pub fn verify(&self, user: &[u8], proves: impl Fn(&[u8]) -> bool) -> bool {
+        match self.password_of(user) {
+            Some(p) => proves(&p),
+            None => {
+                let _ = proves(b"");
+                false
+            }
+        }
+    }
+
+    /// Whether `user` and `pass` are an entry (memcached's
+    /// `sasl_server_userdb_checkpass`).
+    pub fn check(&self, user: &[u8], pass: &[u8]) -> bool {
+        // memcached gives up on a user and password together longer than its buffer.
+        if user.len() + pass.len() > PWDB_ENTRY_MAX - 4 {
+            return false;
+        }
+        self.verify(user, |p| same(p, pass))
+    }
+}
+
+/// memcached's search of the SASL password file (`fgets` into a 256-byte buffer).
+fn password_in(mut file: impl BufRead, user: &[u8]) -> Option<Vec<u8>> {
+    let mut line = Vec::with_capacity(PWDB_ENTRY_MAX);
+    loop {
+        line.clear();
+        // One `fgets`: up to the newline, at most 255 bytes.
+        let n = (&mut file)
+            .take(PWDB_ENTRY_MAX as u64 - 1)
+            .read_until(b'\n', &mut line)
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        // A C string: a NUL ends it.
+        let text = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+        if text.len() > user.len() && text.starts_with(user) && text[user.len()] == b':' {
+            let pass = &text[user.len() + 1..];
+            let end = pass
+                .iter()
+                .position(|&b| matches!(b, b':' | b'\r' | b'\n'))
+                .unwrap_or(pass.len());
+            return Some(pass[..end].to_vec());
+        }
+    }
+}
+
+/// The credentials a server checks: the `-Y` table or the `-S` password file. The UCX
+/// bootstrap proves either.
+#[derive(Clone, Debug)]
+pub enum Users {
+    AuthFile(Arc<AuthFile>),
+    SaslPwdb(Arc<SaslPwdb>),
+}
+
+impl Users {
+    /// Whether `user` has an entry whose password satisfies `proves`.
+    pub fn verify(&self, user: &[u8], proves: impl Fn(&[u8]) -> bool) -> bool {
+        match self {
+            Users::AuthFile(t) => t.verify(user, proves),
+            Users::SaslPwdb(t) => t.verify(user, proves),
+        }
+    }
+}
+
 fn read(path: &str) -> Result<Parsed, String> {
     let bytes = std::fs::read(path)
         .map_err(|e| format!("Could not open authfile [{path}] for reading, error {e}"))?;
@@ -188,6 +294,47 @@ mod tests {
         let long = [b"u:".as_slice(), &[b'p'; 300]].concat();
         assert!(table(&long).is_none());
         assert!(table(b"").unwrap().users.read().unwrap().is_empty());
+    }
+
+    fn pwdb(text: &[u8], user: &[u8]) -> Option<Vec<u8>> {
+        password_in(text, user)
+    }
+
+    #[test]
+    fn the_sasl_password_file_is_searched_as_memcached_does() {
+        let f = b"alice:secret\nbob:pw:extra\r\ncarol:\nalice:second\ndave:pw";
+        assert_eq!(
+            pwdb(f, b"alice").unwrap(),
+            b"secret",
+            "the first entry decides"
+        );
+        assert_eq!(pwdb(f, b"bob").unwrap(), b"pw", "a colon ends the password");
+        assert_eq!(pwdb(f, b"carol").unwrap(), b"");
+        assert_eq!(pwdb(f, b"dave").unwrap(), b"pw", "no final newline");
+        assert_eq!(pwdb(f, b"ali"), None, "a prefix of a user is not the user");
+        assert_eq!(pwdb(f, b"eve"), None);
+        // A line past the buffer is read as two: its second part can be an entry.
+        let long = [&[b'x'; 255][..], b"zed:pw\n"].concat();
+        assert_eq!(pwdb(&long, b"zed").unwrap(), b"pw");
+    }
+
+    #[test]
+    fn the_sasl_password_file_is_read_at_every_attempt() {
+        let dir = std::env::temp_dir().join(format!("memfabric-pwdb-{}", std::process::id()));
+        std::fs::write(&dir, b"alice:one\n").unwrap();
+        let db = SaslPwdb::open(dir.to_str().unwrap()).unwrap();
+        assert!(db.check(b"alice", b"one"));
+        assert!(!db.check(b"alice", b"on"));
+        assert!(!db.check(b"alice", b"one\0"));
+        std::fs::write(&dir, b"alice:two\n").unwrap();
+        assert!(db.check(b"alice", b"two"));
+        assert!(!db.check(b"alice", b"one"));
+        std::fs::remove_file(&dir).unwrap();
+        assert!(
+            !db.check(b"alice", b"two"),
+            "a file that is gone refuses everyone"
+        );
+        assert!(SaslPwdb::open(dir.to_str().unwrap()).is_err());
     }
 
     #[test]

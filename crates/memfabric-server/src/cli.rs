@@ -149,14 +149,9 @@ pub struct Args {
         default_value_t = 1024
     )]
     pub backlog: u32,
-    /// protocol - one of ascii, binary, or auto (default: auto-negotiate)
-    #[arg(
-        short = 'B',
-        long = "protocol",
-        value_name = "name",
-        default_value = "auto"
-    )]
-    pub protocol: String,
+    /// protocol - one of ascii, binary, or auto (default: auto-negotiate; binary with -S)
+    #[arg(short = 'B', long = "protocol", value_name = "name")]
+    pub protocol: Option<String>,
     /// max item size, k/m/g suffixes (default: 1m, min: 1k, max: 1024m)
     #[arg(
         short = 'I',
@@ -165,7 +160,10 @@ pub struct Args {
         default_value = "1m"
     )]
     pub max_item_size: String,
-    /// turn on SASL authentication (not supported: refuses to start)
+    /// turn on SASL authentication: binary protocol only, SASL PLAIN checked against the
+    /// `user:password` file named by the MEMCACHED_SASL_PWDB environment variable (as a
+    /// memcached built with --enable-sasl-pwdb; no Cyrus sasldb); the UCX bootstrap asks
+    /// for the same credentials
     #[arg(short = 'S', long = "enable-sasl")]
     pub sasl: bool,
     /// disable flush_all command
@@ -276,6 +274,43 @@ fn refused(flag: &str, why: &str) -> CliError {
     ))
 }
 
+/// `-S`: memcached's checks and messages, then the password file.
+fn sasl_settings(
+    with_auth_file: bool,
+    s: &Settings,
+) -> Result<std::sync::Arc<crate::auth::SaslPwdb>, CliError> {
+    if s.protocol != ProtocolChoice::Binary {
+        return Err(usage(
+            "ERROR: You cannot allow the ASCII protocol while using SASL.",
+        ));
+    }
+    if s.udp_port != 0 {
+        return Err(usage(
+            "ERROR: Cannot enable UDP while using binary SASL authentication.",
+        ));
+    }
+    if with_auth_file {
+        // memcached starts with both, and then answers neither protocol's handshake
+        // correctly.
+        return Err(refused(
+            "-S with -Y",
+            "SASL is binary-only and the -Y handshake text-only; use one",
+        ));
+    }
+    let Some(path) = std::env::var_os("MEMCACHED_SASL_PWDB") else {
+        return Err(refused(
+            "-S (SASL authentication)",
+            "memfabricd checks SASL PLAIN against the user:password file named by \
+             MEMCACHED_SASL_PWDB (memcached's --enable-sasl-pwdb convention; it reads no \
+             Cyrus sasldb), and MEMCACHED_SASL_PWDB is not set",
+        ));
+    };
+    let path = path.to_string_lossy().into_owned();
+    crate::auth::SaslPwdb::open(&path)
+        .map(std::sync::Arc::new)
+        .map_err(|e| usage(format!("memfabricd: {e}; refusing to start without it")))
+}
+
 /// `-p`/`-U`: memcached's range. -1 asks for an ephemeral port, 0 turns the listener off.
 /// Above 65535 is memcached's usage error; below -1 memcached fails to bind (EX_OSERR).
 fn port(value: i32, proto: &str) -> Result<i32, CliError> {
@@ -352,12 +387,6 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     let mut warnings = Vec::new();
 
     // The features memfabricd lacks, first: nothing else matters if it will not start.
-    if a.sasl {
-        return Err(refused(
-            "-S (SASL authentication)",
-            "memfabricd has no SASL and would serve every client unauthenticated",
-        ));
-    }
     if a.ssl {
         return Err(refused(
             "-Z (TLS)",
@@ -439,7 +468,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.use_cas = !a.disable_cas;
     s.store.use_cas = s.use_cas;
     s.backlog = a.backlog;
-    s.protocol = match a.protocol.as_str() {
+    s.protocol = match a.protocol.as_deref().unwrap_or(if a.sasl { "binary" } else { "auto" }) {
         "auto" => ProtocolChoice::Auto,
         "ascii" => ProtocolChoice::Ascii,
         "binary" => ProtocolChoice::Binary,
@@ -469,6 +498,9 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_transfer_timeout = a.ucx_transfer_timeout;
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
+    if a.sasl {
+        s.sasl = Some(sasl_settings(a.auth_file.is_some(), &s)?);
+    }
     if let Some(f) = &a.auth_file {
         // memcached's checks and messages. The UCX bootstrap uses the same file
         // (a challenge and a proof before UCX sees anything; docs/fabric-protocol.md).
@@ -869,16 +901,46 @@ mod tests {
     #[test]
     fn authentication_tls_and_memory_file_flags_refuse_to_start() {
         for (flags, names) in [
-            (&["-S"][..], "-S (SASL"),
             (&["-Z"][..], "-Z (TLS"),
             (&["-e", "/dev/shm/mc"][..], "-e /dev/shm/mc"),
-            (&["--enable-sasl"][..], "-S (SASL"),
             (&["--enable-ssl"][..], "-Z (TLS"),
         ] {
             let e = err(flags);
             assert_eq!(e.code, 64, "{flags:?}");
             assert!(e.message.contains(names), "{flags:?}: {}", e.message);
             assert!(!e.message.contains('\n'), "one line: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn sasl_is_binary_only_and_needs_its_password_file() {
+        for flags in [&["-S", "-B", "ascii"][..], &["-S", "-B", "auto"]] {
+            let e = err(flags);
+            assert_eq!(
+                (e.code, e.message.as_str()),
+                (
+                    64,
+                    "ERROR: You cannot allow the ASCII protocol while using SASL."
+                )
+            );
+        }
+        let e = err(&["-S", "-U", "11211"]);
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                64,
+                "ERROR: Cannot enable UDP while using binary SASL authentication."
+            )
+        );
+        assert!(err(&["-S", "-Y", "/nonexistent"])
+            .message
+            .contains("-S with -Y"));
+        // (This test process never sets MEMCACHED_SASL_PWDB.)
+        if std::env::var_os("MEMCACHED_SASL_PWDB").is_none() {
+            let e = err(&["-S", "-B", "binary"]);
+            assert_eq!(e.code, 64);
+            assert!(e.message.contains("MEMCACHED_SASL_PWDB"), "{}", e.message);
+            assert!(e.message.contains("refusing to start"), "{}", e.message);
         }
     }
 

@@ -204,9 +204,10 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Still has to pass the `-Y` handshake.
+    /// Still has to pass the `-Y` handshake or SASL (`-S`).
     pub fn unauthenticated(&self, shared: &Shared) -> bool {
-        shared.settings.auth.is_some() && !self.session.auth.done
+        (shared.settings.auth.is_some() && !self.session.auth.done)
+            || (shared.settings.sasl.is_some() && !self.session.sasl.authenticated)
     }
 
     pub fn new(

@@ -186,9 +186,9 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         }
         workers.push(worker::spawn(n, Arc::clone(&shared), udp)?);
     }
-    if !listeners.ucx.is_empty() && shared.settings.auth.is_none() {
+    if !listeners.ucx.is_empty() && !shared.settings.authenticates() {
         tracing::warn!(
-            "the UCX port ({}) serves anyone who can reach it (no -Y file): keep it on a \
+            "the UCX port ({}) serves anyone who can reach it (no -Y or -S): keep it on a \
              trusted network",
             shared.settings.ucx_port
         );

@@ -9,6 +9,8 @@ pub const DEFAULT_UCX_POLL_US: u64 = 50;
 pub struct Settings {
     /// `-Y FILE`: the ascii authentication table (memcached's `-Y`), loaded.
     pub auth: Option<std::sync::Arc<crate::auth::AuthFile>>,
+    /// `-S`: binary SASL PLAIN against the file `MEMCACHED_SASL_PWDB` names.
+    pub sasl: Option<std::sync::Arc<crate::auth::SaslPwdb>>,
     /// TCP port (`-p`, default 11211; 0 = off; -1 = an ephemeral port, as memcached:
     /// each listener binds port 0 and `MEMCACHED_PORT_FILENAME` reports what it got).
     pub tcp_port: i32,
@@ -134,11 +136,30 @@ pub enum ProtocolChoice {
     Binary,
 }
 
+impl Settings {
+    /// The credentials clients must prove (`-Y` or `-S`), if any: what the UCX bootstrap
+    /// checks a HELLO's proof against.
+    pub fn users(&self) -> Option<crate::auth::Users> {
+        use crate::auth::Users;
+        match (&self.auth, &self.sasl) {
+            (Some(t), _) => Some(Users::AuthFile(std::sync::Arc::clone(t))),
+            (None, Some(t)) => Some(Users::SaslPwdb(std::sync::Arc::clone(t))),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether connections must authenticate before anything runs (`-Y` or `-S`).
+    pub fn authenticates(&self) -> bool {
+        self.auth.is_some() || self.sasl.is_some()
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             tcp_port: 11211,
             auth: None,
+            sasl: None,
             udp_port: 0,
             listen: Vec::new(),
             unix_socket: None,

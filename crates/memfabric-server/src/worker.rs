@@ -164,8 +164,8 @@ impl Worker {
         let mut ucx_poll =
             AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
         let idle_timeout = self.shared.settings.idle_timeout;
-        // With -Y, connections that have not authenticated are swept too.
-        let auth_timeout = if self.shared.settings.auth.is_some() {
+        // With -Y or -S, connections that have not authenticated are swept too.
+        let auth_timeout = if self.shared.settings.authenticates() {
             self.shared.settings.auth_timeout
         } else {
             0
@@ -475,7 +475,7 @@ impl Worker {
         }
     }
 
-    /// Close connections idle for longer than `-o idle_timeout`, and with `-Y` those that
+    /// Close connections idle for longer than `-o idle_timeout`, and with `-Y` or `-S` those that
     /// have not authenticated within `--auth-timeout` (0 = no limit, for either).
     fn kick_idle(&mut self, now: u32, idle_timeout: u32, auth_timeout: u32) {
         let shared = &self.shared;

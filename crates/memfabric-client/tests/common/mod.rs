@@ -105,21 +105,33 @@ pub struct Server {
     child: Option<Child>,
     /// Where the server's standard error goes (`start_logged`); discarded otherwise.
     log: Option<PathBuf>,
+    /// Environment variables the server starts with (`start_env`).
+    env: Vec<(String, String)>,
 }
 
 impl Server {
     /// Starts `kind` on a free port with memcached's test flags plus `extra`.
     pub fn start(kind: Kind, extra: &[&str]) -> Server {
-        Server::start_with(kind, extra, None)
+        Server::start_with(kind, extra, None, &[])
+    }
+
+    /// As `start`, with `env` added to the server's environment.
+    pub fn start_env(kind: Kind, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_with(kind, extra, None, env)
     }
 
     /// As `start`, with the server's standard error written to `log` (read it after the
     /// server is gone, or while it runs).
     pub fn start_logged(kind: Kind, extra: &[&str], log: &std::path::Path) -> Server {
-        Server::start_with(kind, extra, Some(log.to_path_buf()))
+        Server::start_with(kind, extra, Some(log.to_path_buf()), &[])
     }
 
-    fn start_with(kind: Kind, extra: &[&str], log: Option<PathBuf>) -> Server {
+    fn start_with(
+        kind: Kind,
+        extra: &[&str],
+        log: Option<PathBuf>,
+        env: &[(&str, &str)],
+    ) -> Server {
         for _ in 0..5 {
             let mut s = Server {
                 kind,
@@ -128,6 +140,10 @@ impl Server {
                 args: extra.iter().map(|s| s.to_string()).collect(),
                 child: None,
                 log: log.clone(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
             };
             if s.spawn() {
                 return s;
@@ -184,6 +200,7 @@ impl Server {
             cmd.args(["--ucx-port", &ucx]);
         }
         cmd.args(&self.args);
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if self.kind == Kind::Memcached && is_root() {
             cmd.args(["-u", "root"]);
         }

@@ -272,9 +272,9 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("store_no_memory", t.store_no_memory);
     v.put("auth_cmds", t.auth_cmds);
     v.put("auth_errors", t.auth_errors);
-    // memcached shows it with -o idle_timeout; memfabricd also with -Y, whose
+    // memcached shows it with -o idle_timeout; memfabricd also with -Y or -S, whose
     // --auth-timeout closes are counted there.
-    let auth_deadline = shared.settings.auth.is_some() && shared.settings.auth_timeout > 0;
+    let auth_deadline = shared.settings.authenticates() && shared.settings.auth_timeout > 0;
     if shared.settings.idle_timeout > 0 || auth_deadline {
         v.put("idle_kicks", t.idle_kicks);
     }
@@ -372,7 +372,7 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("cas_enabled", yes_no(s.use_cas));
     v.put("tcp_backlog", s.backlog);
     v.put("binding_protocol", s.protocol.name());
-    v.put("auth_enabled_sasl", "no");
+    v.put("auth_enabled_sasl", yes_no(s.sasl.is_some()));
     // memcached prints the file's path when -Y is on.
     match s.auth.as_ref() {
         Some(a) => v.put("auth_enabled_ascii", a.path()),

@@ -12,7 +12,7 @@ use memfabric_proto::binary::{
 };
 use memfabric_store::{ArithStatus, DeleteStatus, PendingItem, SetMode, StoreStatus};
 
-use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
+use super::{consume, ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
 use crate::command::{self, Arith, Retrieval, StoreAccounting, StoreArgs};
 use crate::outqueue::OutQueue;
 
@@ -31,6 +31,12 @@ pub fn process_one(
     input: &[u8],
     queue: &mut OutQueue,
 ) -> Step {
+    if ctx.shared.settings.sasl.is_some() {
+        // -S: SASL requests, and everything before authentication.
+        if let Some(step) = super::sasl::process_one(ctx, sess, input, queue.bytes()) {
+            return step;
+        }
+    }
     let frame = match bp::parse_request(input) {
         Ok(frame) => frame,
         Err(FrameError::BadMagic(_)) => {
@@ -87,14 +93,6 @@ pub fn process_one(
             }
         }
     }
-}
-
-/// Use `len` bytes of input: what is here now, the rest swallowed as it arrives.
-fn consume(sess: &mut Session, input: &[u8], len: u64) -> Step {
-    let len = usize::try_from(len).unwrap_or(usize::MAX);
-    let now = len.min(input.len());
-    sess.swallow = len - now;
-    Step::Done(now)
 }
 
 enum Flow {

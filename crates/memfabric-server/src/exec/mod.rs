@@ -6,7 +6,8 @@
 //! the replies to `out`. It never blocks and never panics on input.
 //!
 //! Files: `ascii.rs` (classic text commands and line framing), `meta.rs` (mg ms md ma mn
-//! me), `binary.rs` (binary protocol). Each exposes a `process_one` with the same shape.
+//! me), `binary.rs` (binary protocol), `auth.rs` (the `-Y` handshake), `sasl.rs` (binary
+//! SASL, `-S`). Each exposes a `process_one` with the same shape.
 
 use memfabric_store::{ItemInfo, PendingItem, PrefetchHint};
 
@@ -22,6 +23,7 @@ pub mod ascii;
 pub mod auth;
 pub mod binary;
 pub mod meta;
+pub mod sasl;
 
 /// Which protocol a connection speaks, decided by its first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub struct Session {
     pub dump: Option<memfabric_store::DumpCursor>,
     /// Where the connection is in the `-Y` handshake (unused without `-Y`).
     pub auth: auth::AuthState,
+    /// Where the connection is in SASL (unused without `-S`).
+    pub sasl: sasl::SaslState,
 }
 
 /// Metadump bytes produced per turn: the output cap, checked before each turn, bounds
@@ -188,6 +192,15 @@ impl Receiving {
         self.filled = (self.filled + n).min(self.item.value_len());
         self.item.fold_checksum(self.filled);
     }
+}
+
+/// Use `len` bytes of input for one binary request: what is here now, the rest
+/// swallowed as it arrives.
+fn consume(sess: &mut Session, input: &[u8], len: u64) -> Step {
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    let now = len.min(input.len());
+    sess.swallow = len - now;
+    Step::Done(now)
 }
 
 /// Outcome of one `process_one` call.

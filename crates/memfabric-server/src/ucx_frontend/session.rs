@@ -165,7 +165,7 @@ impl FabricWorker {
                 match fp::decode_hello(&c.inbuf) {
                     Ok(None) => {}
                     Ok(Some((hello, used))) if used == c.inbuf.len() => {
-                        if self.shared().settings.auth.is_some() {
+                        if self.shared().settings.authenticates() {
                             self.challenge(token, hello);
                         } else {
                             self.welcome(token, hello);
@@ -216,7 +216,7 @@ impl FabricWorker {
         else {
             return;
         };
-        let ok = self.shared().settings.auth.as_ref().is_some_and(|a| {
+        let ok = self.shared().settings.users().is_some_and(|a| {
             a.verify(&proof.user, |password| {
                 let want = fp::proof_mac(password, &nonce, &hello.worker_address);
                 fp::macs_equal(&proof.mac, &want)
