@@ -214,3 +214,174 @@ fn the_tcp_handshake_authenticates_with_memcached_too() {
     assert!(matches!(e, Error::Auth { .. }), "{e:?}");
     let _ = std::fs::remove_file(file);
 }
+
+/// Acceptance 3 of issue 16: a few thousand hostile bootstraps, back to back (random
+/// bytes, truncated HELLOs, oversized frames, replayed proofs, wrong passwords, a right
+/// password for an address UCX could not parse), while an authenticated client works.
+/// None of them reaches UCX (the server would abort on the garbage address), the client
+/// never sees an error, each kind is counted, and nothing is left behind. CI runs this
+/// under both its UCX_TLS stages (shared memory, TCP). Nothing here is timed.
+#[test]
+fn thousands_of_hostile_bootstraps_are_refused_counted_and_harm_no_one() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let file = users("flood");
+    let server = Server::start(Kind::MemfabricdUcx, &["-Y", file.to_str().unwrap()]);
+    let ucx_port = server.ucx_port.unwrap();
+    let fabric = |name: &str| -> u64 {
+        let mut c = Client::new(server.url().as_str(), config(Some(("alice", "secret")))).unwrap();
+        let stats = c.stats(Some("fabric")).remove(0).1.unwrap();
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let errors_before = stat(&server, "auth_errors");
+    let rejects_before = fabric("ucx_bootstrap_rejects");
+
+    // The authenticated client, for as long as the flood lasts (and at least 200 rounds).
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let url = server.url();
+        std::thread::spawn(move || {
+            let mut c = Client::new(url.as_str(), config(Some(("bob", "pw2")))).unwrap();
+            let mut rounds = 0u64;
+            while rounds < 200 || !stop.load(Ordering::Relaxed) {
+                let key = format!("k{}", rounds % 64);
+                let value = vec![
+                    (rounds % 251) as u8;
+                    if rounds.is_multiple_of(8) {
+                        20_000
+                    } else {
+                        100
+                    }
+                ];
+                c.set(key.as_bytes(), &value, 0, 0)
+                    .expect("set during the flood");
+                let got = c.get(key.as_bytes()).expect("get during the flood");
+                assert_eq!(got.expect("hit").data, value);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+
+    // A proof made for one connection, to replay on others.
+    let garbage = vec![0xffu8; 64];
+    let (_, frame) = hello(&server, &garbage);
+    let (first, _) = fp::decode_challenge(&frame).unwrap().unwrap();
+    let captured = fp::Proof {
+        user: b"alice".to_vec(),
+        mac: fp::proof_mac(b"secret", &first.nonce, &garbage),
+    };
+    let valid_hello = fp::Hello {
+        version: fp::VERSION,
+        worker_address: garbage.clone(),
+    }
+    .encode();
+
+    const ROUNDS: usize = 3000;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    };
+    let (mut junk, mut oversized, mut wrong_proofs, mut right_proofs) = (0u64, 0u64, 0u64, 0u64);
+    let started = std::time::Instant::now();
+    for i in 0..ROUNDS {
+        let mut s = TcpStream::connect(("127.0.0.1", ucx_port)).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        match i % 6 {
+            // Random bytes that do not start with the magic (four bytes or more, enough
+            // to tell): closed, counted.
+            0 => {
+                let mut bytes = random(4 + i % 200);
+                bytes[0] = b'X';
+                s.write_all(&bytes).unwrap();
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                assert!(rest.is_empty(), "random bytes got an answer");
+                junk += 1;
+            }
+            // Half a HELLO, then gone: nothing to answer.
+            1 => {
+                s.write_all(&valid_hello[..valid_hello.len() / 2]).unwrap();
+            }
+            // A frame longer than any HELLO may be: closed before it is all read.
+            2 => {
+                let mut frame = valid_hello[..8].to_vec();
+                frame.extend(random(fp::BLOB_MAX + 4096));
+                let _ = s.write_all(&frame);
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                assert!(rest.is_empty(), "an oversized frame got an answer");
+                oversized += 1;
+            }
+            // A replayed proof, a wrong password: refused (status 4), counted.
+            3 | 4 => {
+                s.write_all(&valid_hello).unwrap();
+                let mut frame = vec![0u8; 8 + fp::NONCE_LEN];
+                s.read_exact(&mut frame).unwrap();
+                let proof = if i % 6 == 3 {
+                    captured.clone()
+                } else {
+                    let (challenge, _) = fp::decode_challenge(&frame).unwrap().unwrap();
+                    fp::Proof {
+                        user: b"alice".to_vec(),
+                        mac: fp::proof_mac(b"guess", &challenge.nonce, &garbage),
+                    }
+                };
+                assert_eq!(answer(&mut s, &proof), fp::WELCOME_AUTH_FAILED);
+                wrong_proofs += 1;
+            }
+            // The right password for an address UCX cannot parse: refused by the address
+            // check (status 2) — the server is still here, so UCX never parsed it.
+            _ => {
+                s.write_all(&valid_hello).unwrap();
+                let mut frame = vec![0u8; 8 + fp::NONCE_LEN];
+                s.read_exact(&mut frame).unwrap();
+                let (challenge, _) = fp::decode_challenge(&frame).unwrap().unwrap();
+                let proof = fp::Proof {
+                    user: b"bob".to_vec(),
+                    mac: fp::proof_mac(b"pw2", &challenge.nonce, &garbage),
+                };
+                assert_eq!(answer(&mut s, &proof), fp::WELCOME_REFUSED);
+                right_proofs += 1;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let rounds = worker
+        .join()
+        .expect("the authenticated client failed during the flood");
+    eprintln!(
+        "{ROUNDS} hostile bootstraps in {:.2} s ({:.0}/s) while an authenticated client ran \
+         {rounds} set+get rounds",
+        elapsed.as_secs_f64(),
+        ROUNDS as f64 / elapsed.as_secs_f64()
+    );
+    let errors = stat(&server, "auth_errors") - errors_before;
+    assert_eq!(
+        errors, wrong_proofs,
+        "every wrong proof counted, the right ones not"
+    );
+    let rejects = fabric("ucx_bootstrap_rejects") - rejects_before;
+    assert!(
+        rejects >= junk + oversized,
+        "{rejects} rejects for {junk} junk and {oversized} oversized bootstraps"
+    );
+    assert!(right_proofs > 0);
+    // Nothing left behind: the one session is the stats client's own.
+    assert_eq!(fabric("ucx_curr_sessions"), 1);
+    let _ = std::fs::remove_file(file);
+}

@@ -123,6 +123,9 @@ pub struct FabricShared {
     pub transfer_timeouts: AtomicU64,
     /// Bootstrap connections closed because no HELLO came within `--ucx-hello-timeout`.
     pub hello_timeouts: AtomicU64,
+    /// Bootstrap connections closed for what they sent: a frame that is not one, too long,
+    /// or bytes where none may come (after HELLO, after the proof, on a lifeline).
+    pub bootstrap_rejects: AtomicU64,
     /// Requests that waited for the session's rendezvous bytes in flight to fall under
     /// `--ucx-session-inflight-max`, and sessions closed for piling up more than that.
     pub requests_deferred: AtomicU64,
@@ -176,6 +179,7 @@ impl FabricShared {
             receives_cancelled: AtomicU64::new(0),
             transfer_timeouts: AtomicU64::new(0),
             hello_timeouts: AtomicU64::new(0),
+            bootstrap_rejects: AtomicU64::new(0),
             requests_deferred: AtomicU64::new(0),
             sessions_overflowed: AtomicU64::new(0),
         })
@@ -203,6 +207,7 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             ("ucx_receives_cancelled", &fs.receives_cancelled),
             ("ucx_transfer_timeouts", &fs.transfer_timeouts),
             ("ucx_hello_timeouts", &fs.hello_timeouts),
+            ("ucx_bootstrap_rejects", &fs.bootstrap_rejects),
             ("ucx_requests_deferred", &fs.requests_deferred),
             ("ucx_sessions_overflowed", &fs.sessions_overflowed),
         ];

@@ -128,6 +128,8 @@ impl FabricWorker {
             return;
         };
         let mut closed = false;
+        // Closed for what the peer sent (counted), not because it went away.
+        let mut rejected = false;
         let mut buf = [0u8; 4096];
         loop {
             match c.stream.read(&mut buf) {
@@ -138,7 +140,7 @@ impl FabricWorker {
                 Ok(n) => {
                     if c.session.is_some() || c.inbuf.len() + n > HELLO_MAX {
                         // Nothing may follow HELLO: a confused or hostile peer.
-                        closed = true;
+                        rejected = true;
                         break;
                     }
                     c.inbuf.extend_from_slice(&buf[..n]);
@@ -151,7 +153,7 @@ impl FabricWorker {
                 }
             }
         }
-        if !closed && c.session.is_none() && !c.refused && !c.inbuf.is_empty() {
+        if !closed && !rejected && c.session.is_none() && !c.refused && !c.inbuf.is_empty() {
             if c.challenged.is_some() {
                 match fp::decode_proof(&c.inbuf) {
                     Ok(None) => {}
@@ -159,7 +161,7 @@ impl FabricWorker {
                         self.check_proof(stats, token, &proof);
                     }
                     // Bytes after the proof, or not a proof at all.
-                    Ok(Some(_)) | Err(_) => closed = true,
+                    Ok(Some(_)) | Err(_) => rejected = true,
                 }
             } else {
                 match fp::decode_hello(&c.inbuf) {
@@ -172,9 +174,15 @@ impl FabricWorker {
                         }
                     }
                     // Bytes after HELLO, or not a HELLO at all.
-                    Ok(Some(_)) | Err(_) => closed = true,
+                    Ok(Some(_)) | Err(_) => rejected = true,
                 }
             }
+        }
+        if rejected {
+            if let Some(fs) = self.shared().fabric.as_ref() {
+                fs.bootstrap_rejects.fetch_add(1, Ordering::Relaxed);
+            }
+            closed = true;
         }
         if !closed {
             closed = !self.flush_out(token);
