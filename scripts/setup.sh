@@ -39,8 +39,9 @@ quietly() {
 pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet)
 if [[ $mode == all ]]; then
   # Reference server and conformance tools, pylibmc's C library, network namespaces,
-  # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks).
-  pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2 ucx-utils sasl2-bin)
+  # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks),
+  # saslpasswd2 (the SASL differential test's Cyrus sasldb), openssl (test certificates).
+  pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2 ucx-utils sasl2-bin openssl)
 fi
 
 # Python for the interop suite: Debian's python3 when present (a fresh machine's), else

@@ -182,7 +182,9 @@ pub struct Args {
     /// mmap a file for item memory, restartable cache (not supported: refuses to start)
     #[arg(short = 'e', long = "memory-file", value_name = "file")]
     pub memory_file: Option<String>,
-    /// enable TLS/SSL (not supported: refuses to start)
+    /// enable TLS on the TCP listeners (rustls; -o ssl_chain_cert=,ssl_key=[,ssl_ca_cert=,
+    /// ssl_verify_mode=0-3,ssl_min_version=2|3 (TLS 1.2|1.3),ssl_session_cache,ssl_wbuf_size=KB];
+    /// `-l notls:ADDR` listeners stay plain; `refresh_certs` reloads the files)
     #[arg(short = 'Z', long = "enable-ssl")]
     pub ssl: bool,
     /// number of napi ids (accepted, ignored)
@@ -221,8 +223,8 @@ pub struct Args {
         default_value_t = 10
     )]
     pub ucx_hello_timeout: u32,
-    /// With -Y: seconds a connection has to authenticate before it is closed (counted in
-    /// idle_kicks; 0 = no deadline)
+    /// With -Y, -S or -Z: seconds a connection has to authenticate (or finish its TLS
+    /// handshake) before it is closed (counted in idle_kicks; 0 = no deadline)
     #[arg(long = "auth-timeout", value_name = "seconds", default_value_t = 10)]
     pub auth_timeout: u32,
     /// UCX: seconds a rendezvous transfer (a large GET reply or SET value) may stay in
@@ -311,6 +313,108 @@ fn sasl_settings(
         .map_err(|e| usage(format!("memfabricd: {e}; refusing to start without it")))
 }
 
+/// `-Z` and the `ssl_*` options: memcached's names, values and messages; what rustls cannot
+/// do refuses to start. The files are loaded here, so a certificate that cannot be read
+/// stops the server (memcached's message, exit 64).
+fn tls_settings(
+    enabled: bool,
+    extended: &[String],
+) -> Result<Option<std::sync::Arc<crate::tls::Tls>>, CliError> {
+    let mut o = crate::tls::TlsOptions::default();
+    let mut given = None;
+    for opt in extended.iter().flat_map(|o| o.split(',')).map(str::trim) {
+        let (name, val) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        if !TLS_OPTIONS.contains(&name) {
+            continue;
+        }
+        given.get_or_insert_with(|| opt.to_string());
+        let unparsable = || usage(format!("could not parse argument to {name}"));
+        match name {
+            "ssl_chain_cert" => o.chain_cert = Some(required(name, val)?.to_string()),
+            "ssl_key" => o.key = Some(required(name, val)?.to_string()),
+            "ssl_ca_cert" => o.ca_cert = Some(required(name, val)?.to_string()),
+            "ssl_verify_mode" => {
+                let v: u8 = required(name, val)?
+                    .trim()
+                    .parse()
+                    .map_err(|_| unparsable())?;
+                if v > crate::tls::VERIFY_ONCE {
+                    return Err(usage(
+                        "Invalid ssl_verify_mode. Use help to see valid options.",
+                    ));
+                }
+                o.verify_mode = v;
+            }
+            "ssl_min_version" => {
+                // memcached's numbers: 0 TLS 1.0, 1 TLS 1.1, 2 TLS 1.2, 3 TLS 1.3.
+                let v: i64 = required(name, val)?
+                    .trim()
+                    .parse()
+                    .map_err(|_| unparsable())?;
+                o.tls13_only = match v {
+                    2 => false,
+                    3 => true,
+                    0 | 1 => {
+                        return Err(refused(
+                            &format!("-o {opt}"),
+                            "memfabricd's TLS (rustls) speaks TLS 1.2 and 1.3 only",
+                        ))
+                    }
+                    _ => {
+                        return Err(usage(
+                            "Invalid ssl_min_version. Use help to see valid options.",
+                        ))
+                    }
+                }
+            }
+            "ssl_wbuf_size" => {
+                let kb: usize = required(name, val)?
+                    .trim()
+                    .parse()
+                    .map_err(|_| unparsable())?;
+                o.wbuf_size = kb.max(1) * 1024;
+            }
+            "ssl_session_cache" => o.session_cache = true,
+            "ssl_keyformat" => {
+                if required(name, val)?.trim() != "1" {
+                    return Err(refused(
+                        &format!("-o {opt}"),
+                        "memfabricd reads PEM keys only (ssl_keyformat=1)",
+                    ));
+                }
+            }
+            "ssl_ciphers" => {
+                return Err(refused(
+                    &format!("-o {opt}"),
+                    "an OpenSSL cipher list; memfabricd's TLS (rustls) offers its own fixed \
+                     set of modern suites and cannot restrict them by that syntax",
+                ))
+            }
+            _ => {
+                return Err(refused(
+                    &format!("-o {opt}"),
+                    "memfabricd's TLS (rustls) cannot hand connections to kernel TLS",
+                ))
+            }
+        }
+    }
+    if !enabled {
+        return match given {
+            Some(opt) => Err(refused(
+                &format!("-o {opt} without -Z"),
+                "TLS options mean nothing without -Z, and the server would serve in clear text",
+            )),
+            None => Ok(None),
+        };
+    }
+    crate::tls::Tls::new(o)
+        .map(|t| Some(std::sync::Arc::new(t)))
+        .map_err(usage)
+}
+
 /// `-p`/`-U`: memcached's range. -1 asks for an ephemeral port, 0 turns the listener off.
 /// Above 65535 is memcached's usage error; below -1 memcached fails to bind (EX_OSERR).
 fn port(value: i32, proto: &str) -> Result<i32, CliError> {
@@ -387,12 +491,6 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     let mut warnings = Vec::new();
 
     // The features memfabricd lacks, first: nothing else matters if it will not start.
-    if a.ssl {
-        return Err(refused(
-            "-Z (TLS)",
-            "memfabricd has no TLS and would serve every client in clear text",
-        ));
-    }
     if let Some(f) = &a.memory_file {
         return Err(refused(
             &format!("-e {f} (restartable memory file)"),
@@ -409,7 +507,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
-    if let Some(l) = s.listen.iter().find(|l| l.starts_with("notls:")) {
+    if let Some(l) = s.listen.iter().find(|l| l.starts_with("notls:") && !a.ssl) {
         // memcached's message and status: the prefix only means something with -Z.
         return Err(CliError {
             message: format!(
@@ -500,6 +598,13 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
     if a.sasl {
         s.sasl = Some(sasl_settings(a.auth_file.is_some(), &s)?);
+    }
+    s.tls = tls_settings(a.ssl, &a.extended)?;
+    if s.tls.is_some() && s.udp_port != 0 {
+        return Err(refused(
+            "-Z with -U (UDP)",
+            "UDP cannot carry TLS and would serve in clear text next to the TLS listeners",
+        ));
     }
     if let Some(f) = &a.auth_file {
         // memcached's checks and messages. The UCX bootstrap uses the same file
@@ -633,10 +738,8 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
         ));
     }
     if TLS_OPTIONS.contains(&name) {
-        return Err(refused(
-            &format!("-o {opt} (TLS)"),
-            "memfabricd has no TLS and would serve every client in clear text",
-        ));
+        // Read by `tls_settings`.
+        return Ok(());
     }
     if NO_EFFECT_WITH_VALUE.contains(&name) {
         required(name, val)?;
@@ -886,7 +989,7 @@ mod tests {
 
     #[test]
     fn flash_tier_and_tls_options_refuse_to_start() {
-        for o in super::EXTSTORE_OPTIONS.iter().chain(super::TLS_OPTIONS) {
+        for o in super::EXTSTORE_OPTIONS {
             let e = err(&["-o", &format!("{o}=1")]);
             assert_eq!(e.code, 64, "{o}");
             assert!(e.message.contains(o), "{o}: {}", e.message);
@@ -899,17 +1002,11 @@ mod tests {
     }
 
     #[test]
-    fn authentication_tls_and_memory_file_flags_refuse_to_start() {
-        for (flags, names) in [
-            (&["-Z"][..], "-Z (TLS"),
-            (&["-e", "/dev/shm/mc"][..], "-e /dev/shm/mc"),
-            (&["--enable-ssl"][..], "-Z (TLS"),
-        ] {
-            let e = err(flags);
-            assert_eq!(e.code, 64, "{flags:?}");
-            assert!(e.message.contains(names), "{flags:?}: {}", e.message);
-            assert!(!e.message.contains('\n'), "one line: {}", e.message);
-        }
+    fn a_memory_file_refuses_to_start() {
+        let e = err(&["-e", "/dev/shm/mc"]);
+        assert_eq!(e.code, 64);
+        assert!(e.message.contains("-e /dev/shm/mc"), "{}", e.message);
+        assert!(!e.message.contains('\n'), "one line: {}", e.message);
     }
 
     #[test]
@@ -958,6 +1055,44 @@ mod tests {
         );
         assert_eq!(err(&["-U", "65536"]).code, 64);
         assert_eq!(err(&["-p", "-2"]).code, 71);
+    }
+
+    #[test]
+    fn tls_options_are_memcacheds_and_what_rustls_cannot_do_is_refused() {
+        let m = |flags: &[&str]| err(flags).message;
+        assert!(m(&["-Z"]).starts_with("Error loading the certificate chain: (null)"));
+        assert_eq!(
+            m(&["-Z", "-o", "ssl_verify_mode=7"]),
+            "Invalid ssl_verify_mode. Use help to see valid options."
+        );
+        assert_eq!(
+            m(&["-Z", "-o", "ssl_min_version=tlsv1.3"]),
+            "could not parse argument to ssl_min_version"
+        );
+        assert_eq!(
+            m(&["-Z", "-o", "ssl_min_version=7"]),
+            "Invalid ssl_min_version. Use help to see valid options."
+        );
+        for refused in [
+            "ssl_ciphers=HIGH",
+            "ssl_kernel_tls",
+            "ssl_keyformat=2",
+            "ssl_min_version=0",
+        ] {
+            let e = err(&["-Z", "-o", refused]);
+            assert_eq!(e.code, 64, "{refused}");
+            assert!(e.message.contains(refused), "{}", e.message);
+            assert!(e.message.contains("refusing to start"), "{}", e.message);
+        }
+        let e = err(&["-o", "ssl_chain_cert=/x.pem"]);
+        assert!(e.message.contains("without -Z"), "{}", e.message);
+        let e = err(&["-Z", "-o", "ssl_chain_cert=/nonexistent.pem,ssl_key=/x"]);
+        assert!(
+            e.message
+                .starts_with("Error loading the certificate chain: /nonexistent.pem : "),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::exec::{self, ExecCtx, Session, Shared, Transport};
 use crate::outqueue::OutQueue;
 pub use crate::shared::{ConnEntry, ConnRegistry, ConnState};
 use crate::shared::{Inbox, Target, Waiter};
+use crate::tls::TlsStream;
 
 /// Initial read buffer. It grows only as bytes arrive for a request that needs them (a
 /// value announced as large grows it as the value arrives, never ahead of it), and
@@ -31,17 +32,38 @@ const READ_BATCH: usize = 256 * 1024;
 /// cost every such SET an extra trip through epoll_wait.
 const VALUE_READ_BATCH: usize = 1024 * 1024;
 
-/// A connected stream socket (TCP or unix).
+/// A connected stream socket (TCP, TLS over TCP, or unix).
 pub enum Stream {
     Tcp(mio::net::TcpStream),
+    Tls(Box<TlsStream>),
     Unix(mio::net::UnixStream),
 }
 
 impl Stream {
     pub fn transport(&self) -> Transport {
         match self {
-            Stream::Tcp(_) => Transport::Tcp,
+            Stream::Tcp(_) | Stream::Tls(_) => Transport::Tcp,
             Stream::Unix(_) => Transport::Unix,
+        }
+    }
+
+    /// Encrypted bytes the socket has not taken yet (TLS): output still to write.
+    pub fn pending(&self) -> bool {
+        matches!(self, Stream::Tls(t) if t.pending())
+    }
+
+    /// Push what `pending` says is waiting; `Ok(false)` while the socket takes no more.
+    pub fn push(&mut self) -> io::Result<bool> {
+        match self {
+            Stream::Tls(t) => t.push(),
+            _ => Ok(true),
+        }
+    }
+
+    /// Before the socket is closed: a TLS close_notify, best effort.
+    pub fn goodbye(&mut self) {
+        if let Stream::Tls(t) = self {
+            t.close();
         }
     }
 
@@ -49,6 +71,10 @@ impl Stream {
     pub fn peer_name(&self) -> String {
         match self {
             Stream::Tcp(s) => match s.peer_addr() {
+                Ok(a) => format!("tcp:{a}"),
+                Err(_) => "tcp:unknown".into(),
+            },
+            Stream::Tls(t) => match t.socket().peer_addr() {
                 Ok(a) => format!("tcp:{a}"),
                 Err(_) => "tcp:unknown".into(),
             },
@@ -66,6 +92,7 @@ impl Stream {
         use std::os::fd::AsRawFd;
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Tls(t) => t.socket().as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
         }
     }
@@ -75,6 +102,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
             Stream::Unix(s) => s.read(buf),
         }
     }
@@ -89,6 +117,8 @@ impl Read for Stream {
         }
         match self {
             Stream::Tcp(s) => s.read_vectored(bufs),
+            // Decrypted into the first piece; the rest on the next read.
+            Stream::Tls(t) => t.read_vectored(bufs),
             Stream::Unix(s) => s.read_vectored(bufs),
         }
     }
@@ -98,6 +128,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
             Stream::Unix(s) => s.write(buf),
         }
     }
@@ -110,6 +141,7 @@ impl Write for Stream {
         }
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Tls(t) => t.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
         }
     }
@@ -122,18 +154,21 @@ impl Source for Stream {
     fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.register(r, t, i),
+            Stream::Tls(s) => s.socket_mut().register(r, t, i),
             Stream::Unix(s) => s.register(r, t, i),
         }
     }
     fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.reregister(r, t, i),
+            Stream::Tls(s) => s.socket_mut().reregister(r, t, i),
             Stream::Unix(s) => s.reregister(r, t, i),
         }
     }
     fn deregister(&mut self, r: &Registry) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.deregister(r),
+            Stream::Tls(s) => s.socket_mut().deregister(r),
             Stream::Unix(s) => s.deregister(r),
         }
     }
@@ -204,10 +239,11 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Still has to pass the `-Y` handshake or SASL (`-S`).
+    /// Still has to pass the `-Y` handshake, SASL (`-S`) or the TLS handshake (`-Z`).
     pub fn unauthenticated(&self, shared: &Shared) -> bool {
         (shared.settings.auth.is_some() && !self.session.auth.done)
             || (shared.settings.sasl.is_some() && !self.session.sasl.authenticated)
+            || matches!(&self.stream, Stream::Tls(t) if t.handshaking())
     }
 
     pub fn new(
@@ -246,13 +282,13 @@ impl Conn {
 
     /// Whether the last drive left bytes it could not write (the socket's buffer full).
     pub fn blocked_on_write(&self) -> bool {
-        self.out.has_writable()
+        self.out.has_writable() || self.stream.pending()
     }
 
     /// Reply bytes still to write, plus one for each reply still owed (a pending
-    /// command's).
+    /// command's), plus one while TLS holds encrypted bytes the socket did not take.
     fn pending_out(&self) -> usize {
-        self.out.len() + self.out.holes()
+        self.out.len() + self.out.holes() + usize::from(self.stream.pending())
     }
 
     /// Pending command `ticket` of this connection is ready: put its reply in its place.
@@ -274,6 +310,11 @@ impl Conn {
 
     /// Write as much of `out` as the socket takes: one syscall per batch of replies.
     fn flush(&mut self, stats: &ThreadStats) -> io::Result<()> {
+        // TLS bytes encrypted earlier go first (`write_to` would not call the stream
+        // with nothing of its own to write).
+        if !self.stream.push()? {
+            return Ok(());
+        }
         let n = self.out.write_to(&mut self.stream)?;
         stats.bytes_written.add(n as u64);
         Ok(())

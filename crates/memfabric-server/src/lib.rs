@@ -20,6 +20,7 @@ pub mod pending;
 pub mod runtime;
 pub mod settings;
 pub mod shared;
+pub mod tls;
 pub mod ucx_context;
 pub mod ucx_frontend;
 pub mod udp;

@@ -20,6 +20,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use crate::conn::{ConnEntry, ConnState, Stream};
 use crate::exec::Shared;
 use crate::settings::{bind_port, Settings};
+use crate::tls::Tls;
 use crate::worker::{NewConn, WorkerHandle};
 
 /// What memcached answers a connection over the `-c` limit.
@@ -38,7 +39,9 @@ pub enum NetError {
 
 /// Bound, listening sockets.
 pub struct Listeners {
-    pub tcp: Vec<(TcpListener, String)>,
+    /// TCP listeners, their names, and whether their connections speak TLS (`-Z`, not
+    /// `notls:`).
+    pub tcp: Vec<(TcpListener, String, bool)>,
     pub unix: Option<(UnixListener, String)>,
     /// UDP sockets; each worker reads from a clone of each (as memcached's threads share
     /// one UDP socket).
@@ -72,26 +75,41 @@ pub fn resolve(spec: &str, default_port: u16) -> Result<Vec<SocketAddr>, NetErro
     Ok(addrs)
 }
 
+/// An interface to bind: its address, whether failing to bind it stops the server, and
+/// whether it was given as `notls:` (plain even with `-Z`).
+struct Interface {
+    addr: SocketAddr,
+    required: bool,
+    notls: bool,
+}
+
 /// The interfaces to bind: `-l` entries, or every interface (IPv4 and, where the host has
 /// it, IPv6) as memcached does without `-l`.
-fn interfaces(settings: &Settings, port: u16) -> Result<Vec<(SocketAddr, bool)>, NetError> {
+fn interfaces(settings: &Settings, port: u16) -> Result<Vec<Interface>, NetError> {
     if settings.listen.is_empty() {
+        let any = |ip, required| Interface {
+            addr: SocketAddr::new(ip, port),
+            required,
+            notls: false,
+        };
         return Ok(vec![
-            (
-                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-                true,
-            ),
+            any(IpAddr::V4(Ipv4Addr::UNSPECIFIED), true),
             // Optional: a host without IPv6 still starts.
-            (
-                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-                false,
-            ),
+            any(IpAddr::V6(Ipv6Addr::UNSPECIFIED), false),
         ]);
     }
     let mut v = Vec::new();
     for spec in &settings.listen {
-        for a in resolve(spec, port)? {
-            v.push((a, true));
+        let (spec, notls) = match spec.strip_prefix("notls:") {
+            Some(rest) => (rest, true),
+            None => (spec.as_str(), false),
+        };
+        for addr in resolve(spec, port)? {
+            v.push(Interface {
+                addr,
+                required: true,
+                notls,
+            });
         }
     }
     Ok(v)
@@ -175,11 +193,17 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
     // -1 binds port 0 on each interface: each listener gets its own ephemeral port, as in
     // memcached, and MEMCACHED_PORT_FILENAME reports them (`port_file_text`).
     if let Some(tcp_port) = bind_port(settings.tcp_port) {
-        for (addr, required) in interfaces(settings, tcp_port)? {
+        for Interface {
+            addr,
+            required,
+            notls,
+        } in interfaces(settings, tcp_port)?
+        {
             match bind_tcp(addr, settings.backlog, mark) {
                 Ok(t) => {
                     let name = t.local_addr().map_or(addr, |a| a);
-                    l.tcp.push((t, format!("tcp:{name}")));
+                    let tls = settings.tls.is_some() && !notls;
+                    l.tcp.push((t, format!("tcp:{name}"), tls));
                 }
                 Err(source) if required => {
                     return Err(NetError::Bind {
@@ -192,7 +216,7 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         }
     }
     if let Some(udp_port) = bind_port(settings.udp_port) {
-        for (addr, required) in interfaces(settings, udp_port)? {
+        for Interface { addr, required, .. } in interfaces(settings, udp_port)? {
             // `-l ip:port` names a TCP port; UDP always uses -U.
             let addr = SocketAddr::new(addr.ip(), udp_port);
             match bind_udp(addr, mark) {
@@ -211,7 +235,7 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         }
     }
     if settings.ucx_port != 0 {
-        for (addr, _) in interfaces(settings, settings.ucx_port)? {
+        for Interface { addr, .. } in interfaces(settings, settings.ucx_port)? {
             let addr = SocketAddr::new(addr.ip(), settings.ucx_port);
             match bind_tcp(addr, settings.backlog, None) {
                 Ok(t) => {
@@ -231,7 +255,7 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
 /// one per UDP socket, each `TCP INET: <port>` (`INET6` for IPv6, `UDP` for UDP). The UCX
 /// bootstrap port is not a memcached port and is not listed.
 pub fn port_file_text(l: &Listeners) -> String {
-    let tcp = l.tcp.iter().filter_map(|(t, _)| t.local_addr().ok());
+    let tcp = l.tcp.iter().filter_map(|(t, _, _)| t.local_addr().ok());
     let udp = l.udp.iter().filter_map(|(u, _)| u.local_addr().ok());
     let mut text = String::new();
     for (proto, addr) in tcp.map(|a| ("TCP", a)).chain(udp.map(|a| ("UDP", a))) {
@@ -277,7 +301,7 @@ pub fn accept_loop(
     let _ = shared.shutdown_waker.set(waker);
     poll.registry()
         .register(&mut signals, SIGNAL, Interest::READABLE)?;
-    for (i, (t, name)) in listeners.tcp.iter_mut().enumerate() {
+    for (i, (t, name, _)) in listeners.tcp.iter_mut().enumerate() {
         poll.registry().register(t, Token(i), Interest::READABLE)?;
         let fd = t.as_raw_fd() as u64;
         let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
@@ -334,8 +358,9 @@ pub fn accept_loop(
         // Accept on every listener each round: cheap when nothing is pending, and it
         // covers listeners whose edge we left unconsumed last time.
         retry = false;
-        for (t, name) in listeners.tcp.iter() {
-            retry |= accept_all(shared, workers, &mut rr, name, || {
+        for (t, name, tls) in listeners.tcp.iter() {
+            let tls = tls.then_some(shared.settings.tls.as_ref()).flatten();
+            retry |= accept_all(shared, workers, &mut rr, name, tls, || {
                 t.accept().map(|(s, _)| {
                     let _ = s.set_nodelay(true);
                     Stream::Tcp(s)
@@ -343,7 +368,7 @@ pub fn accept_loop(
             });
         }
         if let Some((u, name)) = listeners.unix.as_ref() {
-            retry |= accept_all(shared, workers, &mut rr, name, || {
+            retry |= accept_all(shared, workers, &mut rr, name, None, || {
                 u.accept().map(|(s, _)| Stream::Unix(s))
             });
         }
@@ -352,7 +377,7 @@ pub fn accept_loop(
         }
     }
     // Listeners close when the caller drops them; forget them in `stats conns` now.
-    for (t, _) in &listeners.tcp {
+    for (t, _, _) in &listeners.tcp {
         shared.conns.remove(t.as_raw_fd() as u64);
     }
     if let Some((u, _)) = &listeners.unix {
@@ -372,7 +397,7 @@ fn accept_ucx(
     workers: &[WorkerHandle],
     rr: &mut usize,
 ) -> bool {
-    accept_into(shared, workers, rr, name, true, || {
+    accept_into(shared, workers, rr, name, true, None, || {
         t.accept().map(|(s, _)| {
             let _ = s.set_nodelay(true);
             Stream::Tcp(s)
@@ -397,15 +422,16 @@ fn accept_succeeded() {
 }
 
 /// Accept until the listener has nothing more. Returns true if it stopped early and
-/// should be retried soon.
+/// should be retried soon. With `tls`, each connection speaks TLS.
 fn accept_all(
     shared: &Shared,
     workers: &[WorkerHandle],
     rr: &mut usize,
     listen_name: &str,
+    tls: Option<&Arc<Tls>>,
     accept: impl FnMut() -> io::Result<Stream>,
 ) -> bool {
-    accept_into(shared, workers, rr, listen_name, false, accept)
+    accept_into(shared, workers, rr, listen_name, false, tls, accept)
 }
 
 /// `accept_all` for memcached (`ucx` false) or UCX bootstrap (`ucx` true) listeners.
@@ -415,6 +441,7 @@ fn accept_into(
     rr: &mut usize,
     listen_name: &str,
     ucx: bool,
+    tls: Option<&Arc<Tls>>,
     mut accept: impl FnMut() -> io::Result<Stream>,
 ) -> bool {
     loop {
@@ -447,6 +474,17 @@ fn accept_into(
         if workers.is_empty() {
             continue;
         }
+        // TLS starts after the connection limit's plain refusal, as in memcached.
+        let stream = match (tls, stream) {
+            (Some(tls), Stream::Tcp(s)) => match tls.accept(s) {
+                Ok(t) => Stream::Tls(Box::new(t)),
+                Err(e) => {
+                    tracing::warn!("cannot start TLS on a connection: {e}");
+                    continue;
+                }
+            },
+            (_, s) => s,
+        };
         shared.curr_connections.fetch_add(1, Ordering::SeqCst);
         shared.total_connections.fetch_add(1, Ordering::Relaxed);
         let w = &workers[*rr % workers.len()];
@@ -505,7 +543,7 @@ mod tests {
             u.local_addr().unwrap().port(),
         );
         let mut l = Listeners {
-            tcp: vec![(t, "t".into())],
+            tcp: vec![(t, "t".into(), false)],
             unix: None,
             udp: vec![(u, "u".into())],
             ucx: vec![(bind_tcp(v4, 16, None).unwrap(), "x".into())],
@@ -514,7 +552,7 @@ mod tests {
         // IPv6 loopback, where the host has it.
         if let Ok(t6) = bind_tcp(v6, 16, None) {
             want.push_str(&format!("TCP INET6: {}\n", t6.local_addr().unwrap().port()));
-            l.tcp.push((t6, "t6".into()));
+            l.tcp.push((t6, "t6".into(), false));
         }
         want.push_str(&format!("UDP INET: {up}\n"));
         assert_eq!(port_file_text(&l), want);

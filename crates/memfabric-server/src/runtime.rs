@@ -186,6 +186,12 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         }
         workers.push(worker::spawn(n, Arc::clone(&shared), udp)?);
     }
+    if !listeners.ucx.is_empty() && shared.settings.tls.is_some() {
+        tracing::warn!(
+            "-Z encrypts the TCP listeners; the UCX path (port {}) is not encrypted",
+            shared.settings.ucx_port
+        );
+    }
     if !listeners.ucx.is_empty() && !shared.settings.authenticates() {
         tracing::warn!(
             "the UCX port ({}) serves anyone who can reach it (no -Y or -S): keep it on a \

@@ -9,6 +9,8 @@ pub const DEFAULT_UCX_POLL_US: u64 = 50;
 pub struct Settings {
     /// `-Y FILE`: the ascii authentication table (memcached's `-Y`), loaded.
     pub auth: Option<std::sync::Arc<crate::auth::AuthFile>>,
+    /// `-Z`: TLS on the TCP listeners (not those given as `notls:ADDR`), loaded.
+    pub tls: Option<std::sync::Arc<crate::tls::Tls>>,
     /// `-S`: binary SASL PLAIN against the file `MEMCACHED_SASL_PWDB` names.
     pub sasl: Option<std::sync::Arc<crate::auth::SaslPwdb>>,
     /// TCP port (`-p`, default 11211; 0 = off; -1 = an ephemeral port, as memcached:
@@ -152,6 +154,12 @@ impl Settings {
     pub fn authenticates(&self) -> bool {
         self.auth.is_some() || self.sasl.is_some()
     }
+
+    /// Whether connections have a handshake to finish in `--auth-timeout` (`-Y`, `-S`,
+    /// or TLS's own with `-Z`).
+    pub fn handshakes(&self) -> bool {
+        self.authenticates() || self.tls.is_some()
+    }
 }
 
 impl Default for Settings {
@@ -160,6 +168,7 @@ impl Default for Settings {
             tcp_port: 11211,
             auth: None,
             sasl: None,
+            tls: None,
             udp_port: 0,
             listen: Vec::new(),
             unix_socket: None,

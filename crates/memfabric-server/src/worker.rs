@@ -164,8 +164,9 @@ impl Worker {
         let mut ucx_poll =
             AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
         let idle_timeout = self.shared.settings.idle_timeout;
-        // With -Y or -S, connections that have not authenticated are swept too.
-        let auth_timeout = if self.shared.settings.authenticates() {
+        // With -Y, -S or -Z, connections that have not authenticated (or finished their
+        // TLS handshake) are swept too.
+        let auth_timeout = if self.shared.settings.handshakes() {
             self.shared.settings.auth_timeout
         } else {
             0
@@ -466,6 +467,7 @@ impl Worker {
 
     fn close(&mut self, t: Token) {
         if let Some(mut c) = self.conns.remove(&t) {
+            c.stream.goodbye();
             let _ = self.poll.registry().deregister(&mut c.stream);
             // Forget the entry before the fd is closed, so a new connection that reuses
             // the descriptor number cannot be removed by mistake.

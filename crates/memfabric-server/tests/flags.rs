@@ -139,7 +139,6 @@ fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
     let mem_s = mem.to_str().expect("utf-8 temp path");
     let cases: &[(&[&str], &str)] = &[
         (&["-S"], "-S"),
-        (&["-Z"], "-Z"),
         (&["-e", mem_s], "-e"),
         (&["-o", "ext_path=/tmp/memfabric-flags-ext:64m"], "ext_path"),
         (&["-o", "modern,ext_item_size=512"], "ext_item_size"),

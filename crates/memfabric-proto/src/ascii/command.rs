@@ -86,7 +86,9 @@ pub(super) fn parse_line(line: &[u8]) -> Line<'_> {
         b"watch" => Line::Done(Request::Watch {
             noreply: t.noreply(),
         }),
-        b"refresh_certs" => Line::Done(Request::RefreshCerts),
+        b"refresh_certs" => Line::Done(Request::RefreshCerts {
+            noreply: t.noreply(),
+        }),
         // memcached dispatches on the first letter before comparing names: an unknown
         // command starting with one of these letters is a plain ERROR.
         _ if b"gsacidt".contains(&cmd[0]) => unknown(),

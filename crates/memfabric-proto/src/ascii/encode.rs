@@ -29,7 +29,7 @@ impl Request<'_> {
                 Verb::Lru
             }
             Request::Watch { .. } => Verb::Watch,
-            Request::RefreshCerts => Verb::RefreshCerts,
+            Request::RefreshCerts { .. } => Verb::RefreshCerts,
             Request::Meta => Verb::Meta,
             Request::Invalid { verb, .. } => *verb,
         }
@@ -153,7 +153,13 @@ impl Request<'_> {
                 out.extend_from_slice(b"watch");
                 noreply_suffix(out, noreply);
             }
-            Request::RefreshCerts => out.extend_from_slice(b"refresh_certs\r\n"),
+            Request::RefreshCerts { noreply } => {
+                out.extend_from_slice(b"refresh_certs");
+                if noreply {
+                    out.extend_from_slice(b" noreply");
+                }
+                out.extend_from_slice(b"\r\n");
+            }
             _ => return Err(NotEncodable),
         }
         Ok(())

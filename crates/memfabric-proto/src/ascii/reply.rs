@@ -35,8 +35,6 @@ pub const MEMLIMIT_NOT_MEGABYTES: &[u8] =
     b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n";
 pub const MEMLIMIT_ADJUST_FAILED: &[u8] =
     b"MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n";
-/// memcached's `refresh_certs` reply without TLS (its message carries the `\r\n`).
-pub const TLS_NOT_ENABLED: &[u8] = b"Error TLS not enabled\r\n";
 
 /// `VALUE <key> <flags> <bytes>[ <cas>]\r\n`
 pub fn write_value_header(out: &mut Vec<u8>, key: &[u8], flags: u32, len: usize, cas: Option<u64>) {

@@ -300,7 +300,10 @@ pub enum Request<'a> {
     Watch {
         noreply: bool,
     },
-    RefreshCerts,
+    /// `refresh_certs [noreply]`: load the TLS certificate files again.
+    RefreshCerts {
+        noreply: bool,
+    },
     /// A meta command (mg ms md ma mn me): the whole line is the meta parser's.
     Meta,
     /// A malformed request: reply `error` unless `noreply`.

@@ -875,7 +875,14 @@ fn lru_commands_parse_and_validate() {
 fn watch_refresh_certs_and_meta_parse() {
     assert_eq!(req(b"watch\r\n"), Request::Watch { noreply: false });
     assert_eq!(req(b"watch noreply\r\n"), Request::Watch { noreply: true });
-    assert_eq!(req(b"refresh_certs\r\n"), Request::RefreshCerts);
+    assert_eq!(
+        req(b"refresh_certs\r\n"),
+        Request::RefreshCerts { noreply: false }
+    );
+    assert_eq!(
+        req(b"refresh_certs noreply\r\n"),
+        Request::RefreshCerts { noreply: true }
+    );
     for m in ["mg", "ms", "md", "ma", "mn", "me"] {
         assert_eq!(req(format!("{m} foo\r\n").as_bytes()), Request::Meta);
     }

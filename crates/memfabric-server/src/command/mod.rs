@@ -397,6 +397,15 @@ pub fn version() -> &'static str {
     VERSION
 }
 
+/// refresh_certs: load the TLS certificate, key and CA files again (`-Z`); the error is
+/// the reply line, memcached's text (without its line end).
+pub fn refresh_certs(shared: &crate::shared::Shared) -> Result<(), String> {
+    match shared.settings.tls.as_ref() {
+        Some(tls) => tls.refresh(shared.store.clock().now()),
+        None => Err("Error TLS not enabled".to_string()),
+    }
+}
+
 /// verbosity: set the log level at run time.
 pub fn verbosity(ctx: &ExecCtx<'_>, level: u32) {
     ctx.shared.verbose.store(level, Ordering::Relaxed);

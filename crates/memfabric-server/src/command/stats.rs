@@ -274,7 +274,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("auth_errors", t.auth_errors);
     // memcached shows it with -o idle_timeout; memfabricd also with -Y or -S, whose
     // --auth-timeout closes are counted there.
-    let auth_deadline = shared.settings.authenticates() && shared.settings.auth_timeout > 0;
+    let auth_deadline = shared.settings.handshakes() && shared.settings.auth_timeout > 0;
     if shared.settings.idle_timeout > 0 || auth_deadline {
         v.put("idle_kicks", t.idle_kicks);
     }
@@ -312,6 +312,19 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("log_watcher_skipped", 0);
     v.put("log_watcher_sent", 0);
     v.put("log_watchers", 0);
+    if let Some(tls) = shared.settings.tls.as_ref() {
+        if tls.options.session_cache {
+            v.put("ssl_new_sessions", tls.new_sessions.load(Ordering::Relaxed));
+        }
+        v.put(
+            "ssl_handshake_errors",
+            tls.handshake_errors.load(Ordering::Relaxed),
+        );
+        v.put(
+            "time_since_server_cert_refresh",
+            tls.since_refresh(shared.store.clock().now()),
+        );
+    }
     v.put("unexpected_napi_ids", 0);
     v.put("round_robin_fallback", 0);
     v.put("bytes", st.bytes);
@@ -429,18 +442,24 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("ext_max_frag", "0.80");
     v.put("slab_automove_freeratio", "0.010");
     v.put("ext_drop_unread", "no");
-    // No TLS: memcached built with TLS support and not using it prints these.
-    v.put("ssl_enabled", "no");
-    v.put("ssl_chain_cert", "(null)");
-    v.put("ssl_key", "(null)");
-    v.put("ssl_verify_mode", 0);
+    // As memcached built with TLS prints them, with -Z or without.
+    let tls = s.tls.as_ref().map(|t| &t.options);
+    let default = crate::tls::TlsOptions::default();
+    let o = tls.unwrap_or(&default);
+    v.put("ssl_enabled", yes_no(tls.is_some()));
+    v.put(
+        "ssl_chain_cert",
+        o.chain_cert.as_deref().unwrap_or("(null)"),
+    );
+    v.put("ssl_key", o.key.as_deref().unwrap_or("(null)"));
+    v.put("ssl_verify_mode", o.verify_mode);
     v.put("ssl_keyformat", 1);
     v.put("ssl_ciphers", "NULL");
-    v.put("ssl_ca_cert", "NULL");
-    v.put("ssl_wbuf_size", 16384);
-    v.put("ssl_session_cache", "no");
+    v.put("ssl_ca_cert", o.ca_cert.as_deref().unwrap_or("NULL"));
+    v.put("ssl_wbuf_size", o.wbuf_size);
+    v.put("ssl_session_cache", yes_no(o.session_cache));
     v.put("ssl_kernel_tls", "no");
-    v.put("ssl_min_version", "tlsv1.2");
+    v.put("ssl_min_version", o.min_version());
     v.put("num_napi_ids", "(null)");
     v.put("memory_file", "(null)");
 }

@@ -301,7 +301,15 @@ fn execute(
             answer(noreply, reply::OK, out)
         }
         Request::Watch { noreply } => answer(noreply, reply::WATCH_DISABLED, out),
-        Request::RefreshCerts => out.extend_from_slice(reply::TLS_NOT_ENABLED),
+        Request::RefreshCerts { noreply } => match command::refresh_certs(ctx.shared) {
+            // memcached: "OK" is the one reply noreply silences.
+            Ok(()) if noreply => {}
+            Ok(()) => out.extend_from_slice(b"OK\r\n"),
+            Err(message) => {
+                out.extend_from_slice(message.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        },
         Request::Invalid {
             verb,
             error,
