@@ -84,7 +84,7 @@ impl std::fmt::Debug for Target {
 }
 
 fn tcp(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
-    Some(Box::new(TcpConnector { addr: a.tcp }))
+    Some(Box::new(TcpConnector::plain(a.tcp)))
 }
 
 fn ucx_am(a: &ServerAddrs) -> Option<Box<dyn Connector>> {
@@ -214,7 +214,7 @@ impl Servers {
     ) -> Result<Vec<(String, load::PreloadStats)>, CompareError> {
         let mut out = Vec::new();
         for (proc, addrs) in [&self.memcached, &self.memfabricd].into_iter().flatten() {
-            let p = load::preload(&TcpConnector { addr: addrs.tcp }, keys, value_size, 8, 32)
+            let p = load::preload(&TcpConnector::plain(addrs.tcp), keys, value_size, 8, 32)
                 .map_err(load_err_named(&proc.name))?;
             out.push((proc.name.clone(), p));
         }
@@ -805,9 +805,7 @@ pub fn generator_ceiling(
     clients: &[usize],
 ) -> Result<Vec<CeilingRow>, CompareError> {
     let responder = Responder::start(false).map_err(CompareError::Responder)?;
-    let connector = TcpConnector {
-        addr: responder.addr,
-    };
+    let connector = TcpConnector::plain(responder.addr);
     load::preload(&connector, &template.keys, value_size, 8, 32)
         .map_err(load_err_named("responder"))?;
     let mut rows = Vec::new();

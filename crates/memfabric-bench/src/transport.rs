@@ -1,16 +1,20 @@
 //! How requests reach a server. The load generator drives a [`Transport`]: TCP (memcached's
 //! text protocol, here) or UCX active messages to memfabricd ([`crate::ucx`]).
 //!
+//! TCP connections may speak TLS (a server with `-Z`; the client library's rustls stream).
+//!
 //! The shape (submit, then progress with a reply callback) is the one UCX imposes anyway:
 //! requests are queued without blocking, and a progress call moves bytes and reports
 //! completions in order per connection.
 
 use crate::textproto::{self, Reply, ReplyError, Request};
+use memfabric_client::tls::TlsStream;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Why a transport gave up.
@@ -56,20 +60,72 @@ pub trait Connector: Sync {
     fn connect(&self, conns: usize) -> Result<Box<dyn Transport>, TransportError>;
 }
 
-/// TCP, memcached text protocol.
+/// TCP, memcached text protocol; over TLS when `tls` is set.
 #[derive(Clone, Debug)]
 pub struct TcpConnector {
     pub addr: SocketAddr,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl TcpConnector {
+    pub fn plain(addr: SocketAddr) -> TcpConnector {
+        TcpConnector { addr, tls: None }
+    }
 }
 
 impl Connector for TcpConnector {
     fn connect(&self, conns: usize) -> Result<Box<dyn Transport>, TransportError> {
-        Ok(Box::new(TcpTransport::connect(self.addr, conns)?))
+        Ok(Box::new(TcpTransport::connect(
+            self.addr,
+            conns,
+            self.tls.as_ref(),
+        )?))
+    }
+}
+
+/// A connection's socket, plain or TLS.
+enum Socket {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Socket {
+    fn tcp(&mut self) -> &mut TcpStream {
+        match self {
+            Socket::Plain(s) => s,
+            Socket::Tls(t) => t.socket_mut(),
+        }
+    }
+
+    /// TLS bytes encrypted but not yet taken by the socket.
+    fn pending(&self) -> bool {
+        matches!(self, Socket::Tls(t) if t.pending())
+    }
+
+    fn push(&mut self) -> io::Result<bool> {
+        match self {
+            Socket::Plain(_) => Ok(true),
+            Socket::Tls(t) => t.push(),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.read(buf),
+            Socket::Tls(t) => t.read(buf),
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.write(buf),
+            Socket::Tls(t) => t.write(buf),
+        }
     }
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: Socket,
     wbuf: Vec<u8>,
     wpos: usize,
     /// Registered for writability because a write hit WouldBlock.
@@ -89,8 +145,13 @@ pub struct TcpTransport {
 const RBUF_INITIAL: usize = 64 * 1024;
 
 impl TcpTransport {
-    /// Open `n` connections to `addr` (Nagle off: requests are latency-bound).
-    pub fn connect(addr: SocketAddr, n: usize) -> Result<Self, TransportError> {
+    /// Open `n` connections to `addr` (Nagle off: requests are latency-bound), with TLS
+    /// when `tls` is given (the certificate must name 127.0.0.1 or the address's IP).
+    pub fn connect(
+        addr: SocketAddr,
+        n: usize,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> Result<Self, TransportError> {
         let cerr = |source| TransportError::Connect { addr, source };
         let poll = Poll::new().map_err(cerr)?;
         let mut conns = Vec::with_capacity(n);
@@ -98,11 +159,30 @@ impl TcpTransport {
             let std = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
                 .map_err(cerr)?;
             std.set_nodelay(true).map_err(cerr)?;
+            let tls = match tls {
+                Some(config) => {
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    let host = addr.ip().to_string();
+                    let conn = memfabric_client::tls::handshake(
+                        &std,
+                        config,
+                        &host,
+                        &addr.to_string(),
+                        deadline,
+                    )
+                    .map_err(|e| cerr(io::Error::other(e.to_string())))?;
+                    Some(conn)
+                }
+                None => None,
+            };
             std.set_nonblocking(true).map_err(cerr)?;
-            let mut stream = TcpStream::from_std(std);
+            let mut stream = match tls {
+                Some(conn) => Socket::Tls(Box::new(TlsStream::new(TcpStream::from_std(std), conn))),
+                None => Socket::Plain(TcpStream::from_std(std)),
+            };
             poll.registry()
                 .register(
-                    &mut stream,
+                    stream.tcp(),
                     Token(i),
                     Interest::READABLE | Interest::WRITABLE,
                 )
@@ -128,33 +208,31 @@ impl TcpTransport {
 impl Conn {
     fn flush(&mut self, idx: usize, registry: &Registry) -> Result<(), TransportError> {
         let ioerr = |source| TransportError::Io { conn: idx, source };
-        while self.wpos < self.wbuf.len() {
+        let mut blocked = !self.stream.push().map_err(ioerr)?;
+        while !blocked && self.wpos < self.wbuf.len() {
             match self.stream.write(&self.wbuf[self.wpos..]) {
                 Ok(0) => return Err(TransportError::Closed(idx)),
                 Ok(n) => self.wpos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !self.want_write {
-                        self.want_write = true;
-                        registry
-                            .reregister(
-                                &mut self.stream,
-                                Token(idx),
-                                Interest::READABLE | Interest::WRITABLE,
-                            )
-                            .map_err(ioerr)?;
-                    }
-                    return Ok(());
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(source) => return Err(ioerr(source)),
             }
         }
-        self.wbuf.clear();
-        self.wpos = 0;
-        if self.want_write {
-            self.want_write = false;
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+        }
+        // Asked for writability while bytes wait: ours, or TLS's encrypted ones.
+        let want = blocked || self.stream.pending();
+        if want != self.want_write {
+            self.want_write = want;
+            let interest = if want {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
             registry
-                .reregister(&mut self.stream, Token(idx), Interest::READABLE)
+                .reregister(self.stream.tcp(), Token(idx), interest)
                 .map_err(ioerr)?;
         }
         Ok(())
@@ -242,7 +320,7 @@ impl Transport for TcpTransport {
         on_reply: &mut dyn FnMut(usize, Reply<'_>),
     ) -> Result<usize, TransportError> {
         for (i, c) in self.conns.iter_mut().enumerate() {
-            if c.wpos < c.wbuf.len() && !c.want_write {
+            if (c.wpos < c.wbuf.len() || c.stream.pending()) && !c.want_write {
                 c.flush(i, self.poll.registry())?;
             }
         }
@@ -257,7 +335,7 @@ impl Transport for TcpTransport {
             let Some(c) = self.conns.get_mut(idx) else {
                 continue;
             };
-            if ev.is_writable() && c.wpos < c.wbuf.len() {
+            if ev.is_writable() && (c.wpos < c.wbuf.len() || c.stream.pending()) {
                 c.flush(idx, self.poll.registry())?;
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {

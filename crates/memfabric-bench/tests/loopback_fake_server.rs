@@ -40,7 +40,7 @@ fn config(n: u64, ops: u64, value_size: usize, dist: KeyDist) -> LoadConfig {
 fn preload_stores_every_key_of_the_key_space_once() {
     let (addr, map) = fake_server(false);
     let keys = KeySpace::new("t:", 1234);
-    let p = load::preload(&TcpConnector { addr }, &keys, 100, 5, 8).unwrap();
+    let p = load::preload(&TcpConnector::plain(addr), &keys, 100, 5, 8).unwrap();
     assert_eq!(p.stored, 1234);
     let map = map.items.lock().unwrap();
     assert_eq!(map.len(), 1234);
@@ -50,7 +50,7 @@ fn preload_stores_every_key_of_the_key_space_once() {
 #[test]
 fn pipelined_run_issues_exactly_the_op_budget_and_every_get_hits() {
     let (addr, _server) = fake_server(false);
-    let connector = TcpConnector { addr };
+    let connector = TcpConnector::plain(addr);
     let cfg = config(500, 5000, 4096, KeyDist::Zipfian { theta: 0.99 });
     load::preload(&connector, &cfg.keys, cfg.value_size, 4, 16).unwrap();
     let s = load::run(&connector, &cfg).unwrap();
@@ -73,14 +73,14 @@ fn gets_of_keys_never_stored_count_as_misses() {
     let (addr, _server) = fake_server(false);
     let mut cfg = config(100, 2000, 32, KeyDist::Uniform);
     cfg.mix = OpMix::parse("1:0").unwrap();
-    let s = load::run(&TcpConnector { addr }, &cfg).unwrap();
+    let s = load::run(&TcpConnector::plain(addr), &cfg).unwrap();
     assert_eq!((s.gets, s.misses, s.hits), (2000, 2000, 0));
 }
 
 #[test]
 fn truncated_values_are_counted_as_mismatches_not_hits() {
     let (addr, _server) = fake_server(true);
-    let connector = TcpConnector { addr };
+    let connector = TcpConnector::plain(addr);
     let mut cfg = config(50, 1000, 64, KeyDist::Uniform);
     cfg.mix = OpMix::parse("1:0").unwrap();
     load::preload(&connector, &cfg.keys, 64, 2, 4).unwrap();
@@ -92,7 +92,7 @@ fn truncated_values_are_counted_as_mismatches_not_hits() {
 #[test]
 fn values_larger_than_the_receive_buffer_round_trip() {
     let (addr, _server) = fake_server(false);
-    let connector = TcpConnector { addr };
+    let connector = TcpConnector::plain(addr);
     let mut cfg = config(8, 200, 300_000, KeyDist::Uniform);
     cfg.threads = 1;
     load::preload(&connector, &cfg.keys, cfg.value_size, 2, 2).unwrap();
@@ -113,7 +113,7 @@ fn latency_sweep_reports_one_row_per_op_and_size() {
         key_prefix: "lat:".into(),
         server_pid: None,
     };
-    let rows = latency::run(&TcpConnector { addr }, &cfg).unwrap();
+    let rows = latency::run(&TcpConnector::plain(addr), &cfg).unwrap();
     let got: Vec<(String, usize, u64)> = rows
         .iter()
         .map(|(r, _)| (r.op.clone(), r.size, r.ops))
@@ -134,7 +134,10 @@ fn run_against_a_closed_port_fails_with_a_connect_error() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let err = load::run(&TcpConnector { addr }, &config(10, 10, 8, KeyDist::Uniform));
+    let err = load::run(
+        &TcpConnector::plain(addr),
+        &config(10, 10, 8, KeyDist::Uniform),
+    );
     assert!(err.is_err());
 }
 
@@ -144,7 +147,7 @@ fn every_ycsb_workload_runs_its_op_budget_and_every_read_finds_its_record() {
     use memfabric_bench::ycsb::{YcsbSpec, YcsbWorkload};
     for w in YcsbWorkload::ALL {
         let (addr, server) = fake_server(false);
-        let connector = TcpConnector { addr };
+        let connector = TcpConnector::plain(addr);
         let spec = YcsbSpec::standard(w, 300);
         let mut cfg = config(300, 2000, spec.value_size(), KeyDist::Uniform);
         cfg.keys = spec.key_space();
@@ -185,7 +188,7 @@ fn every_ycsb_workload_runs_its_op_budget_and_every_read_finds_its_record() {
 #[test]
 fn open_loop_run_sends_exactly_its_op_budget() {
     let (addr, _server) = fake_server(false);
-    let connector = TcpConnector { addr };
+    let connector = TcpConnector::plain(addr);
     let mut cfg = config(100, 300, 32, KeyDist::Uniform);
     cfg.rate = Some(20_000.0);
     load::preload(&connector, &cfg.keys, 32, 2, 4).unwrap();
@@ -203,7 +206,7 @@ fn open_loop_run_bounded_by_time_stops_by_itself() {
     cfg.duration = Some(Duration::from_millis(300));
     cfg.rate = Some(1000.0);
     cfg.mix = OpMix::parse("0:1").unwrap();
-    let s = load::run(&TcpConnector { addr }, &cfg).unwrap();
+    let s = load::run(&TcpConnector::plain(addr), &cfg).unwrap();
     assert!(s.ops() > 0);
     assert_eq!(s.stored, s.ops());
 }

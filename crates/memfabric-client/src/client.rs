@@ -14,6 +14,7 @@ use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
+pub use crate::tls::TlsConfig;
 pub use crate::transport::Credentials;
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 
@@ -24,10 +25,13 @@ pub fn make_transport(
     get_mode: GetMode,
     access_hints: bool,
     credentials: Option<Credentials>,
+    tls: Option<&TlsConfig>,
 ) -> Result<Box<dyn Transport>, Error> {
     match scheme {
         Scheme::Tcp => Ok(Box::new(
-            crate::tcp::TcpTransport::new()?.with_credentials(credentials),
+            crate::tcp::TcpTransport::new()?
+                .with_credentials(credentials)
+                .with_tls(tls)?,
         )),
         Scheme::Ucx => Ok(Box::new(
             crate::ucx::UcxTransport::new(get_mode, access_hints)?.with_credentials(credentials),
@@ -97,6 +101,9 @@ pub struct Config {
     pub repair_bandwidth: u64,
     /// Who the pool is to servers started with `-Y` (default none).
     pub credentials: Option<Credentials>,
+    /// Speak TLS to `tcp` servers (memcached's and memfabricd's `-Z`; default off). The
+    /// UCX path is not TLS: see docs/security.md.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for Config {
@@ -122,6 +129,7 @@ impl Default for Config {
             background_repair: true,
             repair_bandwidth: 32 << 20,
             credentials: None,
+            tls: None,
         }
     }
 }
@@ -263,6 +271,7 @@ impl Client {
             config.get_mode,
             config.access_hints,
             config.credentials.clone(),
+            config.tls.as_ref(),
         )?;
         Ok(Self::with_transport(list, config, transport))
     }

@@ -49,11 +49,12 @@ mod repair;
 pub mod replicate;
 mod tasks;
 pub mod tcp;
+pub mod tls;
 pub mod transport;
 pub mod ucx;
 
 pub use addr::{Scheme, ServerAddr};
-pub use client::{Client, Config, Credentials, Handle, IntoServers};
+pub use client::{Client, Config, Credentials, Handle, IntoServers, TlsConfig};
 pub use ec::EcGeometry;
 pub use error::Error;
 pub use ketama::{Distribution, KeyHash};

@@ -46,6 +46,8 @@ pub(crate) struct Plan {
     pub(crate) connect_timeout: Duration,
     /// The pool's credentials, for servers with `-Y`.
     pub(crate) credentials: Option<Credentials>,
+    /// The pool's TLS, for servers with `-Z`.
+    pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
 
 /// The keys a repair claims on the server it refills (with `add`, so that of many clients
@@ -131,6 +133,7 @@ impl<'a> Refill<'a> {
             access_hints: false,
             background_repair: false,
             credentials: plan.credentials.clone(),
+            tls: plan.tls.clone(),
             ..Config::default()
         };
         let direct = plan
@@ -277,10 +280,25 @@ impl<'a> Refill<'a> {
             self.stopped()?;
             let stream =
                 TcpStream::connect_timeout(&addr, self.plan.connect_timeout).map_err(io)?;
+            let deadline = Instant::now() + self.plan.timeout;
+            let server = addr.to_string();
+            let halt = |e: crate::Error| Halt::Source(e.to_string());
+            let mut conn: Box<dyn crate::tcp::ReadWrite + Send> = match &self.plan.tls {
+                Some(t) => {
+                    let config = crate::tls::client_config(t).map_err(halt)?;
+                    let host = t
+                        .server_name
+                        .clone()
+                        .unwrap_or_else(|| addr.ip().to_string());
+                    let tls = crate::tls::handshake(&stream, &config, &host, &server, deadline)
+                        .map_err(halt)?;
+                    let sock = stream.try_clone().map_err(io)?;
+                    Box::new(crate::tls::Blocking::new(tls, sock))
+                }
+                None => Box::new(stream.try_clone().map_err(io)?),
+            };
             if let Some(c) = &self.plan.credentials {
-                let deadline = Instant::now() + self.plan.timeout;
-                crate::tcp::authenticate(&stream, c, &addr.to_string(), deadline)
-                    .map_err(|e| Halt::Source(e.to_string()))?;
+                crate::tcp::authenticate(&mut conn, &stream, c, &server, deadline).map_err(halt)?;
             }
             // A dump streams as fast as it is read; a server that stops sending is given
             // up on.
@@ -288,10 +306,9 @@ impl<'a> Refill<'a> {
                 .set_read_timeout(Some(self.plan.timeout.max(Duration::from_secs(5))))
                 .map_err(io)?;
             let _ = stream.set_nodelay(true);
-            (&stream)
-                .write_all(b"lru_crawler metadump all\r\n")
+            conn.write_all(b"lru_crawler metadump all\r\n")
                 .map_err(io)?;
-            let mut reader = BufReader::new(stream);
+            let mut reader = BufReader::new(conn);
             let mut line = Vec::with_capacity(LINE_MAX);
             let mut first = true;
             loop {

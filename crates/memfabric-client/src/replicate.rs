@@ -199,6 +199,7 @@ impl Client {
             timeout: self.config.timeout,
             connect_timeout: self.config.connect_timeout,
             credentials: self.config.credentials.clone(),
+            tls: self.config.tls.clone(),
         };
         let job = refill::spawn(plan, Arc::clone(&self.repair_tally))
             .map_err(|e| Error::Config(format!("cannot start a repair thread: {e}")))?;

@@ -1,10 +1,12 @@
 //! The TCP transport: non-blocking sockets polled together through `mio`, requests pipelined,
 //! replies matched to requests in order per connection, meta protocol on the wire. With
-//! credentials, each new connection first goes through memcached's `-Y` handshake.
+//! TLS configured, each new connection first runs the TLS handshake (`tls.rs`); with
+//! credentials, it then goes through memcached's `-Y` handshake.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream as StdTcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -15,13 +17,67 @@ use crate::addr::ServerAddr;
 use crate::error::Error;
 use crate::meta::{self, Expect, OutQueue, Parsed};
 use crate::op::Op;
+use crate::tls::{TlsConfig, TlsStream};
 use crate::transport::{Completion, ConnId, Credentials, Transport};
 
 const READ_CHUNK: usize = 256 * 1024;
 const MAX_IOVECS: usize = 64;
 
+/// A connection's socket: plain, or TLS over it.
+enum Socket {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Socket {
+    fn tcp(&mut self) -> &mut TcpStream {
+        match self {
+            Socket::Plain(s) => s,
+            Socket::Tls(t) => &mut t.sock,
+        }
+    }
+
+    /// TLS bytes the socket did not take yet go first; `Ok(false)` while it takes none.
+    fn push(&mut self) -> io::Result<bool> {
+        match self {
+            Socket::Plain(_) => Ok(true),
+            Socket::Tls(t) => t.push(),
+        }
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.read(buf),
+            Socket::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.write(buf),
+            Socket::Tls(t) => t.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.write_vectored(bufs),
+            Socket::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Socket::Plain(_) => Ok(()),
+            Socket::Tls(t) => t.flush(),
+        }
+    }
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Socket,
     name: String,
     out: OutQueue,
     inbuf: BytesMut,
@@ -40,6 +96,9 @@ pub struct TcpTransport {
     orphans: Vec<u64>,
     scratch: Vec<u8>,
     credentials: Option<Credentials>,
+    /// TLS for every connection (`Config::tls`), and the name servers' certificates
+    /// must carry when one is configured.
+    tls: Option<(Arc<rustls::ClientConfig>, Option<String>)>,
 }
 
 impl TcpTransport {
@@ -56,7 +115,17 @@ impl TcpTransport {
             orphans: Vec::new(),
             scratch: vec![0; READ_CHUNK],
             credentials: None,
+            tls: None,
         })
+    }
+
+    /// Speak TLS to every server (memcached's `-Z`); the files are read now.
+    pub fn with_tls(mut self, tls: Option<&TlsConfig>) -> Result<Self, Error> {
+        self.tls = match tls {
+            Some(t) => Some((crate::tls::client_config(t)?, t.server_name.clone())),
+            None => None,
+        };
+        Ok(self)
     }
 
     /// Authenticate every new connection as `credentials` (memcached's `-Y`).
@@ -84,7 +153,7 @@ impl TcpTransport {
         failed: &mut Vec<ConnId>,
     ) {
         if let Some(mut c) = self.conns.remove(&id) {
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            let _ = self.poll.registry().deregister(c.stream.tcp());
             for (rid, _) in c.inflight.drain(..) {
                 done.push(Completion {
                     id: rid,
@@ -101,6 +170,9 @@ impl TcpTransport {
 
 /// Writes as much queued output as the socket takes. `Err` = the connection is broken.
 fn flush(c: &mut Conn) -> io::Result<()> {
+    if !c.stream.push()? {
+        return Ok(());
+    }
     while !c.out.is_empty() {
         let slices = c.out.slices(MAX_IOVECS);
         match c.stream.write_vectored(&slices) {
@@ -116,12 +188,14 @@ fn flush(c: &mut Conn) -> io::Result<()> {
 
 /// Reads everything available and completes the requests whose replies are whole.
 /// `Err` = the connection is broken or out of step.
-/// memcached's ascii authentication on a new, still blocking, connection. First a meta
-/// no-op: a server without `-Y` answers `MN` (nothing to do: a `set` would store the
-/// credentials there), one with `-Y` refuses it as unauthenticated; then the handshake,
-/// a `set` with `<user> <password>` as its value, which `STORED` accepts.
+/// memcached's ascii authentication on a new, still blocking, connection (`sock`; `s` is
+/// what to speak through: the socket, or TLS over it). First a meta no-op: a server
+/// without `-Y` answers `MN` (nothing to do: a `set` would store the credentials there),
+/// one with `-Y` refuses it as unauthenticated; then the handshake, a `set` with `<user>
+/// <password>` as its value, which `STORED` accepts.
 pub(crate) fn authenticate(
-    s: &StdTcpStream,
+    s: &mut impl ReadWrite,
+    sock: &StdTcpStream,
     c: &Credentials,
     server: &str,
     deadline: Instant,
@@ -133,10 +207,9 @@ pub(crate) fn authenticate(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    s.set_read_timeout(Some(left)).map_err(io_err)?;
-    s.set_write_timeout(Some(left)).map_err(io_err)?;
-    let mut w = s;
-    w.write_all(b"mn\r\n").map_err(io_err)?;
+    sock.set_read_timeout(Some(left)).map_err(io_err)?;
+    sock.set_write_timeout(Some(left)).map_err(io_err)?;
+    s.write_all(b"mn\r\n").map_err(io_err)?;
     match &reply_line(s).map_err(io_err)?[..] {
         b"MN\r\n" => return Ok(()),
         b"CLIENT_ERROR unauthenticated\r\n" => {}
@@ -148,7 +221,7 @@ pub(crate) fn authenticate(
         }
     }
     let payload = format!("{} {}", c.username, c.password);
-    w.write_all(format!("set auth 0 0 {}\r\n{payload}\r\n", payload.len()).as_bytes())
+    s.write_all(format!("set auth 0 0 {}\r\n{payload}\r\n", payload.len()).as_bytes())
         .map_err(io_err)?;
     match &reply_line(s).map_err(io_err)?[..] {
         b"STORED\r\n" => Ok(()),
@@ -163,8 +236,12 @@ pub(crate) fn authenticate(
     }
 }
 
+/// A blocking byte stream: a socket, or TLS over one.
+pub(crate) trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 /// One `\r\n`-ended line (at most 1 KiB; less if the server closed).
-fn reply_line(mut r: &StdTcpStream) -> io::Result<Vec<u8>> {
+fn reply_line(r: &mut impl Read) -> io::Result<Vec<u8>> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while !line.ends_with(b"\r\n") && line.len() < 1024 {
@@ -247,18 +324,38 @@ impl Transport for TcpTransport {
                         server: name.clone(),
                         msg: e.to_string(),
                     };
+                    let tls = match &self.tls {
+                        Some((config, server_name)) => {
+                            let host = server_name.as_deref().unwrap_or(&addr.host);
+                            Some(crate::tls::handshake(&s, config, host, &name, deadline)?)
+                        }
+                        None => None,
+                    };
+                    let mut tls = tls;
                     if let Some(c) = &self.credentials {
-                        authenticate(&s, c, &name, deadline)?;
+                        match tls.as_mut() {
+                            Some(conn) => {
+                                let mut sock = &s;
+                                let mut over = rustls::Stream::new(conn, &mut sock);
+                                authenticate(&mut over, &s, c, &name, deadline)?;
+                            }
+                            None => authenticate(&mut &s, &s, c, &name, deadline)?,
+                        }
                     }
                     s.set_nonblocking(true).map_err(io_err)?;
                     s.set_nodelay(true).map_err(io_err)?;
-                    let mut stream = TcpStream::from_std(s);
+                    let mut stream = match tls {
+                        Some(conn) => {
+                            Socket::Tls(Box::new(TlsStream::new(TcpStream::from_std(s), conn)))
+                        }
+                        None => Socket::Plain(TcpStream::from_std(s)),
+                    };
                     let id = self.next_conn;
                     self.next_conn += 1;
                     self.poll
                         .registry()
                         .register(
-                            &mut stream,
+                            stream.tcp(),
                             Token(id),
                             Interest::READABLE | Interest::WRITABLE,
                         )
@@ -366,13 +463,13 @@ impl Transport for TcpTransport {
 
     fn close(&mut self, conn: ConnId) {
         if let Some(mut c) = self.conns.remove(&conn) {
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            let _ = self.poll.registry().deregister(c.stream.tcp());
             // A connection is closed when its server timed out. Reset it rather than close
             // it: the kernel then drops what was not yet sent (no retransmission reaches a
             // cut-off server once its link is back), and the server's kernel drops what
             // its process had not read yet (a paused server does not run, once resumed,
             // requests its client gave up on — after the requests of a newer connection).
-            let _ = socket2::SockRef::from(&c.stream).set_linger(Some(Duration::ZERO));
+            let _ = socket2::SockRef::from(&*c.stream.tcp()).set_linger(Some(Duration::ZERO));
             self.orphans.extend(c.inflight.drain(..).map(|(id, _)| id));
         }
     }

@@ -67,6 +67,21 @@ struct Cli {
     /// Bytes per second a repair may read and write together (0 = unbounded).
     #[arg(long, default_value_t = 32 << 20)]
     repair_bandwidth: u64,
+    /// Speak TLS to the (tcp) servers: those started with -Z.
+    #[arg(long)]
+    tls: bool,
+    /// PEM CA certificates that sign the servers' certificates (default: the system's).
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate (for servers with ssl_verify_mode), with --tls-key.
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_key"])]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_cert"])]
+    tls_key: Option<std::path::PathBuf>,
+    /// The name the servers' certificates carry (default: each server's host).
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    tls_server_name: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -144,6 +159,12 @@ fn main() -> ExitCode {
             .username
             .zip(cli.password)
             .map(|(username, password)| memfabric_client::Credentials { username, password }),
+        tls: cli.tls.then_some(memfabric_client::TlsConfig {
+            ca_file: cli.tls_ca,
+            cert_file: cli.tls_cert,
+            key_file: cli.tls_key,
+            server_name: cli.tls_server_name,
+        }),
         ..Config::default()
     };
     let counters = cli.counters;

@@ -67,7 +67,7 @@ impl TransportKind {
 
     pub(crate) fn connector(self, addr: SocketAddr) -> Box<dyn Connector> {
         match self {
-            TransportKind::Tcp => Box::new(TcpConnector { addr }),
+            TransportKind::Tcp => Box::new(TcpConnector::plain(addr)),
             TransportKind::Ucx => Box::new(UcxConnector::new(addr)),
             TransportKind::Onesided => Box::new(UcxConnector::onesided(addr)),
         }
