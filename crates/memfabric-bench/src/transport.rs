@@ -8,7 +8,7 @@
 //! completions in order per connection.
 
 use crate::textproto::{self, Reply, ReplyError, Request};
-use memfabric_client::tls::TlsStream;
+use memfabric_client::tls::{Socket, TlsStream};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token};
 use std::io::{self, Read, Write};
@@ -80,47 +80,6 @@ impl Connector for TcpConnector {
             conns,
             self.tls.as_ref(),
         )?))
-    }
-}
-
-/// A connection's socket, plain or TLS.
-enum Socket {
-    Plain(TcpStream),
-    Tls(Box<TlsStream>),
-}
-
-impl Socket {
-    fn tcp(&mut self) -> &mut TcpStream {
-        match self {
-            Socket::Plain(s) => s,
-            Socket::Tls(t) => t.socket_mut(),
-        }
-    }
-
-    /// TLS bytes encrypted but not yet taken by the socket.
-    fn pending(&self) -> bool {
-        matches!(self, Socket::Tls(t) if t.pending())
-    }
-
-    fn push(&mut self) -> io::Result<bool> {
-        match self {
-            Socket::Plain(_) => Ok(true),
-            Socket::Tls(t) => t.push(),
-        }
-    }
-
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.read(buf),
-            Socket::Tls(t) => t.read(buf),
-        }
-    }
-
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.write(buf),
-            Socket::Tls(t) => t.write(buf),
-        }
     }
 }
 

@@ -17,64 +17,11 @@ use crate::addr::ServerAddr;
 use crate::error::Error;
 use crate::meta::{self, Expect, OutQueue, Parsed};
 use crate::op::Op;
-use crate::tls::{TlsConfig, TlsStream};
+use crate::tls::{Socket, TlsConfig, TlsStream};
 use crate::transport::{Completion, ConnId, Credentials, Transport};
 
 const READ_CHUNK: usize = 256 * 1024;
 const MAX_IOVECS: usize = 64;
-
-/// A connection's socket: plain, or TLS over it.
-enum Socket {
-    Plain(TcpStream),
-    Tls(Box<TlsStream>),
-}
-
-impl Socket {
-    fn tcp(&mut self) -> &mut TcpStream {
-        match self {
-            Socket::Plain(s) => s,
-            Socket::Tls(t) => &mut t.sock,
-        }
-    }
-
-    /// TLS bytes the socket did not take yet go first; `Ok(false)` while it takes none.
-    fn push(&mut self) -> io::Result<bool> {
-        match self {
-            Socket::Plain(_) => Ok(true),
-            Socket::Tls(t) => t.push(),
-        }
-    }
-}
-
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.read(buf),
-            Socket::Tls(t) => t.read(buf),
-        }
-    }
-}
-
-impl Write for Socket {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.write(buf),
-            Socket::Tls(t) => t.write(buf),
-        }
-    }
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.write_vectored(bufs),
-            Socket::Tls(t) => t.write_vectored(bufs),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Socket::Plain(_) => Ok(()),
-            Socket::Tls(t) => t.flush(),
-        }
-    }
-}
 
 struct Conn {
     stream: Socket,

@@ -214,3 +214,63 @@ impl Write for TlsStream {
         self.push().map(|_| ())
     }
 }
+
+/// A non-blocking TCP socket, plain or with TLS over it (the transport's connections, and
+/// the benchmark's).
+pub enum Socket {
+    Plain(mio::net::TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Socket {
+    /// The socket itself, to register with a poller or set options on.
+    pub fn tcp(&mut self) -> &mut mio::net::TcpStream {
+        match self {
+            Socket::Plain(s) => s,
+            Socket::Tls(t) => t.socket_mut(),
+        }
+    }
+
+    /// TLS bytes encrypted but not yet taken by the socket.
+    pub fn pending(&self) -> bool {
+        matches!(self, Socket::Tls(t) if t.pending())
+    }
+
+    /// Push what `pending` says is waiting; `Ok(false)` while the socket takes no more.
+    pub fn push(&mut self) -> io::Result<bool> {
+        match self {
+            Socket::Plain(_) => Ok(true),
+            Socket::Tls(t) => t.push(),
+        }
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.read(buf),
+            Socket::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.write(buf),
+            Socket::Tls(t) => t.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.write_vectored(bufs),
+            Socket::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Socket::Plain(_) => Ok(()),
+            Socket::Tls(t) => t.flush(),
+        }
+    }
+}

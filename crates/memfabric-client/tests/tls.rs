@@ -6,124 +6,21 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::{Kind, Server};
 use memfabric_client::{Client, Config, Error, TlsConfig};
+use memfabric_cluster::certs::TestCerts;
 
-/// A scratch directory of certificates, removed on drop.
-struct Certs(PathBuf);
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Certs {
-    fn make(name: &str) -> Certs {
-        let dir = std::env::temp_dir().join(format!("memfabric-tls-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .output()
-                .expect("openssl (scripts/setup.sh installs it)");
-            assert!(out.status.success(), "openssl {args:?}: {out:?}");
-        };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        openssl(
-            &[
-                &["req", "-x509"][..],
-                &ec,
-                &[
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.crt",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=test-ca",
-                ],
-            ]
-            .concat(),
-        );
-        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-        for who in ["server", "client"] {
-            let (key, csr, crt, ext) = (
-                format!("{who}.key"),
-                format!("{who}.csr"),
-                format!("{who}.crt"),
-                format!("{who}.ext"),
-            );
-            let subj = format!("/CN={who}");
-            openssl(
-                &[
-                    &["req"][..],
-                    &ec,
-                    &["-keyout", &key, "-out", &csr, "-subj", &subj],
-                ]
-                .concat(),
-            );
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ]);
-        }
-        Certs(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).display().to_string()
-    }
-
-    fn server_flags(&self, extra: &str) -> Vec<String> {
-        let mut o = format!(
-            "ssl_chain_cert={},ssl_key={}",
-            self.path("server.crt"),
-            self.path("server.key")
-        );
-        if !extra.is_empty() {
-            o.push(',');
-            o.push_str(extra);
-        }
-        vec!["-Z".into(), "-o".into(), o]
-    }
-
-    fn config(&self, client_cert: bool) -> Config {
-        Config {
-            tls: Some(TlsConfig {
-                ca_file: Some(self.0.join("ca.crt")),
-                cert_file: client_cert.then(|| self.0.join("client.crt")),
-                key_file: client_cert.then(|| self.0.join("client.key")),
-                server_name: None,
-            }),
-            ..Config::default()
-        }
+fn config(certs: &TestCerts, client_cert: bool) -> Config {
+    Config {
+        tls: Some(TlsConfig {
+            ca_file: Some(certs.path("ca.crt")),
+            cert_file: client_cert.then(|| certs.path("client.crt")),
+            key_file: client_cert.then(|| certs.path("client.key")),
+            server_name: None,
+        }),
+        ..Config::default()
     }
 }
 
@@ -166,11 +63,11 @@ fn workload(c: &mut Client) -> Vec<String> {
 
 #[test]
 fn the_client_speaks_tls_to_memcached_and_memfabricd_alike() {
-    let certs = Certs::make("pool");
+    let certs = TestCerts::make("client-pool");
     let mut results = Vec::new();
     for kind in [Kind::Memcached, Kind::Memfabricd] {
         let server = start(kind, &certs.server_flags(""));
-        let mut c = Client::new(server.addr().as_str(), certs.config(false)).unwrap();
+        let mut c = Client::new(server.addr().as_str(), config(&certs, false)).unwrap();
         results.push(workload(&mut c));
         // Without TLS the same server is not reachable.
         let mut plain = Client::new(server.addr().as_str(), Config::default()).unwrap();
@@ -181,17 +78,17 @@ fn the_client_speaks_tls_to_memcached_and_memfabricd_alike() {
 
 #[test]
 fn client_certificates_are_presented_and_required() {
-    let certs = Certs::make("verify");
-    let ca = certs.path("ca.crt");
+    let certs = TestCerts::make("client-verify");
+    let ca = certs.path("ca.crt").display().to_string();
     for kind in [Kind::Memcached, Kind::Memfabricd] {
         let server = start(
             kind,
             &certs.server_flags(&format!("ssl_verify_mode=2,ssl_ca_cert={ca}")),
         );
-        let mut with = Client::new(server.addr().as_str(), certs.config(true)).unwrap();
+        let mut with = Client::new(server.addr().as_str(), config(&certs, true)).unwrap();
         with.set(b"k", b"v", 0, 0).unwrap();
         assert_eq!(&with.get(b"k").unwrap().unwrap().data[..], b"v", "{kind:?}");
-        let mut without = Client::new(server.addr().as_str(), certs.config(false)).unwrap();
+        let mut without = Client::new(server.addr().as_str(), config(&certs, false)).unwrap();
         let e = without.get(b"k").unwrap_err();
         assert!(
             matches!(

@@ -20,6 +20,10 @@
 //! cluster whose owner is no longer running, and any `mfc*` namespace without a claim.
 //!
 //! Needs Linux, root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and `ip` (iproute2).
+//!
+//! Also here, for the TLS tests of several crates: [`certs::TestCerts`].
+pub mod certs;
+
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};

@@ -9,32 +9,18 @@
 //!
 //! Servers run on 127.0.0.1 free ports inside guards that kill and reap them on drop.
 //! No assertion is about time; waits are bounded so that a broken server fails the test.
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use common::{closed, free_port, refuses_to_start, Server, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
 const MEMCACHED: &str = "/usr/bin/memcached";
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    l.local_addr().expect("probe addr").port()
-}
 
 fn auth_file(name: &str, text: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("memfabric-auth-{}-{name}", std::process::id()));
@@ -46,25 +32,13 @@ fn start(bin: &str, file: &PathBuf) -> Server {
     let port = free_port();
     let mut cmd = Command::new(bin);
     cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-Y"])
-        .arg(file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .arg(file);
     if bin == BIN {
         cmd.args(["--ucx-port", "0"]);
     } else if nix::unistd::geteuid().is_root() {
         cmd.args(["-u", "root"]);
     }
-    let server = Server {
-        child: cmd.spawn().expect("spawn"),
-        port,
-    };
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < WAIT, "{bin} never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+    Server::spawn(&mut cmd, port)
 }
 
 fn connect(s: &Server) -> TcpStream {
@@ -88,19 +62,6 @@ fn line(c: &mut TcpStream) -> Vec<u8> {
         }
     }
     got
-}
-
-/// The connection has been closed by the server.
-fn closed(c: &mut TcpStream) -> bool {
-    let mut b = [0u8; 64];
-    loop {
-        match c.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
 }
 
 fn stat(s: &Server, name: &str) -> u64 {
@@ -299,34 +260,11 @@ fn start_up_refuses_what_memcached_refuses() {
     ];
     for (args, says) in cases {
         let port = free_port();
-        let child = Command::new(BIN)
-            .args(["-p", &port.to_string(), "-l", "127.0.0.1"])
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run");
-        // A server that starts after all is killed (by the guard) and fails the test.
-        let mut server = Server { child, port };
-        let start = Instant::now();
-        let status = loop {
-            if let Some(st) = server.child.try_wait().expect("try_wait") {
-                break st;
-            }
-            assert!(start.elapsed() < WAIT, "{args:?} started");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        let _ = server
-            .child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut err);
-        assert!(!status.success(), "{args:?} started");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1"])
+            .args(&args);
+        let err = refuses_to_start(&mut cmd, port);
         assert!(err.contains(says), "{args:?}: {err}");
-        assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
     }
     let _ = std::fs::remove_file(good);
     let _ = std::fs::remove_file(bad);
@@ -336,21 +274,11 @@ fn start_up_refuses_what_memcached_refuses() {
 fn a_connection_that_does_not_authenticate_in_time_is_closed_and_others_stay() {
     let file = auth_file("deadline", "alice:secret\n");
     let port = free_port();
-    let child = Command::new(BIN)
-        .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
         .args(["--ucx-port", "0", "--auth-timeout", "1", "-Y"])
-        .arg(&file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mf = Server { child, port };
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < WAIT, "never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .arg(&file);
+    let mf = Server::spawn(&mut cmd, port);
     let mut silent = connect(&mf);
     let mut halfway = connect(&mf);
     halfway.write_all(b"set x 0 0 12\r\nalice").unwrap();

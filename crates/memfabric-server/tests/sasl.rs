@@ -10,45 +10,21 @@
 //!
 //! Servers run on 127.0.0.1 free ports inside guards that kill and reap them on drop.
 //! No assertion is about time; waits are bounded so that a broken server fails the test.
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{closed, free_port, refuses_to_start, Server, WAIT};
 use memfabric_proto::binary::{opcode, RequestHeader};
 use memfabric_proto::sasl::plain_message;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
 const MEMCACHED: &str = "/usr/bin/memcached";
 const SASLPASSWD2: &str = "/usr/sbin/saslpasswd2";
-const WAIT: Duration = Duration::from_secs(10);
 const USERS: &[(&str, &str)] = &[("alice", "plainpw"), ("bob", "sec ret")];
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("server is alive");
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS");
-        kb * 1024
-    }
-}
 
 /// A directory for one test's files, removed on drop.
 struct Scratch(PathBuf);
@@ -66,11 +42,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    l.local_addr().expect("probe addr").port()
 }
 
 fn pwdb(dir: &Path, users: &[(&str, &str)]) -> PathBuf {
@@ -115,10 +86,7 @@ fn start(bin: &str, dir: &Path, extra: &[&str]) -> Server {
     let port = free_port();
     let mut cmd = Command::new(bin);
     cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-S"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .args(extra);
     if bin == BIN {
         cmd.args(["--ucx-port", "0"])
             .env("MEMCACHED_SASL_PWDB", dir.join("pwdb"));
@@ -128,16 +96,7 @@ fn start(bin: &str, dir: &Path, extra: &[&str]) -> Server {
             cmd.args(["-u", "root"]);
         }
     }
-    let server = Server {
-        child: cmd.spawn().expect("spawn"),
-        port,
-    };
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < WAIT, "{bin} never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+    Server::spawn(&mut cmd, port)
 }
 
 fn connect(s: &Server) -> TcpStream {
@@ -195,19 +154,6 @@ fn reply(c: &mut TcpStream) -> Option<Vec<u8>> {
     packet.resize(24 + body, 0);
     c.read_exact(&mut packet[24..]).expect("reply body");
     Some(packet)
-}
-
-/// The connection has been closed by the server.
-fn closed(c: &mut TcpStream) -> bool {
-    let mut b = [0u8; 4096];
-    loop {
-        match c.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
 }
 
 /// Sends each request and reads its one reply; stops at a close.
@@ -511,36 +457,12 @@ fn start_up_refuses_what_it_cannot_honour() {
         ])
         .arg("-S")
         .args(&args)
-        .env_remove("MEMCACHED_SASL_PWDB")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env_remove("MEMCACHED_SASL_PWDB");
         if let Some(db) = db {
             cmd.env("MEMCACHED_SASL_PWDB", db);
         }
-        // A server that starts after all is killed (by the guard) and fails the test.
-        let mut server = Server {
-            child: cmd.spawn().expect("run"),
-            port,
-        };
-        let start = Instant::now();
-        let status = loop {
-            if let Some(st) = server.child.try_wait().expect("try_wait") {
-                break st;
-            }
-            assert!(start.elapsed() < WAIT, "{args:?} started");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        let _ = server
-            .child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut err);
-        assert!(!status.success(), "{args:?} started");
+        let err = refuses_to_start(&mut cmd, port);
         assert!(err.contains(says), "{args:?}: {err}");
-        assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
     }
 }
 

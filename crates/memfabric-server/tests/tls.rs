@@ -1,5 +1,5 @@
-//! `-Z` against hostile and heavy TLS clients (certificates made here with openssl; a
-//! rustls client). What memcached does not show the same way, so not a differential
+//! `-Z` against hostile and heavy TLS clients (certificates from memfabric-cluster's
+//! `TestCerts`; a rustls client). What memcached does not show the same way, so not a differential
 //! (tests/interop/test_tls.py is): junk where a ClientHello belongs is refused and counted
 //! in `ssl_handshake_errors`; handshakes that never finish are closed at
 //! `--auth-timeout`; a client that asks for large values and never reads them holds the
@@ -8,204 +8,66 @@
 //!
 //! Servers run on 127.0.0.1 free ports inside guards that kill and reap them on drop.
 //! No assertion is about time; waits are bounded so that a broken server fails the test.
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{closed, free_port, line, Server, WAIT};
+use memfabric_cluster::certs::TestCerts;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
-const WAIT: Duration = Duration::from_secs(10);
 
-struct Server {
-    child: Child,
-    port: u16,
+fn client_config(certs: &TestCerts) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(certs.path("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("server is alive");
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS");
-        kb * 1024
-    }
-}
-
-struct Certs(PathBuf);
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Certs {
-    fn make(name: &str) -> Certs {
-        let dir =
-            std::env::temp_dir().join(format!("memfabricd-tls-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .output()
-                .expect("openssl (scripts/setup.sh installs it)");
-            assert!(out.status.success(), "openssl {args:?}: {out:?}");
-        };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        openssl(
-            &[
-                &["req", "-x509"][..],
-                &ec,
-                &[
-                    "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ca",
-                ],
-            ]
-            .concat(),
-        );
-        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        for (who, cn) in [("server", "one"), ("server2", "two")] {
-            let (key, csr, crt) = (
-                format!("{who}.key"),
-                format!("{who}.csr"),
-                format!("{who}.crt"),
-            );
-            let subj = format!("/CN={cn}");
-            openssl(
-                &[
-                    &["req"][..],
-                    &ec,
-                    &["-keyout", &key, "-out", &csr, "-subj", &subj],
-                ]
-                .concat(),
-            );
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                "san.ext",
-            ]);
-        }
-        Certs(dir)
-    }
-
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-
-    fn client_config(&self) -> Arc<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_file_iter(self.path("ca.crt")).unwrap() {
-            roots.add(c.unwrap()).unwrap();
-        }
-        Arc::new(
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-        )
-    }
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    l.local_addr().expect("probe addr").port()
-}
-
-fn start(certs: &Certs, extra: &[&str]) -> Server {
+fn start(certs: &TestCerts, extra: &[&str]) -> Server {
     let port = free_port();
-    let opts = format!(
-        "ssl_chain_cert={},ssl_key={}",
-        certs.path("server.crt").display(),
-        certs.path("server.key").display()
-    );
-    let child = Command::new(BIN)
-        .args([
-            "-p",
-            &port.to_string(),
-            "-l",
-            "127.0.0.1",
-            "-U",
-            "0",
-            "--ucx-port",
-            "0",
-        ])
-        .args(["-Z", "-o", &opts])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let server = Server { child, port };
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < WAIT, "never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "-p",
+        &port.to_string(),
+        "-l",
+        "127.0.0.1",
+        "-U",
+        "0",
+        "--ucx-port",
+        "0",
+    ])
+    .args(certs.server_flags(""))
+    .args(extra);
+    Server::spawn(&mut cmd, port)
 }
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
-fn tls(s: &Server, certs: &Certs) -> Tls {
+fn tls(s: &Server, certs: &TestCerts) -> Tls {
     let sock = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
     sock.set_read_timeout(Some(WAIT)).unwrap();
     let name = ServerName::try_from("127.0.0.1").unwrap();
-    let conn = rustls::ClientConnection::new(certs.client_config(), name).unwrap();
+    let conn = rustls::ClientConnection::new(client_config(certs), name).unwrap();
     rustls::StreamOwned::new(conn, sock)
 }
 
-fn line(c: &mut impl Read) -> String {
-    let mut got = Vec::new();
-    let mut b = [0u8; 1];
-    while !got.ends_with(b"\r\n") {
-        match c.read(&mut b) {
-            Ok(0) => break,
-            Ok(_) => got.push(b[0]),
-            Err(e) => panic!("no reply line ({e})"),
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
-
-fn stat(s: &Server, certs: &Certs, name: &str) -> u64 {
+fn stat(s: &Server, certs: &TestCerts, name: &str) -> u64 {
     let mut c = tls(s, certs);
     c.write_all(b"stats\r\n").unwrap();
     let mut found = None;
@@ -220,22 +82,9 @@ fn stat(s: &Server, certs: &Certs, name: &str) -> u64 {
     }
 }
 
-/// The server closed the connection (reading what it still sent).
-fn closed(c: &mut TcpStream) -> bool {
-    let mut b = [0u8; 4096];
-    loop {
-        match c.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
-}
-
 #[test]
 fn junk_and_stalled_handshakes_are_refused_counted_and_closed() {
-    let certs = Certs::make("junk");
+    let certs = TestCerts::make("server-junk");
     let s = start(&certs, &["--auth-timeout", "2"]);
     // Plain text, an HTTP request, random bytes where a ClientHello belongs.
     let junk: [&[u8]; 3] = [
@@ -279,7 +128,7 @@ fn junk_and_stalled_handshakes_are_refused_counted_and_closed() {
 
 #[test]
 fn a_tls_client_that_does_not_read_cannot_make_the_server_buffer_its_replies() {
-    let certs = Certs::make("unread");
+    let certs = TestCerts::make("server-unread");
     let s = start(&certs, &["-m", "64"]);
     // One 500 KB value, asked for 400 times in a row (200 MB of replies) by clients that
     // never read.
@@ -323,7 +172,7 @@ fn a_tls_client_that_does_not_read_cannot_make_the_server_buffer_its_replies() {
 
 #[test]
 fn refresh_certs_serves_new_connections_the_new_certificate() {
-    let certs = Certs::make("refresh");
+    let certs = TestCerts::make("server-refresh");
     let plain_port = free_port();
     let s = start(&certs, &["-l", &format!("notls:127.0.0.1:{plain_port}")]);
     let peer_cn = |s: &Server| -> Vec<u8> {

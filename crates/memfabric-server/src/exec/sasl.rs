@@ -104,16 +104,7 @@ pub fn process_one(
         if kl != 0 || el != 0 || bl != 0 {
             return invalid(out);
         }
-        bp::write_response(
-            out,
-            h.opcode,
-            h.opaque,
-            Status::Success,
-            0,
-            &[],
-            &[],
-            sasl::MECHANISMS,
-        );
+        success(out, &h, sasl::MECHANISMS);
         return Some(Step::Done(head_len));
     }
     if el != 0 || kl == 0 {
@@ -149,16 +140,7 @@ pub fn process_one(
         Outcome::Authenticated => {
             st.done = true;
             ctx.stats.auth_cmds.incr();
-            bp::write_response(
-                out,
-                h.opcode,
-                h.opaque,
-                Status::Success,
-                0,
-                &[],
-                &[],
-                b"Authenticated",
-            );
+            success(out, &h, b"Authenticated");
         }
         Outcome::Continue => bp::write_error(out, h.opcode, h.opaque, Status::AuthContinue),
         Outcome::Failed => {
@@ -168,6 +150,11 @@ pub fn process_one(
         }
     }
     Some(step)
+}
+
+/// A success carrying `body`.
+fn success(out: &mut Vec<u8>, h: &RequestHeader, body: &[u8]) {
+    bp::write_response(out, h.opcode, h.opaque, Status::Success, 0, &[], &[], body);
 }
 
 /// `SASL_AUTH`: starts a conversation (Cyrus's `sasl_server_start`), with the first

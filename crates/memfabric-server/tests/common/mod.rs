@@ -1,0 +1,125 @@
+//! What the server's process-level tests share: a server guard (killed and reaped on
+//! drop, also when a test fails), free loopback ports, and reading until the server
+//! closes. Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any wait may last before the test fails.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running server on 127.0.0.1:`port`.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Runs `cmd` (its port flags already given as `port`) and waits until it listens.
+    pub fn spawn(cmd: &mut Command, port: u16) -> Server {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn server");
+        let server = Server { child, port };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < WAIT,
+                "the server never listened on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// Resident memory, from /proc.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("server is alive");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb * 1024
+    }
+}
+
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
+    l.local_addr().expect("probe addr").port()
+}
+
+/// Whether the server closed the connection (reading whatever it still sent).
+pub fn closed(c: &mut impl Read) -> bool {
+    let mut b = [0u8; 4096];
+    loop {
+        match c.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// One `\r\n`-ended line (or what came before the server closed).
+pub fn line(c: &mut impl Read) -> String {
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while !got.ends_with(b"\r\n") {
+        match c.read(&mut b) {
+            Ok(0) => break,
+            Ok(_) => got.push(b[0]),
+            Err(e) => panic!(
+                "no reply line ({e}); so far {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Runs `cmd` (which names `port`), expecting it to refuse to start: it must exit
+/// unsuccessfully without ever listening on `port`. Returns what it said on stderr. A
+/// server that starts after all is killed (by the guard) and fails the test.
+pub fn refuses_to_start(cmd: &mut Command, port: u16) -> String {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut server = Server { child, port };
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = server.child.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(start.elapsed() < WAIT, "{cmd:?} started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    let _ = server
+        .child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err);
+    assert!(!status.success(), "{cmd:?} started");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    err
+}
