@@ -226,7 +226,8 @@ impl Conn {
                     // empty; data arriving later raises a new edge. Skipping the read that
                     // would only return EAGAIN saves a syscall per reply (memcached does
                     // the same).
-                    n < room
+                    // (A TLS stream that ended says so at the next read.)
+                    n < room && !self.stream.ended()
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(delivered),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

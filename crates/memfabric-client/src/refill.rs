@@ -289,7 +289,8 @@ impl<'a> Refill<'a> {
                     let host = t
                         .server_name
                         .clone()
-                        .unwrap_or_else(|| addr.ip().to_string());
+                        // The name the pool's own connections check: the server's host.
+                        .unwrap_or_else(|| self.plan.servers[s].host.clone());
                     let tls = crate::tls::handshake(&stream, &config, &host, &server, deadline)
                         .map_err(halt)?;
                     let sock = stream.try_clone().map_err(io)?;

@@ -133,8 +133,6 @@ fn flush(c: &mut Conn) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads everything available and completes the requests whose replies are whole.
-/// `Err` = the connection is broken or out of step.
 /// memcached's ascii authentication on a new, still blocking, connection (`sock`; `s` is
 /// what to speak through: the socket, or TLS over it). First a meta no-op: a server
 /// without `-Y` answers `MN` (nothing to do: a `set` would store the credentials there),
@@ -202,6 +200,8 @@ fn reply_line(r: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(line)
 }
 
+/// Reads everything available and completes the requests whose replies are whole.
+/// `Err` = the connection is broken or out of step.
 fn read_and_parse(
     c: &mut Conn,
     scratch: &mut [u8],

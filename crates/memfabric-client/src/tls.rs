@@ -19,8 +19,8 @@ use crate::error::Error;
 /// Where the client's TLS trust and identity come from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsConfig {
-    /// PEM CA certificates that sign the servers' certificates (default: the system's,
-    /// `/etc/ssl/certs/ca-certificates.crt`).
+    /// PEM CA certificates that sign the servers' certificates (default: Debian's system
+    /// bundle, `/etc/ssl/certs/ca-certificates.crt`; give the file on other systems).
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate chain and key, for servers with `ssl_verify_mode` 1–3.
     pub cert_file: Option<PathBuf>,
@@ -122,6 +122,7 @@ pub(crate) type Blocking = rustls::StreamOwned<ClientConnection, StdTcpStream>;
 pub struct TlsStream {
     pub(crate) sock: mio::net::TcpStream,
     conn: ClientConnection,
+    /// The stream ended: the socket's end, or the server's close_notify.
     eof: bool,
 }
 
@@ -132,6 +133,12 @@ impl TlsStream {
             conn,
             eof: false,
         }
+    }
+
+    /// The stream has ended though a read may still have returned data: the next read
+    /// returns `Ok(0)` (a reader that stops at a short read must read once more).
+    pub fn ended(&self) -> bool {
+        self.eof
     }
 
     /// The socket, to register with a poller.
@@ -167,10 +174,16 @@ impl Read for TlsStream {
         loop {
             while got < buf.len() {
                 match self.conn.reader().read(&mut buf[got..]) {
-                    Ok(0) => return Ok(got),
+                    Ok(0) => {
+                        self.eof = true;
+                        return Ok(got);
+                    }
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(got),
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        self.eof = true;
+                        return Ok(got);
+                    }
                     Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
                 }
             }
@@ -234,6 +247,11 @@ impl Socket {
     /// TLS bytes encrypted but not yet taken by the socket.
     pub fn pending(&self) -> bool {
         matches!(self, Socket::Tls(t) if t.pending())
+    }
+
+    /// A TLS stream ended though the last read returned data (see `TlsStream::ended`).
+    pub fn ended(&self) -> bool {
+        matches!(self, Socket::Tls(t) if t.ended())
     }
 
     /// Push what `pending` says is waiting; `Ok(false)` while the socket takes no more.

@@ -118,8 +118,8 @@ impl AuthFile {
 /// memcached's SASL password database (`MEMCACHED_SASL_PWDB`, memcached built with
 /// `--enable-sasl-pwdb`): `user:password` lines, read again at every attempt (so an edit
 /// takes effect at once, as in memcached). Matching is memcached's: the first line that
-/// starts with `user:` decides; its password runs to the next `:`, `\r`, `\n` or the end of
-/// memcached's 255-byte line buffer (longer lines are read as several).
+/// starts with `user:` decides (lines are read in memcached's 255-byte buffer: longer
+/// ones as several), and [`SaslPwdb::check`] says when a password matches it.
 #[derive(Debug)]
 pub struct SaslPwdb {
     path: String,
@@ -141,20 +141,24 @@ impl SaslPwdb {
         })
     }
 
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-
-    /// The password of `user`'s entry, if the file has one.
-    fn password_of(&self, user: &[u8]) -> Option<Vec<u8>> {
+    /// What follows `user:` in `user`'s entry (to the end of its line), if the file has
+    /// one.
+    fn entry_of(&self, user: &[u8]) -> Option<Vec<u8>> {
         let file = std::fs::File::open(&self.path).ok()?;
-        password_in(BufReader::new(file.take(PWDB_READ_MAX)), user)
+        entry_in(BufReader::new(file.take(PWDB_READ_MAX)), user)
     }
 
-    /// Whether `user` has an entry whose password satisfies `proves`.
+    /// Whether `user` has an entry whose password satisfies `proves` (the UCX
+    /// bootstrap's MAC). The password is the entry up to its first `:`, `\r` or newline.
     pub fn verify(&self, user: &[u8], proves: impl Fn(&[u8]) -> bool) -> bool {
-        match self.password_of(user) {
-            Some(p) => proves(&p),
+        match self.entry_of(user) {
+            Some(rest) => {
+                let end = rest
+                    .iter()
+                    .position(|&b| matches!(b, b':' | b'\r' | b'\n'))
+                    .unwrap_or(rest.len());
+                proves(&rest[..end])
+            }
             None => {
                 let _ = proves(b"");
                 false
@@ -162,19 +166,31 @@ impl SaslPwdb {
         }
     }
 
-    /// Whether `user` and `pass` are an entry (memcached's
-    /// `sasl_server_userdb_checkpass`).
+    /// Whether `user` and `pass` are an entry, by memcached's rule
+    /// (`sasl_server_userdb_checkpass`): the entry's text starts with `pass`, and what
+    /// follows it is `:`, `\r`, a newline or the end. So `bob:pw:extra` accepts `pw`
+    /// and `pw:extra`.
     pub fn check(&self, user: &[u8], pass: &[u8]) -> bool {
         // memcached gives up on a user and password together longer than its buffer.
         if user.len() + pass.len() > PWDB_ENTRY_MAX - 4 {
             return false;
         }
-        self.verify(user, |p| same(p, pass))
+        let Some(rest) = self.entry_of(user) else {
+            // As much comparing for an unknown name as for a known one.
+            let _ = same(pass, pass);
+            return false;
+        };
+        let Some(head) = rest.get(..pass.len()) else {
+            return false;
+        };
+        same(head, pass) & matches!(rest.get(pass.len()), None | Some(b':' | b'\r' | b'\n'))
     }
 }
 
-/// memcached's search of the SASL password file (`fgets` into a 256-byte buffer).
-fn password_in(mut file: impl BufRead, user: &[u8]) -> Option<Vec<u8>> {
+/// memcached's search of the SASL password file (`fgets` into a 256-byte buffer, each
+/// read a C string): the first line that starts with `user:` decides; what follows the
+/// colon in it.
+fn entry_in(mut file: impl BufRead, user: &[u8]) -> Option<Vec<u8>> {
     let mut line = Vec::with_capacity(PWDB_ENTRY_MAX);
     loop {
         line.clear();
@@ -189,12 +205,7 @@ fn password_in(mut file: impl BufRead, user: &[u8]) -> Option<Vec<u8>> {
         // A C string: a NUL ends it.
         let text = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
         if text.len() > user.len() && text.starts_with(user) && text[user.len()] == b':' {
-            let pass = &text[user.len() + 1..];
-            let end = pass
-                .iter()
-                .position(|&b| matches!(b, b':' | b'\r' | b'\n'))
-                .unwrap_or(pass.len());
-            return Some(pass[..end].to_vec());
+            return Some(text[user.len() + 1..].to_vec());
         }
     }
 }
@@ -297,7 +308,7 @@ mod tests {
     }
 
     fn pwdb(text: &[u8], user: &[u8]) -> Option<Vec<u8>> {
-        password_in(text, user)
+        entry_in(text, user)
     }
 
     #[test]
@@ -305,17 +316,35 @@ mod tests {
         let f = b"alice:secret\nbob:pw:extra\r\ncarol:\nalice:second\ndave:pw";
         assert_eq!(
             pwdb(f, b"alice").unwrap(),
-            b"secret",
+            b"secret\n",
             "the first entry decides"
         );
-        assert_eq!(pwdb(f, b"bob").unwrap(), b"pw", "a colon ends the password");
-        assert_eq!(pwdb(f, b"carol").unwrap(), b"");
+        assert_eq!(pwdb(f, b"bob").unwrap(), b"pw:extra\r\n");
+        assert_eq!(pwdb(f, b"carol").unwrap(), b"\n");
         assert_eq!(pwdb(f, b"dave").unwrap(), b"pw", "no final newline");
         assert_eq!(pwdb(f, b"ali"), None, "a prefix of a user is not the user");
         assert_eq!(pwdb(f, b"eve"), None);
         // A line past the buffer is read as two: its second part can be an entry.
         let long = [&[b'x'; 255][..], b"zed:pw\n"].concat();
-        assert_eq!(pwdb(&long, b"zed").unwrap(), b"pw");
+        assert_eq!(pwdb(&long, b"zed").unwrap(), b"pw\n");
+    }
+
+    #[test]
+    fn a_password_matches_as_memcached_matches_it() {
+        let path = std::env::temp_dir().join(format!("memfabric-pwdb-rule-{}", std::process::id()));
+        std::fs::write(&path, b"bob:pw:extra\ncarol:\ndave:pw").unwrap();
+        let db = SaslPwdb::open(path.to_str().unwrap()).unwrap();
+        assert!(db.check(b"bob", b"pw"));
+        assert!(db.check(b"bob", b"pw:extra"), "memcached's prefix rule");
+        assert!(!db.check(b"bob", b"pw:ex"));
+        assert!(!db.check(b"bob", b"p"));
+        assert!(!db.check(b"bob", b"pw:extra:more"));
+        assert!(db.check(b"carol", b""));
+        assert!(db.check(b"dave", b"pw"), "the end of the file ends it");
+        assert!(!db.check(b"dave", b"pwx"));
+        // The UCX proof uses the password up to the first colon.
+        assert!(db.verify(b"bob", |p| p == b"pw"));
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -375,7 +375,7 @@ fn tls_settings(
                     .trim()
                     .parse()
                     .map_err(|_| unparsable())?;
-                o.wbuf_size = kb.max(1) * 1024;
+                o.wbuf_size = kb.max(1).checked_mul(1024).ok_or_else(unparsable)?;
             }
             "ssl_session_cache" => o.session_cache = true,
             "ssl_keyformat" => {
@@ -600,6 +600,13 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         s.sasl = Some(sasl_settings(a.auth_file.is_some(), &s)?);
     }
     s.tls = tls_settings(a.ssl, &a.extended)?;
+    if s.tls.is_some() && s.unix_socket.is_some() {
+        return Err(refused(
+            "-Z with -s (unix socket)",
+            "a unix socket replaces the TCP listeners and carries no TLS: the server would \
+             serve in clear text",
+        ));
+    }
     if s.tls.is_some() && s.udp_port != 0 {
         return Err(refused(
             "-Z with -U (UDP)",
@@ -1086,6 +1093,14 @@ mod tests {
         }
         let e = err(&["-o", "ssl_chain_cert=/x.pem"]);
         assert!(e.message.contains("without -Z"), "{}", e.message);
+        assert_eq!(
+            m(&["-Z", "-o", "ssl_wbuf_size=99999999999999999999"]),
+            "could not parse argument to ssl_wbuf_size"
+        );
+        assert_eq!(
+            m(&["-Z", "-o", &format!("ssl_wbuf_size={}", usize::MAX / 512)]),
+            "could not parse argument to ssl_wbuf_size"
+        );
         let e = err(&["-Z", "-o", "ssl_chain_cert=/nonexistent.pem,ssl_key=/x"]);
         assert!(
             e.message

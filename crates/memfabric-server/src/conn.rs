@@ -60,6 +60,12 @@ impl Stream {
         }
     }
 
+    /// The TLS stream has ended though the last read returned data (see
+    /// [`TlsStream::ended`]): read on to the end.
+    pub fn ended(&self) -> bool {
+        matches!(self, Stream::Tls(t) if t.ended())
+    }
+
     /// Before the socket is closed: a TLS close_notify, best effort.
     pub fn goodbye(&mut self) {
         if let Stream::Tls(t) = self {
@@ -117,7 +123,7 @@ impl Read for Stream {
         }
         match self {
             Stream::Tcp(s) => s.read_vectored(bufs),
-            // Decrypted into the first piece; the rest on the next read.
+            // Decrypted into the pieces in order, as `readv` fills them.
             Stream::Tls(t) => t.read_vectored(bufs),
             Stream::Unix(s) => s.read_vectored(bufs),
         }
@@ -370,7 +376,7 @@ impl Conn {
                     // in the middle of a large value: its sender is still writing, more
                     // has usually come by the next read, and reading on (as memcached
                     // does) saves the trip through epoll_wait.
-                    if n < want && !peer_closed && n >= value_left {
+                    if n < want && !peer_closed && !stream.ended() && n >= value_left {
                         *may_read = false;
                     }
                     Ok(n)

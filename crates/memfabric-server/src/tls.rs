@@ -15,8 +15,9 @@
 //! socket did not take yet is [`TlsStream::pending`], which the connection counts as
 //! output still to write.
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -77,10 +78,13 @@ impl TlsOptions {
 pub struct Tls {
     pub options: TlsOptions,
     config: RwLock<Arc<ServerConfig>>,
-    /// Server clock (seconds) of the last successful load.
-    last_refresh: AtomicU32,
+    /// When the files were last loaded (start, or the last successful `refresh_certs`).
+    last_refresh: Mutex<Instant>,
     pub handshake_errors: AtomicU64,
     pub new_sessions: Arc<AtomicU64>,
+    /// The server-side session cache (`ssl_session_cache`), one for the process: a
+    /// `refresh_certs` keeps the sessions it holds, as memcached's `SSL_CTX` does.
+    sessions: Arc<dyn StoresServerSessions>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -96,29 +100,43 @@ impl Tls {
     /// the same failure (the cause in rustls's words).
     pub fn new(options: TlsOptions) -> Result<Tls, String> {
         let new_sessions = Arc::new(AtomicU64::new(0));
-        let config = build(&options, &new_sessions)?;
+        let sessions: Arc<dyn StoresServerSessions> = if options.session_cache {
+            Arc::new(CountingCache {
+                inner: ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES),
+                new_sessions: Arc::clone(&new_sessions),
+            })
+        } else {
+            Arc::new(rustls::server::NoServerSessionStorage {})
+        };
+        let config = build(&options, &sessions)?;
         Ok(Tls {
             options,
             config: RwLock::new(Arc::new(config)),
-            last_refresh: AtomicU32::new(0),
+            last_refresh: Mutex::new(Instant::now()),
             handshake_errors: AtomicU64::new(0),
             new_sessions,
+            sessions,
         })
     }
 
     /// `refresh_certs`: load the files again; on failure the configuration in use stays.
-    pub fn refresh(&self, now: u32) -> Result<(), String> {
-        let config = build(&self.options, &self.new_sessions)?;
+    pub fn refresh(&self) -> Result<(), String> {
+        let config = build(&self.options, &self.sessions)?;
         if let Ok(mut c) = self.config.write() {
             *c = Arc::new(config);
         }
-        self.last_refresh.store(now, Ordering::Relaxed);
+        if let Ok(mut t) = self.last_refresh.lock() {
+            *t = Instant::now();
+        }
         Ok(())
     }
 
-    /// Seconds since the files were last loaded.
-    pub fn since_refresh(&self, now: u32) -> u32 {
-        now.saturating_sub(self.last_refresh.load(Ordering::Relaxed))
+    /// Seconds since the files were last loaded (memcached's
+    /// `time_since_server_cert_refresh`).
+    pub fn since_refresh(&self) -> u64 {
+        self.last_refresh
+            .lock()
+            .map_or(0, |t| t.elapsed().as_secs())
     }
 
     /// Starts the server side of a connection.
@@ -135,6 +153,7 @@ impl Tls {
             tls: Arc::clone(self),
             eof: false,
             failed: false,
+            closed: false,
         })
     }
 }
@@ -147,7 +166,7 @@ fn name(path: &Option<String>) -> &str {
     path.as_deref().unwrap_or("(null)")
 }
 
-fn build(o: &TlsOptions, new_sessions: &Arc<AtomicU64>) -> Result<ServerConfig, String> {
+fn build(o: &TlsOptions, sessions: &Arc<dyn StoresServerSessions>) -> Result<ServerConfig, String> {
     let chain: Vec<CertificateDer<'static>> = o
         .chain_cert
         .as_deref()
@@ -216,14 +235,9 @@ fn build(o: &TlsOptions, new_sessions: &Arc<AtomicU64>) -> Result<ServerConfig, 
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| format!("Error validating the certificate: {e}"))?;
-    if o.session_cache {
-        config.session_storage = Arc::new(CountingCache {
-            inner: ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES),
-            new_sessions: Arc::clone(new_sessions),
-        });
-    } else {
-        // memcached's default: no session cache (no resumption).
-        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.session_storage = Arc::clone(sessions);
+    if !o.session_cache {
+        // memcached's default: no session cache (no resumption), so no tickets either.
         config.send_tls13_tickets = 0;
     }
     Ok(config)
@@ -261,6 +275,8 @@ pub struct TlsStream {
     eof: bool,
     /// The handshake or a record failed: nothing more is read.
     failed: bool,
+    /// The peer's close_notify came.
+    closed: bool,
 }
 
 impl TlsStream {
@@ -281,6 +297,13 @@ impl TlsStream {
     /// Encrypted bytes that the socket has not taken yet.
     pub fn pending(&self) -> bool {
         self.conn.wants_write()
+    }
+
+    /// The stream has ended (close_notify, the socket's end, or a bad record) though a
+    /// read may still have returned data: the next read says so (`Ok(0)`), which the
+    /// connection must make even after a short read, since no readiness edge will come.
+    pub fn ended(&self) -> bool {
+        self.eof || self.failed || self.closed
     }
 
     /// Push buffered ciphertext to the socket: `Ok(true)` when all of it went.
@@ -332,15 +355,21 @@ impl Read for TlsStream {
                 };
                 match self.conn.reader().read(dst) {
                     // close_notify: the end.
-                    Ok(0) => return Ok(got),
+                    Ok(0) => {
+                        self.closed = true;
+                        return Ok(got);
+                    }
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // The peer closed without close_notify: an end like any other here.
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(got),
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        self.closed = true;
+                        return Ok(got);
+                    }
                     Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
                 }
             }
-            if got == want || self.eof || self.failed {
+            if got == want || self.ended() {
                 return Ok(got);
             }
             match self.conn.read_tls(&mut self.sock) {
@@ -382,7 +411,7 @@ impl Write for TlsStream {
         // At most one write buffer (`ssl_wbuf_size`) per call, as memcached encrypts its
         // `ssl_wbuf`; handed over in one call so that a reply's pieces (its header line,
         // the pinned value, END) become one TLS record, not one each.
-        let mut room = self.tls.options.wbuf_size.max(4096);
+        let mut room = self.tls.options.wbuf_size;
         let mut parts: [io::IoSlice<'_>; 64] = [io::IoSlice::new(&[]); 64];
         let mut count = 0;
         for b in bufs.iter().take(parts.len()) {

@@ -477,8 +477,9 @@ impl Worker {
         }
     }
 
-    /// Close connections idle for longer than `-o idle_timeout`, and with `-Y` or `-S` those that
-    /// have not authenticated within `--auth-timeout` (0 = no limit, for either).
+    /// Close connections idle for longer than `-o idle_timeout`, and with `-Y`, `-S` or `-Z`
+    /// those that have not authenticated (or finished their TLS handshake) within
+    /// `--auth-timeout` (0 = no limit, for either).
     fn kick_idle(&mut self, now: u32, idle_timeout: u32, auth_timeout: u32) {
         let shared = &self.shared;
         let idle: Vec<Token> = self

@@ -126,6 +126,29 @@ fn junk_and_stalled_handshakes_are_refused_counted_and_closed() {
     assert!(stat(&s, &certs, "idle_kicks") >= 50);
 }
 
+/// A request and the client's close_notify in one flight, the socket left open: the
+/// server answers, sees the end behind the request, and closes (no readiness edge comes
+/// after that flight).
+#[test]
+fn a_close_notify_behind_a_request_closes_the_connection() {
+    let certs = TestCerts::make("server-close-notify");
+    let s = start(&certs, &[]);
+    let mut c = tls(&s, &certs);
+    c.write_all(b"version\r\n").unwrap();
+    assert!(line(&mut c).starts_with("VERSION "));
+    c.conn.writer().write_all(b"version\r\n").unwrap();
+    c.conn.send_close_notify();
+    let mut flight = Vec::new();
+    while c.conn.wants_write() {
+        c.conn.write_tls(&mut flight).unwrap();
+    }
+    c.sock.write_all(&flight).unwrap();
+    assert!(line(&mut c).starts_with("VERSION "));
+    assert!(closed(&mut c.sock), "the connection outlived the client's close_notify");
+    // `time_since_server_cert_refresh` counts from start, not from 1970.
+    assert!(stat(&s, &certs, "time_since_server_cert_refresh") < 3600);
+}
+
 #[test]
 fn a_tls_client_that_does_not_read_cannot_make_the_server_buffer_its_replies() {
     let certs = TestCerts::make("server-unread");

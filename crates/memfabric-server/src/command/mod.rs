@@ -401,7 +401,7 @@ pub fn version() -> &'static str {
 /// the reply line, memcached's text (without its line end).
 pub fn refresh_certs(shared: &crate::shared::Shared) -> Result<(), String> {
     match shared.settings.tls.as_ref() {
-        Some(tls) => tls.refresh(shared.store.clock().now()),
+        Some(tls) => tls.refresh(),
         None => Err("Error TLS not enabled".to_string()),
     }
 }

@@ -272,7 +272,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("store_no_memory", t.store_no_memory);
     v.put("auth_cmds", t.auth_cmds);
     v.put("auth_errors", t.auth_errors);
-    // memcached shows it with -o idle_timeout; memfabricd also with -Y or -S, whose
+    // memcached shows it with -o idle_timeout; memfabricd also with -Y, -S or -Z, whose
     // --auth-timeout closes are counted there.
     let auth_deadline = shared.settings.handshakes() && shared.settings.auth_timeout > 0;
     if shared.settings.idle_timeout > 0 || auth_deadline {
@@ -320,10 +320,7 @@ fn general(shared: &Shared, v: &mut Stats) {
             "ssl_handshake_errors",
             tls.handshake_errors.load(Ordering::Relaxed),
         );
-        v.put(
-            "time_since_server_cert_refresh",
-            tls.since_refresh(shared.store.clock().now()),
-        );
+        v.put("time_since_server_cert_refresh", tls.since_refresh());
     }
     v.put("unexpected_napi_ids", 0);
     v.put("round_robin_fallback", 0);
