@@ -144,7 +144,10 @@ fn a_close_notify_behind_a_request_closes_the_connection() {
     }
     c.sock.write_all(&flight).unwrap();
     assert!(line(&mut c).starts_with("VERSION "));
-    assert!(closed(&mut c.sock), "the connection outlived the client's close_notify");
+    assert!(
+        closed(&mut c.sock),
+        "the connection outlived the client's close_notify"
+    );
     // `time_since_server_cert_refresh` counts from start, not from 1970.
     assert!(stat(&s, &certs, "time_since_server_cert_refresh") < 3600);
 }
