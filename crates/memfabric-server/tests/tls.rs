@@ -234,3 +234,42 @@ fn refresh_certs_serves_new_connections_the_new_certificate() {
     p.write_all(b"version\r\n").unwrap();
     assert!(line(&mut p).starts_with("VERSION "));
 }
+
+/// Many clients that start a handshake (a ClientHello) and never finish it: what each
+/// costs the server, measured (RSS before and after, per connection), bounded by `-c`
+/// and closed at `--auth-timeout`.
+#[test]
+fn unfinished_handshakes_cost_a_bounded_amount_each() {
+    let certs = TestCerts::make("server-many-hellos");
+    let s = start(&certs, &["-c", "4096", "--auth-timeout", "30"]);
+    let hello = {
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let mut conn = rustls::ClientConnection::new(client_config(&certs), name).unwrap();
+        let mut flight = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut flight).unwrap();
+        }
+        flight
+    };
+    let before = s.rss();
+    const CLIENTS: usize = 1000;
+    let mut held = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(&hello).unwrap();
+        held.push(c);
+    }
+    // Every one was answered (the server's first flight), so every one was read.
+    for c in held.iter_mut() {
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+    }
+    let grown = s.rss().saturating_sub(before);
+    let each = grown / CLIENTS as u64;
+    eprintln!("{CLIENTS} unfinished handshakes: RSS +{grown} bytes, {each} bytes each");
+    assert!(
+        each < 64 << 10,
+        "an unfinished handshake holds {each} bytes of server memory"
+    );
+}
