@@ -17,7 +17,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{closed, free_port, refuses_to_start, Server, WAIT};
+use common::{closed, free_port, memfabricd, refuses_to_start, Server, WAIT};
 use memfabric_proto::binary::{opcode, RequestHeader};
 use memfabric_proto::sasl::plain_message;
 
@@ -446,18 +446,8 @@ fn start_up_refuses_what_it_cannot_honour() {
     ];
     for (args, db, says) in cases {
         let port = free_port();
-        let mut cmd = Command::new(BIN);
-        cmd.args([
-            "-p",
-            &port.to_string(),
-            "-l",
-            "127.0.0.1",
-            "--ucx-port",
-            "0",
-        ])
-        .arg("-S")
-        .args(&args)
-        .env_remove("MEMCACHED_SASL_PWDB");
+        let mut cmd = memfabricd(port);
+        cmd.arg("-S").args(&args).env_remove("MEMCACHED_SASL_PWDB");
         if let Some(db) = db {
             cmd.env("MEMCACHED_SASL_PWDB", db);
         }

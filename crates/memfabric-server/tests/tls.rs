@@ -12,16 +12,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{closed, free_port, line, Server, WAIT};
+use common::{closed, free_port, line, memfabricd, Server, WAIT};
 use memfabric_cluster::certs::TestCerts;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-
-const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
 
 fn client_config(certs: &TestCerts) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
@@ -41,19 +38,10 @@ fn client_config(certs: &TestCerts) -> Arc<rustls::ClientConfig> {
 
 fn start(certs: &TestCerts, extra: &[&str]) -> Server {
     let port = free_port();
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "-p",
-        &port.to_string(),
-        "-l",
-        "127.0.0.1",
-        "-U",
-        "0",
-        "--ucx-port",
-        "0",
-    ])
-    .args(certs.server_flags(""))
-    .args(extra);
+    let mut cmd = memfabricd(port);
+    cmd.args(["-U", "0"])
+        .args(certs.server_flags(""))
+        .args(extra);
     Server::spawn(&mut cmd, port)
 }
 
@@ -272,4 +260,40 @@ fn unfinished_handshakes_cost_a_bounded_amount_each() {
         each < 64 << 10,
         "an unfinished handshake holds {each} bytes of server memory"
     );
+}
+
+/// TLS clients that announce a large value, send part of it in small records, and die:
+/// the half-received items are freed (nothing stored, memory within `-m`), and the next
+/// client stores and reads the same key whole.
+#[test]
+fn tls_clients_that_die_mid_value_leave_nothing_behind() {
+    let certs = TestCerts::make("server-die-mid-value");
+    let s = start(&certs, &["-m", "64"]);
+    let before = s.rss();
+    for _ in 0..20 {
+        let mut c = tls(&s, &certs);
+        c.write_all(b"set big 0 0 500000\r\n").unwrap();
+        for _ in 0..200 {
+            // One small TLS record per write.
+            c.write_all(&[b'x'; 1000]).unwrap();
+        }
+        c.flush().unwrap();
+        drop(c);
+    }
+    let mut c = tls(&s, &certs);
+    c.write_all(b"get big\r\n").unwrap();
+    assert_eq!(line(&mut c), "END\r\n", "a half-sent value was stored");
+    let value = vec![b'v'; 500_000];
+    c.write_all(b"set big 0 0 500000\r\n").unwrap();
+    c.write_all(&value).unwrap();
+    c.write_all(b"\r\nget big\r\n").unwrap();
+    assert_eq!(line(&mut c), "STORED\r\n");
+    assert_eq!(line(&mut c), "VALUE big 0 500000\r\n");
+    let mut got = vec![0u8; 500_002];
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(&got[..500_000], &value[..]);
+    assert_eq!(stat(&s, &certs, "curr_items"), 1);
+    let grown = s.rss().saturating_sub(before);
+    eprintln!("RSS grew {grown} bytes after 20 clients died mid-value");
+    assert!(grown < 64 << 20, "the server grew by {grown} bytes");
 }

@@ -62,6 +62,17 @@ pub fn process_one(
     input: &[u8],
     out: &mut Vec<u8>,
 ) -> Option<Step> {
+    let is_sasl = |op: u8| {
+        matches!(
+            op,
+            opcode::SASL_LIST_MECHS | opcode::SASL_AUTH | opcode::SASL_STEP
+        )
+    };
+    // An authenticated connection's ordinary request is the binary protocol's alone: not
+    // parsed twice on the hot path.
+    if sess.sasl.authenticated && input.get(1).is_some_and(|&op| !is_sasl(op)) {
+        return None;
+    }
     // A bad magic, or key and extras longer than the body: the binary protocol's own
     // replies, before memcached looks at authentication.
     let h = match RequestHeader::parse(input) {
@@ -80,11 +91,7 @@ pub fn process_one(
     if kl + el > bl {
         return None;
     }
-    let sasl_request = matches!(
-        h.opcode,
-        opcode::SASL_LIST_MECHS | opcode::SASL_AUTH | opcode::SASL_STEP
-    );
-    if !sasl_request {
+    if !is_sasl(h.opcode) {
         if sess.sasl.authenticated || h.opcode == opcode::VERSION {
             return None;
         }

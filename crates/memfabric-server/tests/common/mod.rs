@@ -58,6 +58,20 @@ impl Server {
     }
 }
 
+/// memfabricd on 127.0.0.1:`port`, without its UCX port (more flags to add).
+pub fn memfabricd(port: u16) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memfabricd"));
+    cmd.args([
+        "-p",
+        &port.to_string(),
+        "-l",
+        "127.0.0.1",
+        "--ucx-port",
+        "0",
+    ]);
+    cmd
+}
+
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
     l.local_addr().expect("probe addr").port()
