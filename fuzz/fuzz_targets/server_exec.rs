@@ -79,6 +79,7 @@ fn run(chunks: &[&[u8]], guard: Guard) -> Vec<u8> {
         transport: Transport::Tcp,
         conn_id: 1,
         waiter: None,
+        completion: None,
     };
     let mut sess = Session::default();
     let mut buf: Vec<u8> = Vec::new();

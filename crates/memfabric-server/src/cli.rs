@@ -7,7 +7,7 @@
 //!   (segmented LRU, watch logging, ...), where nothing a client can observe depends on it.
 //!   `docs/ARCHITECTURE.md` ("Limits and deliberate differences") says why for each;
 //! * refused: a feature memfabric lacks whose absence a user could not see but would rely
-//!   on (SASL, TLS, ascii auth files, restartable memory files, the extstore flash tier):
+//!   on (restartable memory files, TLS and SASL variants it lacks):
 //!   the server does not start, and says which flag and why, rather than run without it.
 //!
 //! An unknown `-o` option stops the server with memcached's `Illegal suboption` message.
@@ -193,10 +193,27 @@ pub struct Args {
     /// comma separated extended options, as memcached 1.6.18's: maxconns_fast, hashpower=N,
     /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ...
     /// (no_lru_maintainer: the maintenance thread keeps no 1 ms tick while busy; memcached's
-    /// LRU tuning options are accepted and change nothing; ext_* and ssl_* refuse to start;
-    /// an unknown one is an error)
+    /// LRU tuning options are accepted and change nothing; ssl_* need -Z; an unknown one is
+    /// an error). The flash tier (docs/flash.md): ext_path=FILE:SIZE[,ext_path=...]
+    /// (SIZE with K|M|G|T), ext_item_size=BYTES (smaller items stay in RAM), ext_low_ttl=S,
+    /// ext_item_age=S, ext_threads=N (read threads), ext_wbuf_size=MB (pages buffered);
+    /// ext_page_size (the slab page is the flash page), ext_recache_rate (flash reads never
+    /// recache), ext_compact_under, ext_drop_under, ext_max_frag, ext_drop_unread,
+    /// ext_max_sleep, ext_io_depth are accepted and have no effect: there is no compaction
     #[arg(short = 'o', long = "extended", value_name = "opt[,opt]", action = ArgAction::Append)]
     pub extended: Vec<String>,
+    /// with ext_path: bytes per second written to flash at most (items over it are evicted
+    /// as without flash; a SET never waits for flash; 0 = no limit)
+    #[arg(long = "flash-write-budget", value_name = "bytes", default_value_t = 0)]
+    pub flash_write_budget: u64,
+    /// with ext_path: direct (O_DIRECT where the file system allows it, else buffered) or
+    /// buffered I/O
+    #[arg(
+        long = "flash-io",
+        value_name = "direct|buffered",
+        default_value = "direct"
+    )]
+    pub flash_io: String,
     /// after any activity (TCP, UDP or UCX), keep polling for this many microseconds
     /// before sleeping in epoll (an override: by default only UCX work is followed by a
     /// short adaptive poll, --ucx-poll-us; default: 0)
@@ -439,13 +456,16 @@ pub struct Parsed {
     pub license: bool,
 }
 
-/// Parse a size with an optional k/m/g suffix (binary units), as memcached's `-I`.
+/// Parse a size with an optional k/m/g/t/p suffix (binary units), as memcached's `-I` and
+/// `ext_path`.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mult) = match s.as_bytes().last()? {
         b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
         b'm' | b'M' => (&s[..s.len() - 1], 1u64 << 20),
         b'g' | b'G' => (&s[..s.len() - 1], 1u64 << 30),
+        b't' | b'T' => (&s[..s.len() - 1], 1u64 << 40),
+        b'p' | b'P' => (&s[..s.len() - 1], 1u64 << 50),
         _ => (s, 1),
     };
     num.parse::<u64>().ok()?.checked_mul(mult)
@@ -629,6 +649,21 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;
     }
+    if let Some(f) = s.store.flash.as_mut() {
+        f.write_budget = a.flash_write_budget;
+        f.direct_io = match a.flash_io.as_str() {
+            "direct" => true,
+            "buffered" => false,
+            other => {
+                return Err(fatal(format!(
+                    "--flash-io {other}: expected direct or buffered"
+                )))
+            }
+        };
+        f.item_min = s.ext.item_size;
+        f.low_ttl = s.ext.low_ttl;
+        f.write_buffers = (s.ext.wbuf_mb << 20).div_ceil(s.store.page_size).max(2);
+    }
 
     // memcached sizes the item limit against memory: a slab page must hold two items.
     if s.store.item_size_max > s.store.memory_limit / 2 {
@@ -660,7 +695,7 @@ fn required<'a>(name: &str, val: Option<&'a str>) -> Result<&'a str, CliError> {
     val.ok_or_else(|| fatal(format!("Missing {name} argument")))
 }
 
-/// memcached's extstore options: each configures the flash tier memfabricd does not have.
+/// memcached's extstore options: they configure the flash tier (`apply_extstore`).
 const EXTSTORE_OPTIONS: &[&str] = &[
     "ext_path",
     "ext_page_size",
@@ -729,6 +764,87 @@ const NO_EFFECT_SWITCHES: &[&str] = &[
     "no_drop_privileges",
 ];
 
+/// One extstore option (memcached's names and units).
+fn apply_extstore(
+    s: &mut Settings,
+    name: &str,
+    val: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<(), CliError> {
+    let no_effect = |why: &str| format!("-o {name}: no effect in memfabricd ({why})");
+    match name {
+        "ext_path" => {
+            let v = required(name, val)?;
+            let (path, size) = v.rsplit_once(':').ok_or_else(|| {
+                fatal("must supply size to ext_path, ie: ext_path=/f/e:64m (M|G|T|P supported)")
+            })?;
+            let size = parse_size(size).filter(|&b| b > 0).ok_or_else(|| {
+                fatal("must supply size to ext_path, ie: ext_path=/f/e:64m (M|G|T|P supported)")
+            })?;
+            let f = s
+                .store
+                .flash
+                .get_or_insert_with(memfabric_store::FlashConfig::default);
+            f.files.push((path.into(), size));
+        }
+        "ext_item_size" => s.ext.item_size = num(name, val)?,
+        "ext_low_ttl" => s.ext.low_ttl = num(name, val)?,
+        "ext_item_age" => {
+            s.ext.item_age = num(name, val)?;
+            warnings.push(no_effect(
+                "items go to flash when RAM evicts them, never earlier because they are idle",
+            ));
+        }
+        "ext_threads" => {
+            let n: usize = num(name, val)?;
+            if n == 0 || n > 64 {
+                return Err(fatal("ext_threads must be between 1 and 64"));
+            }
+            s.ext.threads = n;
+        }
+        "ext_wbuf_size" => {
+            let mb: usize = num(name, val)?;
+            if mb == 0 {
+                return Err(fatal("ext_wbuf_size must be at least 1"));
+            }
+            s.ext.wbuf_mb = mb;
+        }
+        "ext_page_size" => {
+            s.ext.page_mb = num(name, val)?;
+            warnings.push(no_effect(
+                "the flash page is the slab page, -o slab_page_size",
+            ));
+        }
+        "ext_recache_rate" => {
+            s.ext.recache_rate = num(name, val)?;
+            warnings.push(no_effect(
+                "a flash read never copies the item back to RAM; a command that modifies it does",
+            ));
+        }
+        "ext_compact_under" | "ext_drop_under" | "ext_max_frag" | "ext_drop_unread"
+        | "ext_max_sleep" => {
+            let v = required(name, val)?;
+            match name {
+                "ext_compact_under" => s.ext.compact_under = num(name, Some(v))?,
+                "ext_drop_under" => s.ext.drop_under = num(name, Some(v))?,
+                "ext_max_frag" => s.ext.max_frag = num(name, Some(v))?,
+                "ext_max_sleep" => s.ext.max_sleep = num(name, Some(v))?,
+                _ => s.ext.drop_unread = v != "0",
+            }
+            warnings.push(no_effect(
+                "pages are reused oldest first, keeping only items read since they went to \
+                 flash; nothing is compacted",
+            ));
+        }
+        "ext_io_depth" => {
+            let _: u32 = num(name, val)?;
+            warnings.push(no_effect("each read thread has one read in flight"));
+        }
+        _ => return Err(fatal(format!("Illegal suboption \"{name}\""))),
+    }
+    Ok(())
+}
+
 /// One `-o` option.
 fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Result<(), CliError> {
     if opt.is_empty() {
@@ -739,10 +855,7 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
         None => (opt, None),
     };
     if EXTSTORE_OPTIONS.contains(&name) {
-        return Err(refused(
-            &format!("-o {opt} (extstore flash tier)"),
-            "memfabricd has no external storage and would keep every item in memory only",
-        ));
+        return apply_extstore(s, name, val, warnings);
     }
     if TLS_OPTIONS.contains(&name) {
         // Read by `tls_settings`.
@@ -995,17 +1108,48 @@ mod tests {
     }
 
     #[test]
-    fn flash_tier_and_tls_options_refuse_to_start() {
-        for o in super::EXTSTORE_OPTIONS {
-            let e = err(&["-o", &format!("{o}=1")]);
-            assert_eq!(e.code, 64, "{o}");
-            assert!(e.message.contains(o), "{o}: {}", e.message);
-            assert!(e.message.contains("refusing to start"), "{}", e.message);
-            assert!(!e.message.contains('\n'), "one line: {}", e.message);
+    fn extstore_options_configure_the_flash_tier() {
+        let p = ok(&[
+            "-o",
+            "ext_path=/mnt/a:64g,ext_path=/mnt/b:512M,ext_item_size=1024,ext_low_ttl=30",
+            "-o",
+            "ext_threads=8,ext_wbuf_size=16,ext_compact_under=5",
+            "--flash-write-budget",
+            "1000000",
+        ]);
+        let f = p.settings.store.flash.as_ref().expect("flash tier");
+        assert_eq!(
+            f.files,
+            vec![("/mnt/a".into(), 64 << 30), ("/mnt/b".into(), 512 << 20)]
+        );
+        assert_eq!(
+            (f.item_min, f.low_ttl, f.write_budget),
+            (1024, 30, 1_000_000)
+        );
+        assert_eq!(f.write_buffers, 16);
+        assert_eq!(p.settings.ext.threads, 8);
+        // An option the design makes meaningless is accepted and said so at start-up.
+        assert!(p.warnings.iter().any(|w| w.contains("ext_compact_under")));
+        // Options without ext_path: no flash tier (as memcached).
+        assert!(ok(&["-o", "ext_item_size=100"])
+            .settings
+            .store
+            .flash
+            .is_none());
+        for bad in [
+            "ext_path=/x",
+            "ext_path=/x:",
+            "ext_path=/x:0",
+            "ext_path=/x:12q",
+        ] {
+            let e = err(&["-o", bad]);
+            assert!(e.message.contains("must supply size to ext_path"), "{bad}");
         }
-        let e = err(&["-o", "ext_path=/mnt/flash/extstore:64g"]);
-        assert!(e.message.contains("ext_path=/mnt/flash/extstore:64g"));
-        assert!(e.message.contains("flash tier"));
+        assert!(err(&["-o", "ext_threads=0"])
+            .message
+            .contains("ext_threads"));
+        let e = err(&["-o", "ext_path=/x:1g", "--flash-io", "weird"]);
+        assert!(e.message.contains("--flash-io"));
     }
 
     #[test]

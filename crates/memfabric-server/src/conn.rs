@@ -299,13 +299,20 @@ impl Conn {
 
     /// Pending command `ticket` of this connection is ready: put its reply in its place.
     /// The worker drives the connection next, which writes it and goes on.
-    pub fn complete(&mut self, shared: &Shared, stats: &ThreadStats, ticket: u64) {
+    pub fn complete(
+        &mut self,
+        shared: &Shared,
+        stats: &ThreadStats,
+        ticket: u64,
+        done: Option<crate::pending::Completion>,
+    ) {
         let ctx = ExecCtx {
             shared,
             stats,
             transport: self.stream.transport(),
             conn_id: self.id,
             waiter: None,
+            completion: done.as_ref(),
         };
         exec::resume(&ctx, &mut self.session, ticket, &mut self.out);
     }
@@ -582,6 +589,7 @@ impl Conn {
                     inbox,
                     target: Target::Conn(self.token),
                 }),
+                completion: None,
             };
             let verbose = shared.verbose.load(Ordering::Relaxed) >= 2;
             let before = self.out.len();

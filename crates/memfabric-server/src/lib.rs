@@ -14,6 +14,7 @@ pub mod command;
 pub mod conn;
 pub mod counters;
 pub mod exec;
+pub mod flash_reads;
 pub mod net;
 pub mod outqueue;
 pub mod pending;

@@ -22,11 +22,28 @@ pub enum Target {
     Ucx,
 }
 
+/// What a pending command waited for, handed to it when it resumes.
+#[derive(Debug)]
+pub enum Completion {
+    /// A flash read: the item read, or `None` for a miss.
+    Flash(Option<memfabric_store::FlashHit>),
+}
+
+/// A pending command that became ready: whose, which, and what it waited for (`None`
+/// when the command looks its result up again, as the test store's held keys do).
+pub type Ready = (Target, u64, Option<Completion>);
+
 /// A worker's inbox of pending commands that became ready, filled by other threads and
 /// drained by the worker when its waker fires.
 pub struct Inbox {
-    ready: Mutex<Vec<(Target, u64)>>,
+    ready: Mutex<Vec<Ready>>,
     waker: Arc<mio::Waker>,
+}
+
+/// A ticket no other pending command of the process has.
+pub fn next_ticket() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Inbox {
@@ -39,16 +56,21 @@ impl Inbox {
 
     /// Report pending command `ticket` of `target` ready, and wake the worker.
     pub fn post(&self, target: Target, ticket: u64) {
+        self.post_with(target, ticket, None)
+    }
+
+    /// `post`, with what the command waited for.
+    pub fn post_with(&self, target: Target, ticket: u64, done: Option<Completion>) {
         self.ready
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((target, ticket));
+            .push((target, ticket, done));
         // Fails only when the worker's poll is gone, i.e. it has exited.
         let _ = self.waker.wake();
     }
 
     /// Everything reported since the last call.
-    pub fn take(&self) -> Vec<(Target, u64)> {
+    pub fn take(&self) -> Vec<Ready> {
         std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
@@ -61,7 +83,6 @@ pub struct Ticket(pub u64);
 pub struct Holds {
     prefix: Vec<u8>,
     parked: Mutex<Vec<(Arc<Inbox>, Target, u64)>>,
-    next: AtomicU64,
 }
 
 impl Holds {
@@ -69,7 +90,6 @@ impl Holds {
         Holds {
             prefix,
             parked: Mutex::new(Vec::new()),
-            next: AtomicU64::new(1),
         }
     }
 
@@ -84,11 +104,6 @@ impl Holds {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<Inbox>, Target, u64)>> {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A ticket no other pending command of the process has.
-    pub fn next_ticket(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Hold a command until `release_all`.

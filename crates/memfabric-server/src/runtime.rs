@@ -161,6 +161,13 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let holds = settings.debug_hold_keys.clone();
     let mut shared = Shared::new(settings, store);
     shared.holds = holds.map(crate::pending::Holds::new);
+    if shared.store.has_flash() {
+        let reader = shared.store.flash_reader();
+        shared.flash_reads = Some(
+            crate::flash_reads::FlashReads::start(reader, shared.settings.ext.threads)
+                .map_err(RunError::Store)?,
+        );
+    }
     if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
         let ctx = Arc::clone(m.context());
         match crate::ucx_context::FabricShared::new(

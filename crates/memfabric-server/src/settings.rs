@@ -107,6 +107,8 @@ pub struct Settings {
     /// `--debug-hold-keys`: the test store holds retrievals of keys with this prefix
     /// until `debug release` (command::holds).
     pub debug_hold_keys: Option<Vec<u8>>,
+    /// memcached's extstore settings as given (the flash tier itself is `store.flash`).
+    pub ext: ExtSettings,
 }
 
 /// What to bind for a `-p`/`-U` value: `None` for off (0), port 0 (the kernel picks) for
@@ -191,6 +193,7 @@ impl Default for Settings {
             auth_timeout: 10,
             max_pending_output: 4 << 20,
             store: memfabric_store::StoreConfig::default(),
+            ext: ExtSettings::default(),
             enable_shutdown: false,
             flush_enabled: true,
             dump_enabled: true,
@@ -212,6 +215,42 @@ impl Default for Settings {
             tail_repair_time: 0,
             sock_cookie_id: None,
             debug_hold_keys: None,
+        }
+    }
+}
+
+/// memcached's `ext_*` settings, with its defaults (`stats settings` reports them).
+#[derive(Clone, Debug)]
+pub struct ExtSettings {
+    pub item_size: usize,
+    pub item_age: u32,
+    pub low_ttl: u32,
+    pub threads: usize,
+    pub wbuf_mb: usize,
+    pub page_mb: usize,
+    pub recache_rate: u32,
+    pub compact_under: u32,
+    pub drop_under: u32,
+    pub max_frag: f64,
+    pub max_sleep: u32,
+    pub drop_unread: bool,
+}
+
+impl Default for ExtSettings {
+    fn default() -> Self {
+        ExtSettings {
+            item_size: 512,
+            item_age: u32::MAX,
+            low_ttl: 0,
+            threads: 4,
+            wbuf_mb: 4,
+            page_mb: 64,
+            recache_rate: 2000,
+            compact_under: 0,
+            drop_under: 0,
+            max_frag: 0.8,
+            max_sleep: 1_000_000,
+            drop_unread: false,
         }
     }
 }

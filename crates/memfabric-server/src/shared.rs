@@ -45,6 +45,8 @@ pub struct Shared {
     pub gauges: Arc<crate::bounds::Gauges>,
     /// The test store's held keys (`--debug-hold-keys`), when on.
     pub holds: Option<Holds>,
+    /// The flash tier's read threads, when there is a flash tier.
+    pub flash_reads: Option<crate::flash_reads::FlashReads>,
 }
 
 impl Shared {
@@ -69,6 +71,7 @@ impl Shared {
             fabric: None,
             gauges: Default::default(),
             holds: None,
+            flash_reads: None,
         }
     }
 
@@ -122,6 +125,8 @@ pub struct ExecCtx<'a> {
     /// Where to report that a command which answered "pending" can go on; `None` where
     /// the caller cannot wait (the command then completes at once).
     pub waiter: Option<Waiter<'a>>,
+    /// What a resumed command waited for (a flash read's result), when it has it.
+    pub completion: Option<&'a crate::pending::Completion>,
 }
 
 /// What `stats conns` says a connection is doing (memcached's state names).

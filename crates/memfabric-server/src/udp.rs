@@ -121,6 +121,7 @@ impl UdpPort {
         inbox: &Arc<Inbox>,
         index: usize,
         ticket: u64,
+        done: Option<crate::pending::Completion>,
     ) {
         let Some(at) = self.held.iter().position(|h| h.ticket == ticket) else {
             return;
@@ -132,6 +133,7 @@ impl UdpPort {
             transport: Transport::Udp,
             conn_id: self.id,
             waiter: None,
+            completion: done.as_ref(),
         };
         exec::resume(&ctx, &mut h.sess, ticket, &mut h.out);
         if let Some((next, _)) = h.sess.parked.first() {
@@ -168,6 +170,7 @@ impl UdpPort {
             transport: Transport::Udp,
             conn_id: self.id,
             waiter,
+            completion: None,
         };
         let mut pos = 0;
         while pos < payload.len() {

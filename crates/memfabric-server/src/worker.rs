@@ -370,23 +370,23 @@ impl Worker {
     /// Complete the pending commands that became ready, and go on with their
     /// connections.
     fn take_ready(&mut self, now: u32) {
-        for (target, ticket) in self.inbox.take() {
+        for (target, ticket, done) in self.inbox.take() {
             match target {
                 Target::Conn(t) => {
                     let t = Token(t);
                     if let Some(conn) = self.conns.get_mut(&t) {
-                        conn.complete(&self.shared, &self.stats, ticket);
+                        conn.complete(&self.shared, &self.stats, ticket, done);
                         self.drive(t, false, now);
                     }
                 }
                 Target::Udp(i) => {
                     if let Some(port) = self.udp.get_mut(i) {
-                        port.complete(&self.shared, &self.stats, &self.inbox, i, ticket);
+                        port.complete(&self.shared, &self.stats, &self.inbox, i, ticket, done);
                     }
                 }
                 Target::Ucx => {
                     if let Some(f) = self.fabric.as_mut() {
-                        f.complete(&self.stats, ticket);
+                        f.complete(&self.stats, ticket, done);
                     }
                 }
             }

@@ -67,6 +67,7 @@ impl<'s> Conn<'s> {
             transport: Transport::Tcp,
             conn_id: 1,
             waiter: None,
+            completion: None,
         };
         loop {
             let p = process(&mut ctx, &mut self.sess, &self.buf, &mut queue, usize::MAX);

@@ -35,6 +35,7 @@ fn run(shared: &Shared, stats: &Arc<ThreadStats>, chunks: &[&[u8]]) -> Vec<u8> {
                 transport: Transport::Tcp,
                 conn_id: 1,
                 waiter: None,
+                completion: None,
             };
             let p = process(&mut ctx, &mut sess, &pending, &mut queue, 1000);
             replies.extend(queue.take_vec());

@@ -50,6 +50,7 @@ impl Conn {
                 transport: Transport::Tcp,
                 conn_id: 1,
                 waiter: None,
+                completion: None,
             };
             let p = exec::process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
             out.extend(queue.take_vec());

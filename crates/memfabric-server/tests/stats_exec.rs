@@ -53,6 +53,7 @@ impl<'a> Conn<'a> {
                 transport: Transport::Tcp,
                 conn_id: 1,
                 waiter: None,
+                completion: None,
             };
             let p = process(&mut ctx, &mut self.sess, &self.pending, &mut queue, 1000);
             out.extend(queue.take_vec());

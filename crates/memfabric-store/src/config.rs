@@ -25,6 +25,8 @@ pub struct StoreConfig {
     /// often, as memcached's LRU maintainer does (its shortest sleep is 1 ms); idle, it
     /// backs off to 250 ms. Zero: the idle schedule always.
     pub busy_tick: std::time::Duration,
+    /// The flash tier items evicted from RAM go to (memcached's extstore); `None`: RAM only.
+    pub flash: Option<crate::flash::FlashConfig>,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +43,7 @@ impl Default for StoreConfig {
             slab_automove: true,
             background_sweeper: true,
             busy_tick: std::time::Duration::from_millis(1),
+            flash: None,
         }
     }
 }

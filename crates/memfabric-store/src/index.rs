@@ -22,6 +22,10 @@ use crate::remote;
 pub use crate::remote::{BUCKET_BYTES, SLOTS};
 
 const OFF_MASK: u64 = (1 << 40) - 1;
+/// The slot names a flash location (SSD tier) instead of arena memory.
+pub const FLASH_BIT: u64 = 1 << 47;
+/// A flash slot whose item was read since it was written to flash (reinsertion at reclaim).
+pub const FLASH_REFERENCED: u64 = 1 << 46;
 
 /// A decoded slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,14 +43,46 @@ impl Slot {
             | ((self.off as u64 >> 3) & OFF_MASK)
     }
 
+    /// A slot naming arena memory; `None` for an empty slot and for a flash slot (only
+    /// the flash tier's own code reads those, through [`FlashSlot`]).
     pub fn decode(raw: u64) -> Option<Slot> {
-        if raw == 0 {
+        if raw == 0 || raw & FLASH_BIT != 0 {
             return None;
         }
         Some(Slot {
             tag: (raw >> 48) as u16,
             class: ((raw >> 40) & 0x3f) as u8,
             off: ((raw & OFF_MASK) << 3) as usize,
+        })
+    }
+}
+
+/// A slot that names an item on flash: its tag, slab class (how many bytes to read at
+/// most) and flash byte offset (a multiple of 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashSlot {
+    pub tag: u16,
+    pub class: u8,
+    pub loc: u64,
+}
+
+impl FlashSlot {
+    pub fn encode(self) -> u64 {
+        ((self.tag as u64) << 48)
+            | FLASH_BIT
+            | (((self.class & 0x3f) as u64) << 40)
+            | ((self.loc >> 3) & OFF_MASK)
+    }
+
+    /// The flash slot in `raw`, whatever its referenced bit.
+    pub fn decode(raw: u64) -> Option<FlashSlot> {
+        if raw & FLASH_BIT == 0 {
+            return None;
+        }
+        Some(FlashSlot {
+            tag: (raw >> 48) as u16,
+            class: ((raw >> 40) & 0x3f) as u8,
+            loc: (raw & OFF_MASK) << 3,
         })
     }
 }
@@ -246,6 +282,32 @@ impl Index {
         Slot::decode(self.slot_word(b, i).load(Ordering::Relaxed))
     }
 
+    /// The raw slot word (0 = empty), for the flash tier.
+    pub fn raw_slot(&self, b: usize, i: usize) -> u64 {
+        self.slot_word(b, i).load(Ordering::Relaxed)
+    }
+
+    /// Writer (bucket lock held): store a raw slot word through the seqlock.
+    pub fn set_raw_slot(&self, b: usize, i: usize, raw: u64) {
+        let v = self.version(b);
+        v.store(v.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.slot_word(b, i).store(raw, Ordering::Relaxed);
+        v.store(v.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+    }
+
+    /// Reader: note that the flash slot (b, i) holding `raw` was read. No seqlock: the bit
+    /// changes nothing a reader decodes, and a write that replaces the slot meanwhile
+    /// wins (the compare fails).
+    pub fn mark_flash_referenced(&self, b: usize, i: usize, raw: u64) {
+        let _ = self.slot_word(b, i).compare_exchange(
+            raw,
+            raw | FLASH_REFERENCED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
     pub fn lock(&self, b: usize) {
         let mut spins = 0u32;
         while self
@@ -299,12 +361,7 @@ impl Index {
     /// Writer (holding the bucket lock): replace slot `i` of bucket `b`, publishing the
     /// change through the bucket's seqlock.
     pub fn set_slot(&self, b: usize, i: usize, s: Option<Slot>) {
-        let v = self.version(b);
-        v.store(v.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-        fence(Ordering::Release);
-        self.slot_word(b, i)
-            .store(s.map_or(0, Slot::encode), Ordering::Relaxed);
-        v.store(v.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        self.set_raw_slot(b, i, s.map_or(0, Slot::encode));
     }
 }
 
@@ -340,6 +397,16 @@ mod tests {
         };
         assert_eq!(Slot::decode(s.encode()), Some(s));
         assert_eq!(Slot::decode(0), None);
+        let f = FlashSlot {
+            tag: 0xabcd,
+            class: 42,
+            loc: 8 * 123_456_789,
+        };
+        assert_eq!(FlashSlot::decode(f.encode()), Some(f));
+        assert_eq!(FlashSlot::decode(f.encode() | FLASH_REFERENCED), Some(f));
+        // Code that knows only arena slots never sees a flash slot as one.
+        assert_eq!(Slot::decode(f.encode()), None);
+        assert_eq!(FlashSlot::decode(s.encode()), None);
     }
 
     #[test]

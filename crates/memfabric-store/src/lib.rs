@@ -18,6 +18,7 @@
 mod arena;
 mod clock;
 mod config;
+pub mod flash;
 mod index;
 mod item;
 mod maintenance;
@@ -33,12 +34,13 @@ mod store;
 pub use arena::{Allocate, Memory};
 pub use clock::Clock;
 pub use config::StoreConfig;
+pub use flash::{FlashConfig, FlashStats};
 pub use ops::{ArithStatus, DeleteStatus, Found, SetMode, StoreStatus};
 pub use pins::{PendingItem, PinnedItem};
 pub use stats::{ItemClassStats, SlabClassStats, StoreStats};
 pub use store::{
-    AllocError, ArithOptions, DumpCursor, GetOptions, ItemInfo, LinkOptions, NewItem, PrefetchHint,
-    ReassignStatus, Store, Txn,
+    AllocError, ArithOptions, DumpCursor, FlashCandidates, FlashHit, FlashReader, GetOptions,
+    ItemInfo, LinkOptions, NewItem, PrefetchHint, ReassignStatus, Store, Txn,
 };
 
 /// Longest key memcached accepts.

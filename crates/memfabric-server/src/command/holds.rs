@@ -18,7 +18,7 @@ pub fn hold(ctx: &ExecCtx<'_>, key: &[u8]) -> Option<Ticket> {
     if !holds.holds(key) {
         return None;
     }
-    let ticket = holds.next_ticket();
+    let ticket = crate::pending::next_ticket();
     holds.park(Arc::clone(waiter.inbox), waiter.target, ticket);
     Some(Ticket(ticket))
 }

@@ -102,7 +102,7 @@ pub fn lookup(
         }
     });
     let Some(info) = hit else {
-        return Lookup::Miss;
+        return flash_lookup(ctx, key, out, header);
     };
     if !large {
         return Lookup::Hit(info, Value::Copied);
@@ -119,6 +119,60 @@ pub fn lookup(
             header(&info, out);
             Lookup::Hit(info, Value::Pinned(pin))
         }
+        None => Lookup::Miss,
+    }
+}
+
+/// A key not in RAM may be on flash: a caller that can wait gets `Pending` while a read
+/// thread reads it (the command resumes with the result in `ctx.completion`); one that
+/// cannot wait reads it here. A hit's value is always copied (`Value::Copied`): it is
+/// not in item memory. (Touching retrievals never get here: under the key's lock the
+/// store brings a flash item back to RAM itself.)
+fn flash_lookup(
+    ctx: &ExecCtx<'_>,
+    key: &[u8],
+    out: &mut Vec<u8>,
+    mut header: impl FnMut(&ItemInfo, &mut Vec<u8>),
+) -> Lookup {
+    let store = &ctx.shared.store;
+    if !store.has_flash() {
+        return Lookup::Miss;
+    }
+    let cands = store.flash_candidates(key);
+    if cands.is_empty() {
+        return Lookup::Miss;
+    }
+    let mut serve = |hit: &memfabric_store::FlashHit, out: &mut Vec<u8>| {
+        header(&hit.info, out);
+        out.extend_from_slice(&hit.value);
+        Lookup::Hit(hit.info, Value::Copied)
+    };
+    match ctx.completion {
+        Some(crate::pending::Completion::Flash(Some(hit))) if store.flash_hit_current(hit) => {
+            return serve(hit, out);
+        }
+        // The read found nothing there.
+        Some(crate::pending::Completion::Flash(None)) => return Lookup::Miss,
+        // Replaced or moved since it was read: read it again, here.
+        Some(_) => {}
+        None => {
+            if let (Some(w), Some(pool)) = (ctx.waiter, ctx.shared.flash_reads.as_ref()) {
+                let ticket = crate::pending::next_ticket();
+                let job = crate::flash_reads::ReadJob {
+                    key: key.to_vec(),
+                    cands,
+                    inbox: std::sync::Arc::clone(w.inbox),
+                    target: w.target,
+                    ticket,
+                };
+                if pool.submit(job) {
+                    return Lookup::Pending(holds::Ticket(ticket));
+                }
+            }
+        }
+    }
+    match store.read_flash(key, &cands) {
+        Some(hit) => serve(&hit, out),
         None => Lookup::Miss,
     }
 }

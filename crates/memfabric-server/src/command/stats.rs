@@ -86,8 +86,12 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "slabs" => slabs(shared, &mut v),
         "conns" => conns(shared, &mut v),
         "sizes" => v.put("sizes_status", "disabled"),
-        // No flash tier: memcached without `ext_path` answers with no stats at all.
-        "extstore" => {}
+        // Without a flash tier memcached answers with no stats at all.
+        "extstore" => {
+            if let Some(f) = shared.store.flash_stats() {
+                flash_detail(&f, &mut v);
+            }
+        }
         // memfabric's own group: its own settings and the UCX data path.
         "fabric" => {
             // Names this run: a restarted server (empty) has a new one (docs/resilience.md).
@@ -257,6 +261,14 @@ fn general(shared: &Shared, v: &mut Stats) {
             t.get_flushed
         },
     );
+    if let Some(f) = shared.store.flash_stats() {
+        v.put("get_extstore", f.reads);
+        v.put("get_aborted_extstore", 0);
+        v.put("get_oom_extstore", 0);
+        v.put("recache_from_extstore", f.recached);
+        v.put("miss_from_extstore", f.misses);
+        v.put("badcrc_from_extstore", f.badcrc);
+    }
     v.put("delete_misses", t.delete_misses);
     v.put("delete_hits", t.delete_hits);
     v.put("incr_misses", t.incr_misses);
@@ -312,6 +324,9 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("log_watcher_skipped", 0);
     v.put("log_watcher_sent", 0);
     v.put("log_watchers", 0);
+    if let Some(f) = shared.store.flash_stats() {
+        flash_general(shared, &f, v);
+    }
     if let Some(tls) = shared.settings.tls.as_ref() {
         if tls.options.session_cache {
             v.put("ssl_new_sessions", tls.new_sessions.load(Ordering::Relaxed));
@@ -427,18 +442,19 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("read_buf_mem_limit", 0);
     v.put("track_sizes", yes_no(s.track_sizes));
     v.put("inline_ascii_response", "no");
-    // No flash tier (extstore) yet: memcached without `ext_path` prints its defaults.
-    v.put("ext_item_size", 512);
-    v.put("ext_item_age", u32::MAX);
-    v.put("ext_low_ttl", 0);
-    v.put("ext_recache_rate", 2000);
-    v.put("ext_wbuf_size", 4 << 20);
-    v.put("ext_compact_under", 0);
-    v.put("ext_drop_under", 0);
-    v.put("ext_max_sleep", 1_000_000);
-    v.put("ext_max_frag", "0.80");
+    // As memcached prints them, with or without a flash tier.
+    let e = &s.ext;
+    v.put("ext_item_size", e.item_size);
+    v.put("ext_item_age", e.item_age);
+    v.put("ext_low_ttl", e.low_ttl);
+    v.put("ext_recache_rate", e.recache_rate);
+    v.put("ext_wbuf_size", e.wbuf_mb << 20);
+    v.put("ext_compact_under", e.compact_under);
+    v.put("ext_drop_under", e.drop_under);
+    v.put("ext_max_sleep", e.max_sleep);
+    v.put("ext_max_frag", format!("{:.2}", e.max_frag));
     v.put("slab_automove_freeratio", "0.010");
-    v.put("ext_drop_unread", "no");
+    v.put("ext_drop_unread", yes_no(e.drop_unread));
     // As memcached built with TLS prints them, with -Z or without.
     let tls = s.tls.as_ref().map(|t| &t.options);
     let default = crate::tls::TlsOptions::default();
@@ -459,6 +475,65 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("ssl_min_version", o.min_version());
     v.put("num_napi_ids", "(null)");
     v.put("memory_file", "(null)");
+}
+
+/// memcached's `extstore_*` lines of the general stats, and memfabric's own `flash_*`.
+fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats) {
+    // No compaction: nothing is lost, rescued or skipped by one.
+    v.put("extstore_compact_lost", 0);
+    v.put("extstore_compact_rescues", 0);
+    v.put("extstore_compact_skipped", 0);
+    v.put("extstore_page_allocs", f.page_allocs);
+    // Every reclaimed page was evicted (reused oldest first).
+    v.put("extstore_page_evictions", f.page_reclaims);
+    v.put("extstore_page_reclaims", f.page_reclaims);
+    v.put("extstore_pages_free", f.pages_free);
+    v.put("extstore_pages_used", f.pages_used);
+    v.put("extstore_objects_evicted", f.objects_evicted);
+    v.put("extstore_objects_read", f.objects_read);
+    v.put("extstore_objects_written", f.objects_written);
+    v.put("extstore_objects_used", f.objects_used);
+    v.put("extstore_bytes_evicted", f.bytes_evicted);
+    v.put("extstore_bytes_written", f.bytes_written);
+    v.put("extstore_bytes_read", f.bytes_read);
+    v.put("extstore_bytes_used", f.bytes_used);
+    v.put(
+        "extstore_bytes_fragmented",
+        (f.pages_used * f.page_size).saturating_sub(f.bytes_used),
+    );
+    v.put("extstore_limit_maxbytes", f.limit_bytes);
+    v.put(
+        "extstore_io_queue",
+        shared
+            .flash_reads
+            .as_ref()
+            .map_or(0, |r| r.queued.load(Ordering::Relaxed)),
+    );
+    v.put("flash_device_bytes_written", f.device_bytes_written);
+    v.put("flash_admitted_bytes", f.admitted_bytes);
+    v.put("flash_reinserted", f.reinserted);
+    v.put("flash_dropped_budget", f.dropped_budget);
+    v.put("flash_dropped_writer_behind", f.dropped_no_buffer);
+    v.put("flash_write_errors", f.write_errors);
+    v.put("flash_read_errors", f.read_errors);
+}
+
+/// `stats extstore`: the tier's geometry and state (memfabric's pages are all one size;
+/// memcached lists its pages one by one).
+fn flash_detail(f: &memfabric_store::FlashStats, v: &mut Stats) {
+    v.put("page_size", f.page_size);
+    v.put("page_count", f.pages);
+    v.put("pages_free", f.pages_free);
+    v.put("pages_used", f.pages_used);
+    v.put("pages_buffered", f.pages_buffered);
+    v.put("objects_used", f.objects_used);
+    v.put("bytes_used", f.bytes_used);
+    v.put("limit_bytes", f.limit_bytes);
+    v.put("item_size_min", f.item_min);
+    v.put("write_budget", f.write_budget);
+    v.put("direct_io", yes_no(f.direct_io));
+    v.put("device_bytes_written", f.device_bytes_written);
+    v.put("admitted_bytes", f.admitted_bytes);
 }
 
 fn items(shared: &Shared, v: &mut Stats) {

@@ -369,6 +369,7 @@ fn start_get(
             transport: ctx.transport,
             conn_id: ctx.conn_id,
             waiter: None,
+            completion: None,
         };
         let delivery = Delivery {
             copy_limit: 0,

@@ -451,6 +451,7 @@ pub fn resume(ctx: &ExecCtx<'_>, sess: &mut Session, ticket: u64, out: &mut OutQ
         transport: ctx.transport,
         conn_id: ctx.conn_id,
         waiter: None,
+        completion: ctx.completion,
     };
     let mut reply = OutQueue::new();
     let mut scratch = Session::default();

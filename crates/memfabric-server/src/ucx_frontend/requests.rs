@@ -4,7 +4,12 @@ use super::*;
 
 impl FabricWorker {
     /// Pending request `ticket` is ready: run it again (it completes now) and answer it.
-    pub fn complete(&mut self, stats: &ThreadStats, ticket: u64) {
+    pub fn complete(
+        &mut self,
+        stats: &ThreadStats,
+        ticket: u64,
+        done: Option<crate::pending::Completion>,
+    ) {
         let Some(h) = self.held.remove(&ticket) else {
             return;
         };
@@ -19,6 +24,7 @@ impl FabricWorker {
             transport: Transport::Ucx,
             conn_id: u64::from(h.session),
             waiter: None,
+            completion: done.as_ref(),
         };
         let req = Request {
             opcode: h.opcode,
@@ -141,6 +147,7 @@ impl FabricWorker {
             transport: Transport::Ucx,
             conn_id: u64::from(session),
             waiter,
+            completion: None,
         };
         if carries_value {
             match data {
@@ -328,6 +335,7 @@ impl FabricWorker {
             transport: Transport::Ucx,
             conn_id: u64::from(r.session),
             waiter: None,
+            completion: None,
         };
         tracing::trace!("ucx receive for session {} done: {result:?}", r.session);
         if !self.by_session.contains_key(&r.session) {
@@ -387,6 +395,27 @@ impl FabricWorker {
                 value.clear();
                 let found = command::get(ctx, req.key, how, delivery, &mut value, |_, _| {});
                 let info = match found {
+                    // From flash: the value is in `value`, not in item memory.
+                    Lookup::Hit(info, command::Value::Copied)
+                        if info.value_len as usize > delivery.copy_limit =>
+                    {
+                        let r = Response {
+                            opcode: op,
+                            status: Status::Ok,
+                            item_flags: info.flags,
+                            opaque,
+                            cas: info.cas,
+                            value: u64::from(info.value_len),
+                        };
+                        if value.len() <= eager_max {
+                            self.respond_value(session, r, &value);
+                            self.scratch = value;
+                        } else {
+                            let len = value.len() as u64;
+                            self.send_rndv(session, r, Box::new(value), len, None);
+                        }
+                        return;
+                    }
                     Lookup::Hit(info, _) => info,
                     Lookup::Miss => {
                         self.scratch = value;

@@ -43,9 +43,21 @@ impl Inner {
     /// caller frees the item afterwards.
     pub(super) fn unlink_at(&self, b: usize, i: usize, off: usize, why: Removal) {
         let h = item::read_header(&self.arena, off);
-        self.index.set_slot(b, i, None);
+        // Evicted for space: the flash tier, if there is one and it takes the item, keeps
+        // it, and the slot names it there instead.
+        let to_flash = match why {
+            Removal::Evicted | Removal::PageMove => self
+                .index
+                .slot(b, i)
+                .and_then(|s| self.evict_to_flash(off, &h, s.tag)),
+            _ => None,
+        };
+        self.index.set_raw_slot(b, i, to_flash.unwrap_or(0));
         item::set_state(&self.arena, off, item::UNLINKED);
         self.account(&h, -1);
+        if to_flash.is_some() {
+            return;
+        }
         let k = &self.slabs.counters[h.class as usize];
         let fetched = h.iflags & item::F_FETCHED != 0;
         match why {

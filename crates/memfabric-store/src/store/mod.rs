@@ -2,12 +2,13 @@
 //! `state` (the shared state and its construction), `read` (the lock-free GET), `txn`
 //! (locked writes), `new_item` (allocated items before they are linked), `alloc`
 //! (allocation and eviction), `link` (index linking and freeing), `accounting` and
-//! `counters` (what `stats` reports), `remote_access` (one-sided readers), `admin`
+//! `counters` (what `stats` reports), `flash_ops` (the flash tier's side in the store), `remote_access` (one-sided readers), `admin`
 //! (whole-store commands), `grace` (page-move grace periods), `options` (API value types).
 mod accounting;
 mod admin;
 mod alloc;
 mod counters;
+mod flash_ops;
 mod grace;
 mod link;
 mod new_item;
@@ -21,6 +22,7 @@ mod txn;
 mod tests;
 
 pub use admin::DumpCursor;
+pub use flash_ops::{FlashCandidates, FlashHit, FlashReader};
 pub use new_item::NewItem;
 pub(crate) use new_item::Owner;
 pub use options::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, ReassignStatus};

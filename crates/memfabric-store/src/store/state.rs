@@ -18,6 +18,8 @@ use super::grace::Grace;
 pub struct Store {
     pub(super) inner: Arc<Inner>,
     pub(super) maintenance: Option<std::thread::JoinHandle<()>>,
+    /// The flash tier's writer thread, when there is a flash tier.
+    pub(super) flash_writer: Option<std::thread::JoinHandle<()>>,
     /// Serializes `slabs reassign` requests (memcached answers BUSY to a second one).
     pub(super) reassigning: Mutex<()>,
 }
@@ -40,6 +42,8 @@ pub struct Inner {
     /// Set by `Store::note_activity`, taken by the maintenance thread at each tick.
     pub(crate) activity: ActivityFlag,
     pub(super) wake: (Mutex<bool>, Condvar),
+    /// The flash tier (SSD), when configured.
+    pub(crate) flash: Option<crate::flash::Flash>,
 }
 
 /// A flag on a cache line of its own: every worker reads it on each wake-up, and it must
@@ -60,6 +64,13 @@ impl Drop for Store {
         self.inner.shutdown.store(true, Ordering::SeqCst);
         self.inner.wake_maintenance();
         if let Some(h) = self.maintenance.take() {
+            let _ = h.join();
+        }
+        // The writer writes what is sealed and the page being filled, then ends.
+        if let Some(f) = self.inner.flash.as_ref() {
+            f.shutdown();
+        }
+        if let Some(h) = self.flash_writer.take() {
             let _ = h.join();
         }
     }
@@ -107,7 +118,12 @@ impl Store {
         let clock = Clock::new();
         index.ctl_now().store(clock.now(), Ordering::Release);
         let total_pages = slabs.total_pages;
+        let flash = match cfg.flash.clone() {
+            Some(f) => Some(crate::flash::Flash::open(f, cfg.page_size)?),
+            None => None,
+        };
         let inner = Arc::new(Inner {
+            flash,
             clock,
             arena,
             index,
@@ -133,9 +149,21 @@ impl Store {
                     .spawn(move || m.maintenance_loop())?,
             )
         };
+        let flash_writer = match inner.flash {
+            Some(_) => {
+                let w = inner.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("mf-flash-writer".into())
+                        .spawn(move || w.flash_writer_loop())?,
+                )
+            }
+            None => None,
+        };
         Ok(Store {
             inner,
             maintenance,
+            flash_writer,
             reassigning: Mutex::new(()),
         })
     }

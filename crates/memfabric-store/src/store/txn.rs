@@ -32,6 +32,9 @@ impl Store {
             to_free: Vec::new(),
         };
         t.cur = t.find_live();
+        if t.cur.is_none() && inner.flash.is_some() {
+            t.promote_from_flash();
+        }
         let r = f(&mut t);
         inner.index.unlock_pair(&kh);
         let to_free = std::mem::take(&mut t.to_free);
@@ -89,6 +92,14 @@ impl<'s> Txn<'s> {
 
     pub fn key(&self) -> &[u8] {
         &self.key_buf[..self.key_len]
+    }
+
+    pub(super) fn inner(&self) -> &'s Inner {
+        self.inner
+    }
+
+    pub(super) fn key_hash(&self) -> KeyHash {
+        self.kh
     }
 
     /// Arena offset of the live item.
@@ -209,7 +220,15 @@ impl<'s> Txn<'s> {
         } else {
             b1
         };
-        if let Some(i) = empty(b).next() {
+        // A slot that names a flash item counts as empty for RAM items (the flash copy
+        // is the cheaper loss), but a truly empty one is taken first.
+        let unused = (0..index::SLOTS).find(|&i| inner.index.raw_slot(b, i) == 0);
+        if let Some(i) = unused.or_else(|| empty(b).next()) {
+            let raw = inner.index.raw_slot(b, i);
+            if raw != 0 {
+                inner.index.set_raw_slot(b, i, 0);
+                inner.forget_flash_slot(raw);
+            }
             return (b, i);
         }
         let a = &inner.arena;

@@ -1,0 +1,687 @@
+//! The flash tier: a log of pages on files or devices that items evicted from RAM go to.
+//!
+//! The index keeps pointing at an item that moved to flash: its slot gets the flash bit
+//! and a flash location instead of an arena offset (`index::FlashSlot`), so a flash item
+//! costs no DRAM but its 8-byte slot. A location is `page · page_size + offset`; pages
+//! are the store's page size (1 MiB by default), filled in memory (a write buffer) and
+//! written once, whole. Pages are reused oldest first (FIFO): before a page is reused,
+//! the writer reads it back and, for every record whose slot still points at it, either
+//! re-admits it into the page being filled (the slot's referenced bit says it was read
+//! since it went to flash; bounded by `FlashConfig::reinsert_percent`) or clears the slot.
+//! Nothing ever compacts.
+//!
+//! Reads verify the record (`format::parse_record`: crc over header, key and value) and
+//! its key; a location whose page was reused, torn or lost reads as a miss, never as
+//! another value. See `docs/flash.md`.
+//!
+//! Lock order: class lock → bucket locks → the tier's write state. The write state is
+//! innermost: nothing is locked while it is held.
+pub mod format;
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use format::{PageHeader, RecordHeader, PAGE_HDR};
+
+/// Configuration of the flash tier (memcached's `ext_*` options where they apply).
+#[derive(Clone, Debug)]
+pub struct FlashConfig {
+    /// Files or devices and how many bytes of each to use (`-o ext_path=FILE:SIZE`).
+    pub files: Vec<(PathBuf, u64)>,
+    /// Items smaller than this (key + value + header) stay in RAM (`ext_item_size`).
+    pub item_min: usize,
+    /// Items with less than this many seconds to live are not written (`ext_low_ttl`).
+    pub low_ttl: u32,
+    /// Bytes per second admitted to flash at most; 0 = no limit. Items over budget are
+    /// evicted as without a flash tier (a SET never waits for flash).
+    pub write_budget: u64,
+    /// Pages buffered in memory (filling and waiting to be written); at least 2
+    /// (`ext_wbuf_size` / page size).
+    pub write_buffers: usize,
+    /// Try `O_DIRECT` (falls back to buffered I/O where the file system refuses it).
+    pub direct_io: bool,
+    /// At reclaim, re-admit read-since-written records up to this share of a page.
+    pub reinsert_percent: u32,
+}
+
+impl Default for FlashConfig {
+    fn default() -> Self {
+        FlashConfig {
+            files: Vec::new(),
+            item_min: 512,
+            low_ttl: 0,
+            write_budget: 0,
+            write_buffers: 4,
+            direct_io: true,
+            reinsert_percent: 10,
+        }
+    }
+}
+
+/// Counters of the flash tier (memcached's `extstore_*` names where one exists).
+#[derive(Default)]
+pub struct FlashCounters {
+    pub page_allocs: AtomicU64,
+    pub page_reclaims: AtomicU64,
+    pub objects_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub objects_read: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub objects_evicted: AtomicU64,
+    pub bytes_evicted: AtomicU64,
+    pub objects_used: AtomicU64,
+    pub bytes_used: AtomicU64,
+    /// Page bytes written to the device (write amplification's numerator).
+    pub device_bytes_written: AtomicU64,
+    /// Bytes of items admitted from RAM eviction (write amplification's denominator).
+    pub admitted_bytes: AtomicU64,
+    pub reinserted: AtomicU64,
+    pub dropped_budget: AtomicU64,
+    pub dropped_no_buffer: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub badcrc: AtomicU64,
+    pub misses: AtomicU64,
+    pub reads: AtomicU64,
+    pub recached: AtomicU64,
+}
+
+/// A snapshot for `stats`.
+#[derive(Clone, Debug, Default)]
+pub struct FlashStats {
+    pub limit_bytes: u64,
+    pub page_size: u64,
+    pub pages: u64,
+    pub pages_free: u64,
+    pub pages_used: u64,
+    pub pages_buffered: u64,
+    pub page_allocs: u64,
+    pub page_reclaims: u64,
+    pub objects_written: u64,
+    pub bytes_written: u64,
+    pub objects_read: u64,
+    pub bytes_read: u64,
+    pub objects_evicted: u64,
+    pub bytes_evicted: u64,
+    pub objects_used: u64,
+    pub bytes_used: u64,
+    pub device_bytes_written: u64,
+    pub admitted_bytes: u64,
+    pub reinserted: u64,
+    pub dropped_budget: u64,
+    pub dropped_no_buffer: u64,
+    pub write_errors: u64,
+    pub read_errors: u64,
+    pub badcrc: u64,
+    pub misses: u64,
+    pub reads: u64,
+    pub recached: u64,
+    pub direct_io: bool,
+    pub item_min: u64,
+    pub write_budget: u64,
+}
+
+struct FlashFile {
+    file: File,
+    first_page: u32,
+    pages: u32,
+    direct: bool,
+}
+
+/// A page being filled, or sealed and waiting to be written.
+pub(crate) struct OpenPage {
+    page: u32,
+    seq: u64,
+    /// Backing memory; the page is `buf[start..start + page_size]` (4096-aligned).
+    buf: Vec<u8>,
+    start: usize,
+    used: usize,
+    records: u32,
+    summary: Vec<u8>,
+}
+
+impl OpenPage {
+    fn bytes(&self, page_size: usize) -> &[u8] {
+        &self.buf[self.start..self.start + page_size]
+    }
+}
+
+struct WriteState {
+    current: Option<OpenPage>,
+    /// Sealed pages, oldest first; the writer writes the front one.
+    sealed: VecDeque<Arc<OpenPage>>,
+    /// Page buffers to reuse.
+    spare: Vec<Vec<u8>>,
+    /// Pages that hold nothing any slot points at.
+    ready: VecDeque<u32>,
+    /// Pages on flash, oldest first (the reclaim order).
+    on_flash: VecDeque<u32>,
+    /// Pages whose write failed, and when they may be tried again.
+    failed: VecDeque<(u32, Instant)>,
+    /// Page buffers that exist (current + sealed + spare), at most `write_buffers`.
+    buffers: usize,
+    next_seq: u64,
+    tokens: f64,
+    refilled: Instant,
+    shutdown: bool,
+}
+
+/// Ready pages the writer keeps in reserve by reclaiming the oldest ones.
+const READY_LOW: usize = 2;
+/// How long a page whose write failed stays out of use.
+const FAILED_RETRY: Duration = Duration::from_secs(30);
+
+pub(crate) struct Flash {
+    pub(crate) page_size: usize,
+    pages: u32,
+    files: Vec<FlashFile>,
+    pub(crate) cfg: FlashConfig,
+    st: Mutex<WriteState>,
+    wake: Condvar,
+    pub(crate) c: FlashCounters,
+    last_error_log: Mutex<Option<Instant>>,
+}
+
+/// Memory for `len` bytes starting at a 4096-aligned address (for `O_DIRECT`), as the
+/// backing vector and the offset the aligned bytes start at.
+fn aligned(len: usize) -> (Vec<u8>, usize) {
+    let buf = vec![0u8; len + 4096];
+    let start = buf.as_ptr().align_offset(4096).min(4096);
+    (buf, start)
+}
+
+/// Where a read landed.
+pub(crate) enum Fetch {
+    Bytes(Vec<u8>),
+    /// Nothing readable there (beyond the tier, short read, I/O error).
+    Failed,
+}
+
+impl Flash {
+    /// Open (create) the files and size them. Contents from a previous run are ignored:
+    /// every page is rewritten whole before anything points at it.
+    pub(crate) fn open(cfg: FlashConfig, page_size: usize) -> io::Result<Flash> {
+        if cfg.files.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no flash files",
+            ));
+        }
+        let mut files = Vec::new();
+        let mut first_page = 0u32;
+        for (path, size) in &cfg.files {
+            let pages = (size / page_size as u64).min(u32::MAX as u64 / 2) as u32;
+            if pages == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: {size} bytes is less than one {page_size}-byte page",
+                        path.display()
+                    ),
+                ));
+            }
+            let open = |direct: bool| {
+                let mut o = OpenOptions::new();
+                o.read(true).write(true).create(true).truncate(false);
+                if direct {
+                    o.custom_flags(libc::O_DIRECT);
+                }
+                o.open(path)
+            };
+            let plain = open(false).map_err(|e| with_path(e, path))?;
+            let need = pages as u64 * page_size as u64;
+            let meta = plain.metadata().map_err(|e| with_path(e, path))?;
+            if meta.is_file() && meta.len() < need {
+                plain.set_len(need).map_err(|e| with_path(e, path))?;
+            }
+            let (file, direct) = match cfg.direct_io.then(|| open(true)) {
+                Some(Ok(f)) if direct_io_works(&f) => (f, true),
+                _ => (plain, false),
+            };
+            files.push(FlashFile {
+                file,
+                first_page,
+                pages,
+                direct,
+            });
+            first_page = first_page
+                .checked_add(pages)
+                .ok_or_else(|| io::Error::other("flash tier too large"))?;
+        }
+        let total = first_page;
+        // 40 bits of 8-byte units in a slot: 8 TiB of flash.
+        if total as u64 * page_size as u64 >= 1u64 << 43 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "flash tier larger than 8 TiB",
+            ));
+        }
+        let buffers = cfg.write_buffers.max(2);
+        Ok(Flash {
+            page_size,
+            pages: total,
+            files,
+            st: Mutex::new(WriteState {
+                current: None,
+                sealed: VecDeque::new(),
+                spare: Vec::new(),
+                ready: (0..total).collect(),
+                on_flash: VecDeque::new(),
+                failed: VecDeque::new(),
+                buffers: 0,
+                next_seq: 1,
+                tokens: 0.0,
+                refilled: Instant::now(),
+                shutdown: false,
+            }),
+            wake: Condvar::new(),
+            c: FlashCounters::default(),
+            last_error_log: Mutex::new(None),
+            cfg: FlashConfig {
+                write_buffers: buffers,
+                ..cfg
+            },
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, WriteState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn direct_io(&self) -> bool {
+        self.files.iter().all(|f| f.direct)
+    }
+
+    /// Does an item of this size and expiry go to flash at all?
+    pub(crate) fn admits(&self, total_len: usize, exptime: u32, now: u32) -> bool {
+        let rec = format::record_len(0, total_len - crate::item::HDR);
+        if total_len < self.cfg.item_min
+            || rec + format::summary_len(255) + PAGE_HDR > self.page_size
+        {
+            return false;
+        }
+        exptime == 0 || exptime > now.saturating_add(self.cfg.low_ttl)
+    }
+
+    /// Append a record to the page being filled. Returns its location, or `None` when it
+    /// cannot go to flash now (no buffer free because the writer is behind, or over the
+    /// write budget); the caller then evicts it as usual.
+    pub(crate) fn append(&self, h: &RecordHeader, key: &[u8], value: &[&[u8]]) -> Option<u64> {
+        let vlen: usize = value.iter().map(|v| v.len()).sum();
+        let rec = format::record_len(key.len(), vlen);
+        let sum = format::summary_len(key.len());
+        let mut st = self.lock();
+        if st.shutdown {
+            return None;
+        }
+        if self.cfg.write_budget > 0 {
+            let now = Instant::now();
+            let dt = now.duration_since(st.refilled).as_secs_f64();
+            st.refilled = now;
+            let cap = (2 * self.page_size) as f64;
+            st.tokens = (st.tokens + dt * self.cfg.write_budget as f64).min(cap);
+            if st.tokens < rec as f64 {
+                self.c.dropped_budget.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            st.tokens -= rec as f64;
+        }
+        let fits = |p: &OpenPage| p.used + rec + p.summary.len() + sum <= self.page_size;
+        if st.current.as_ref().is_some_and(|p| !fits(p)) {
+            self.seal(&mut st);
+        }
+        if st.current.is_none() && !self.open_page(&mut st) {
+            self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let ps = self.page_size;
+        let p = st.current.as_mut()?;
+        let off = p.used;
+        let (start, page_no) = (p.start, p.page);
+        format::put_record(&mut p.buf[start + off..start + off + rec], h, key, value);
+        format::put_summary(&mut p.summary, off as u32, h, key);
+        p.used += rec;
+        p.records += 1;
+        self.c.objects_written.fetch_add(1, Ordering::Relaxed);
+        self.c
+            .bytes_written
+            .fetch_add(rec as u64, Ordering::Relaxed);
+        self.c.objects_used.fetch_add(1, Ordering::Relaxed);
+        self.c.bytes_used.fetch_add(rec as u64, Ordering::Relaxed);
+        Some(page_no as u64 * ps as u64 + off as u64)
+    }
+
+    /// Start a page: a ready page and a buffer. False when either is missing.
+    fn open_page(&self, st: &mut WriteState) -> bool {
+        if st.ready.is_empty() {
+            self.wake.notify_all();
+            return false;
+        }
+        let buf = match st.spare.pop() {
+            Some(b) => b,
+            None if st.buffers < self.cfg.write_buffers => {
+                st.buffers += 1;
+                aligned(self.page_size).0
+            }
+            None => {
+                self.wake.notify_all();
+                return false;
+            }
+        };
+        let Some(page) = st.ready.pop_front() else {
+            st.spare.push(buf);
+            return false;
+        };
+        let start = buf.as_ptr().align_offset(4096).min(4096);
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.current = Some(OpenPage {
+            page,
+            seq,
+            buf,
+            start,
+            used: PAGE_HDR,
+            records: 0,
+            summary: Vec::new(),
+        });
+        self.c.page_allocs.fetch_add(1, Ordering::Relaxed);
+        if st.ready.len() < READY_LOW {
+            self.wake.notify_all();
+        }
+        true
+    }
+
+    /// Finish the page being filled (summary and header) and queue it for the writer.
+    fn seal(&self, st: &mut WriteState) {
+        let Some(mut p) = st.current.take() else {
+            return;
+        };
+        let ps = self.page_size;
+        let (start, used) = (p.start, p.used);
+        let summary = std::mem::take(&mut p.summary);
+        p.buf[start + used..start + used + summary.len()].copy_from_slice(&summary);
+        p.buf[start + used + summary.len()..start + ps].fill(0);
+        let hdr = PageHeader {
+            seq: p.seq,
+            page: p.page,
+            records: p.records,
+            used: used as u32,
+            summary_len: summary.len() as u32,
+            summary_crc: crc32c::crc32c(&summary),
+        };
+        format::put_page_header(&mut p.buf[start..start + PAGE_HDR], &hdr);
+        p.summary = summary;
+        st.sealed.push_back(Arc::new(p));
+        self.wake.notify_all();
+    }
+
+    /// Read `len` bytes at `loc` (clipped to its page): from a page still in memory, or
+    /// from the device.
+    pub(crate) fn read(&self, loc: u64, len: usize) -> Fetch {
+        let ps = self.page_size as u64;
+        let page = (loc / ps) as u32;
+        let off = (loc % ps) as usize;
+        if page >= self.pages || off < PAGE_HDR {
+            return Fetch::Failed;
+        }
+        let len = len.min(self.page_size - off);
+        {
+            let st = self.lock();
+            let in_memory = st
+                .current
+                .as_ref()
+                .filter(|p| p.page == page)
+                .map(|p| p.bytes(self.page_size))
+                .or_else(|| {
+                    st.sealed
+                        .iter()
+                        .find(|p| p.page == page)
+                        .map(|p| p.bytes(self.page_size))
+                });
+            if let Some(b) = in_memory {
+                return Fetch::Bytes(b[off..off + len].to_vec());
+            }
+        }
+        let Some((f, file_off)) = self.file_of(page) else {
+            return Fetch::Failed;
+        };
+        let pos = file_off + off as u64;
+        let r = if f.direct {
+            let lo = pos & !4095;
+            let hi = (pos + len as u64).next_multiple_of(4096);
+            let n = (hi - lo) as usize;
+            let (mut buf, start) = aligned(n);
+            match read_full(&f.file, &mut buf[start..start + n], lo) {
+                Ok(()) => {
+                    let s = start + (pos - lo) as usize;
+                    Ok(buf[s..s + len].to_vec())
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            let mut buf = vec![0u8; len];
+            read_full(&f.file, &mut buf, pos).map(|()| buf)
+        };
+        match r {
+            Ok(b) => Fetch::Bytes(b),
+            Err(e) => {
+                self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+                self.log_error(format_args!("flash read at {loc}: {e}"));
+                Fetch::Failed
+            }
+        }
+    }
+
+    fn file_of(&self, page: u32) -> Option<(&FlashFile, u64)> {
+        let f = self
+            .files
+            .iter()
+            .find(|f| page >= f.first_page && page < f.first_page + f.pages)?;
+        Some((f, (page - f.first_page) as u64 * self.page_size as u64))
+    }
+
+    fn log_error(&self, msg: std::fmt::Arguments<'_>) {
+        let mut last = self
+            .last_error_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            eprintln!("memfabric flash tier: {msg}");
+        }
+    }
+
+    /// The writer's next job, waiting for one: `Reclaim(page)` when the reserve of ready
+    /// pages is low, `Write(page)` when a sealed page waits; `None` at shutdown once
+    /// everything sealed is written.
+    pub(crate) fn next_job(&self) -> Option<Job> {
+        let mut st = self.lock();
+        loop {
+            let now = Instant::now();
+            while st.failed.front().is_some_and(|&(_, t)| t <= now) {
+                if let Some((p, _)) = st.failed.pop_front() {
+                    st.ready.push_back(p);
+                }
+            }
+            if let Some(p) = st.sealed.front() {
+                return Some(Job::Write(Arc::clone(p)));
+            }
+            if st.shutdown {
+                return None;
+            }
+            if st.ready.len() < READY_LOW {
+                if let Some(p) = st.on_flash.pop_front() {
+                    return Some(Job::Reclaim(p));
+                }
+            }
+            st = self
+                .wake
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Write a sealed page (the writer thread). Returns the page on failure, so that the
+    /// caller clears the slots that point into it.
+    pub(crate) fn write(&self, p: &Arc<OpenPage>) -> bool {
+        let ok = match self.file_of(p.page) {
+            Some((f, off)) => match f.file.write_all_at(p.bytes(self.page_size), off) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.c.write_errors.fetch_add(1, Ordering::Relaxed);
+                    self.log_error(format_args!("flash write of page {}: {e}", p.page));
+                    false
+                }
+            },
+            None => false,
+        };
+        if ok {
+            self.c
+                .device_bytes_written
+                .fetch_add(self.page_size as u64, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// The written (or failed) front page leaves the queue: its buffer is reused.
+    pub(crate) fn written(&self, page: u32, ok: bool) {
+        let mut st = self.lock();
+        if let Some(p) = st.sealed.pop_front() {
+            debug_assert_eq!(p.page, page);
+            match Arc::try_unwrap(p) {
+                Ok(p) => st.spare.push(p.buf),
+                Err(_) => st.buffers -= 1,
+            }
+        }
+        if ok {
+            st.on_flash.push_back(page);
+        } else {
+            st.failed.push_back((page, Instant::now() + FAILED_RETRY));
+        }
+    }
+
+    /// A reclaimed page is free again.
+    pub(crate) fn reclaimed(&self, page: u32) {
+        self.c.page_reclaims.fetch_add(1, Ordering::Relaxed);
+        self.lock().ready.push_back(page);
+    }
+
+    /// Read a whole page for reclaim.
+    pub(crate) fn read_page(&self, page: u32) -> Option<(Vec<u8>, usize)> {
+        let (f, off) = self.file_of(page)?;
+        let (mut buf, start) = aligned(self.page_size);
+        match read_full(&f.file, &mut buf[start..start + self.page_size], off) {
+            Ok(()) => Some((buf, start)),
+            Err(e) => {
+                self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+                self.log_error(format_args!("flash read of page {page}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Stop: seal what is being filled so the writer writes it, and let the writer end.
+    pub(crate) fn shutdown(&self) {
+        let mut st = self.lock();
+        self.seal(&mut st);
+        st.shutdown = true;
+        self.wake.notify_all();
+    }
+
+    pub(crate) fn stats(&self) -> FlashStats {
+        let (free, used, buffered) = {
+            let st = self.lock();
+            (
+                st.ready.len() as u64,
+                st.on_flash.len() as u64,
+                st.sealed.len() as u64 + st.current.is_some() as u64,
+            )
+        };
+        let c = &self.c;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FlashStats {
+            limit_bytes: self.pages as u64 * self.page_size as u64,
+            page_size: self.page_size as u64,
+            pages: self.pages as u64,
+            pages_free: free,
+            pages_used: used + buffered,
+            pages_buffered: buffered,
+            page_allocs: l(&c.page_allocs),
+            page_reclaims: l(&c.page_reclaims),
+            objects_written: l(&c.objects_written),
+            bytes_written: l(&c.bytes_written),
+            objects_read: l(&c.objects_read),
+            bytes_read: l(&c.bytes_read),
+            objects_evicted: l(&c.objects_evicted),
+            bytes_evicted: l(&c.bytes_evicted),
+            objects_used: l(&c.objects_used),
+            bytes_used: l(&c.bytes_used),
+            device_bytes_written: l(&c.device_bytes_written),
+            admitted_bytes: l(&c.admitted_bytes),
+            reinserted: l(&c.reinserted),
+            dropped_budget: l(&c.dropped_budget),
+            dropped_no_buffer: l(&c.dropped_no_buffer),
+            write_errors: l(&c.write_errors),
+            read_errors: l(&c.read_errors),
+            badcrc: l(&c.badcrc),
+            misses: l(&c.misses),
+            reads: l(&c.reads),
+            recached: l(&c.recached),
+            direct_io: self.direct_io(),
+            item_min: self.cfg.item_min as u64,
+            write_budget: self.cfg.write_budget,
+        }
+    }
+
+    /// A record left flash (its slot cleared or replaced): what `objects_used` counts.
+    pub(crate) fn forget(&self, rec_len: usize) {
+        let _ = self
+            .c
+            .objects_used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        let _ = self
+            .c
+            .bytes_used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(rec_len as u64))
+            });
+    }
+}
+
+/// What the writer thread does next.
+pub(crate) enum Job {
+    Write(Arc<OpenPage>),
+    Reclaim(u32),
+}
+
+impl Job {
+    pub(crate) fn page_bytes(p: &Arc<OpenPage>, page_size: usize) -> (&[u8], u32) {
+        (p.bytes(page_size), p.page)
+    }
+}
+
+fn with_path(e: io::Error, path: &std::path::Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+/// `read_exact_at`, with a short read (a truncated file) as an error.
+fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
+    f.read_exact_at(buf, off)
+}
+
+/// Does an `O_DIRECT` handle accept aligned reads here? (Some file systems open with
+/// the flag and then fail every transfer.)
+fn direct_io_works(f: &File) -> bool {
+    let (mut buf, start) = aligned(4096);
+    match f.read_at(&mut buf[start..start + 4096], 0) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EINVAL),
+    }
+}

@@ -1,0 +1,414 @@
+//! The store's side of the flash tier: items evicted to flash, reads of flash slots
+//! (lock-free, then verified), promotion back to RAM for commands that modify a flash
+//! item, and the writer thread (page writes and FIFO reclaim).
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::flash::format::{self, RecordHeader};
+use crate::flash::{Fetch, FlashStats, Job};
+use crate::index::{self, FlashSlot, KeyHash, FLASH_REFERENCED};
+use crate::item::{self, Header, HDR};
+use crate::KEY_MAX_LEN;
+
+use super::options::{ItemInfo, LinkOptions};
+use super::state::{Inner, Store};
+use super::txn::Txn;
+
+/// The flash slots of a key's two buckets whose tag matches (up to all 14 slots).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlashCandidates {
+    n: usize,
+    slots: [(usize, usize, u64); 2 * index::SLOTS],
+}
+
+impl FlashCandidates {
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    fn push(&mut self, b: usize, i: usize, raw: u64) {
+        if self.n < self.slots.len() {
+            self.slots[self.n] = (b, i, raw);
+            self.n += 1;
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
+        self.slots[..self.n].iter().copied()
+    }
+}
+
+/// An item read from flash: its metadata and value, and the slot it was read through.
+#[derive(Clone, Debug)]
+pub struct FlashHit {
+    pub info: ItemInfo,
+    pub value: Vec<u8>,
+    slot: (usize, usize, u64),
+}
+
+/// A record read through a flash slot.
+enum FlashRecord {
+    /// The key's record (owned copy).
+    Item(Header, Vec<u8>),
+    /// Another key's record (a tag collision).
+    Other,
+    /// Not a readable record (page reused or torn, crc mismatch, I/O error).
+    Bad,
+}
+
+impl Store {
+    /// Is there a flash tier?
+    pub fn has_flash(&self) -> bool {
+        self.flash.is_some()
+    }
+
+    /// The flash slots `key` may be in (empty when there is no flash tier). Lock-free,
+    /// reads only the index: a RAM miss asks this before going to flash.
+    pub fn flash_candidates(&self, key: &[u8]) -> FlashCandidates {
+        let mut c = FlashCandidates::default();
+        if self.flash.is_none() || key.is_empty() || key.len() > KEY_MAX_LEN {
+            return c;
+        }
+        let kh = self.index.hash(key);
+        for b in [kh.b1, kh.b2] {
+            loop {
+                let v = self.index.read_begin(b);
+                let before = c.n;
+                for i in 0..index::SLOTS {
+                    let raw = self.index.raw_slot(b, i);
+                    if FlashSlot::decode(raw).is_some_and(|s| s.tag == kh.tag) {
+                        c.push(b, i, raw);
+                    }
+                }
+                if self.index.read_validate(b, v) {
+                    break;
+                }
+                c.n = before;
+            }
+        }
+        c
+    }
+
+    /// Read `key` from flash through `cands` (blocking): see [`FlashReader::read`].
+    pub fn read_flash(&self, key: &[u8], cands: &FlashCandidates) -> Option<FlashHit> {
+        self.inner.read_flash(key, cands)
+    }
+
+    /// A handle that reads from flash and may outlive a borrow of the store (I/O threads).
+    pub fn flash_reader(&self) -> FlashReader {
+        FlashReader(Arc::clone(&self.inner))
+    }
+
+    /// Does `hit` still stand: is its slot still the key's flash slot it was read
+    /// through? (A command resumed after a flash read answers with the value read only
+    /// if nothing replaced or removed it meanwhile.)
+    pub fn flash_hit_current(&self, hit: &FlashHit) -> bool {
+        let (b, i, raw) = hit.slot;
+        self.index.raw_slot(b, i) & !FLASH_REFERENCED == raw & !FLASH_REFERENCED
+    }
+
+    /// The flash tier's counters, when there is one.
+    pub fn flash_stats(&self) -> Option<FlashStats> {
+        self.flash.as_ref().map(|f| f.stats())
+    }
+}
+
+/// Reads from the flash tier for threads that do not borrow the `Store`.
+#[derive(Clone)]
+pub struct FlashReader(Arc<Inner>);
+
+impl FlashReader {
+    /// Read `key` from flash through `cands` (blocking: an I/O thread calls this, or a
+    /// caller that cannot wait). A record that is damaged, dead or gone clears its slot
+    /// and reads as a miss; `None` is a miss.
+    pub fn read(&self, key: &[u8], cands: &FlashCandidates) -> Option<FlashHit> {
+        self.0.read_flash(key, cands)
+    }
+}
+
+impl Inner {
+    /// Read `key` from flash through `cands` (blocking: an I/O thread calls this, or a
+    /// caller that cannot wait). A record that is damaged, dead or gone clears its slot
+    /// and reads as a miss; `None` is a miss.
+    fn read_flash(&self, key: &[u8], cands: &FlashCandidates) -> Option<FlashHit> {
+        let fl = self.flash.as_ref()?;
+        let kh = self.index.hash(key);
+        fl.c.reads.fetch_add(1, Ordering::Relaxed);
+        for (b, i, raw) in cands.iter() {
+            match self.read_record(raw, key) {
+                FlashRecord::Other => continue,
+                FlashRecord::Bad => {
+                    self.clear_flash_slot(&kh, b, i, raw);
+                    continue;
+                }
+                FlashRecord::Item(h, value) => {
+                    if let Some(flushed) = self.dead(&h, self.clock.now()) {
+                        self.count_dead_lookup(flushed);
+                        self.clear_flash_slot(&kh, b, i, raw);
+                        return None;
+                    }
+                    self.index.mark_flash_referenced(b, i, raw);
+                    fl.c.objects_read.fetch_add(1, Ordering::Relaxed);
+                    fl.c.bytes_read
+                        .fetch_add(value.len() as u64, Ordering::Relaxed);
+                    return Some(FlashHit {
+                        info: self.info(&h),
+                        value,
+                        slot: (b, i, raw),
+                    });
+                }
+            }
+        }
+        fl.c.misses.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Read and verify the record a flash slot names; compare its key with `key`.
+    fn read_record(&self, raw: u64, key: &[u8]) -> FlashRecord {
+        let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) else {
+            return FlashRecord::Bad;
+        };
+        let Some(cls) = self.slabs.classes.get(fs.class as usize) else {
+            return FlashRecord::Bad;
+        };
+        let bytes = match fl.read(fs.loc, cls.size) {
+            Fetch::Bytes(b) => b,
+            Fetch::Failed => return FlashRecord::Bad,
+        };
+        let Some(r) = format::parse_record(&bytes) else {
+            // Another key's record torn the same way would look the same: count it as
+            // a bad read only when the bytes claim to be this key.
+            if bytes.get(item::OFF_KEYLEN).copied() == Some(key.len() as u8)
+                && bytes.get(HDR..HDR + key.len()) == Some(key)
+            {
+                fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+            }
+            return FlashRecord::Bad;
+        };
+        if r.key != key {
+            return FlashRecord::Other;
+        }
+        let h = Header {
+            seq: 0,
+            state: item::LINKED,
+            class: r.h.class,
+            key_len: r.h.key_len,
+            iflags: r.h.iflags,
+            cas: r.h.cas,
+            value_len: r.h.value_len,
+            flags: r.h.flags,
+            exptime: r.h.exptime,
+            time: r.h.time,
+            crc: 0,
+            atime: 0,
+        };
+        FlashRecord::Item(h, r.value.to_vec())
+    }
+
+    /// Clear flash slot (b, i) if it still holds `raw` (ignoring its referenced bit).
+    fn clear_flash_slot(&self, kh: &KeyHash, b: usize, i: usize, raw: u64) {
+        self.index.lock_pair(kh);
+        if self.index.raw_slot(b, i) & !FLASH_REFERENCED == raw & !FLASH_REFERENCED {
+            self.index.set_raw_slot(b, i, 0);
+            self.forget_flash_slot(raw);
+        }
+        self.index.unlock_pair(kh);
+    }
+
+    /// A flash slot was cleared or overwritten: its record no longer counts as used.
+    pub(super) fn forget_flash_slot(&self, raw: u64) {
+        if let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) {
+            let size = self
+                .slabs
+                .classes
+                .get(fs.class as usize)
+                .map_or(0, |c| c.size);
+            fl.forget(size);
+        }
+    }
+
+    /// An item being evicted from RAM (bucket locks held): write it to flash if the
+    /// tier takes it. Returns the flash slot that replaces its arena slot.
+    pub(super) fn evict_to_flash(&self, off: usize, h: &Header, tag: u16) -> Option<u64> {
+        let fl = self.flash.as_ref()?;
+        let now = self.clock.now();
+        let (klen, vlen) = (h.key_len as usize, h.value_len as usize);
+        if h.iflags & item::F_CHUNKED != 0
+            || !fl.admits(HDR + klen + vlen, h.exptime, now)
+            || self.dead(h, now).is_some()
+        {
+            return None;
+        }
+        // Linked and under its bucket locks: nobody writes it meanwhile.
+        let key = self.arena.stable_bytes(item::key_off(off), klen);
+        let value = self.arena.stable_bytes(item::value_off(off, klen), vlen);
+        let rh = RecordHeader {
+            class: h.class,
+            key_len: h.key_len,
+            iflags: h.iflags & item::F_KEY_BINARY,
+            cas: h.cas,
+            value_len: h.value_len,
+            flags: h.flags,
+            exptime: h.exptime,
+            time: h.time,
+        };
+        let loc = fl.append(&rh, key, &[value])?;
+        fl.c.admitted_bytes
+            .fetch_add(format::record_len(klen, vlen) as u64, Ordering::Relaxed);
+        Some(
+            FlashSlot {
+                tag,
+                class: h.class,
+                loc,
+            }
+            .encode(),
+        )
+    }
+
+    /// The writer thread: write sealed pages, reclaim the oldest pages ahead of need.
+    pub(super) fn flash_writer_loop(self: Arc<Inner>) {
+        let Some(fl) = self.flash.as_ref() else {
+            return;
+        };
+        let ps = fl.page_size;
+        while let Some(job) = fl.next_job() {
+            match job {
+                Job::Write(p) => {
+                    let ok = fl.write(&p);
+                    let (bytes, page) = Job::page_bytes(&p, ps);
+                    if !ok {
+                        // Nothing may point at a page that is not on flash.
+                        self.release_page(page, bytes, false);
+                    }
+                    drop(p);
+                    fl.written(page, ok);
+                }
+                Job::Reclaim(page) => {
+                    if let Some((buf, start)) = fl.read_page(page) {
+                        self.release_page(page, &buf[start..start + ps], true);
+                    }
+                    fl.reclaimed(page);
+                }
+            }
+        }
+    }
+
+    /// Clear (or, for records read since they went to flash, re-admit) every slot that
+    /// points into `page`, whose bytes are `bytes`.
+    fn release_page(&self, page: u32, bytes: &[u8], reinsert: bool) {
+        let Some(fl) = self.flash.as_ref() else {
+            return;
+        };
+        let ps = fl.page_size;
+        let Some(ph) = format::parse_page_header(bytes, ps).filter(|p| p.page == page) else {
+            return;
+        };
+        let (s0, s1) = (ph.used as usize, ph.used as usize + ph.summary_len as usize);
+        let summary = &bytes[s0..s1];
+        if crc32c::crc32c(summary) != ph.summary_crc {
+            return;
+        }
+        let budget = ps * fl.cfg.reinsert_percent as usize / 100;
+        let mut reinserted = 0;
+        let now = self.clock.now();
+        for e in format::summary_entries(summary) {
+            let off = e.off as usize;
+            if off < format::PAGE_HDR || off >= ps {
+                continue;
+            }
+            let loc = page as u64 * ps as u64 + off as u64;
+            let kh = self.index.hash(e.key);
+            self.index.lock_pair(&kh);
+            for b in [kh.b1, kh.b2] {
+                for i in 0..index::SLOTS {
+                    let raw = self.index.raw_slot(b, i);
+                    let Some(fs) = FlashSlot::decode(raw) else {
+                        continue;
+                    };
+                    if fs.loc != loc || fs.tag != kh.tag {
+                        continue;
+                    }
+                    let rec = format::parse_record(&bytes[off..]);
+                    let rlen = rec
+                        .as_ref()
+                        .map_or(0, |r| format::record_len(r.key.len(), r.value.len()));
+                    let mut new = 0;
+                    if let Some(r) = rec.filter(|_| reinsert && raw & FLASH_REFERENCED != 0) {
+                        let alive = r.h.exptime == 0 || r.h.exptime > now;
+                        if alive && reinserted + rlen <= budget {
+                            if let Some(nloc) = fl.append(&r.h, r.key, &[r.value]) {
+                                new = FlashSlot { loc: nloc, ..fs }.encode();
+                                reinserted += rlen;
+                                fl.c.reinserted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    if new == 0 {
+                        fl.c.objects_evicted.fetch_add(1, Ordering::Relaxed);
+                        fl.c.bytes_evicted.fetch_add(rlen as u64, Ordering::Relaxed);
+                    }
+                    fl.forget(rlen);
+                    self.index.set_raw_slot(b, i, new);
+                }
+            }
+            self.index.unlock_pair(&kh);
+        }
+    }
+}
+
+impl Txn<'_> {
+    /// The key has no RAM item but its buckets hold flash slots with its tag (bucket
+    /// locks held): bring its flash record back into RAM so that the transaction sees
+    /// it (a command that modifies or removes a flash item). Damaged or dead records
+    /// clear their slots. Counted as `recache_from_extstore`.
+    pub(super) fn promote_from_flash(&mut self) {
+        let inner = self.inner();
+        let Some(fl) = inner.flash.as_ref() else {
+            return;
+        };
+        let kh = self.key_hash();
+        let key = self.key().to_vec();
+        for b in [kh.b1, kh.b2] {
+            for i in 0..index::SLOTS {
+                let raw = inner.index.raw_slot(b, i);
+                if FlashSlot::decode(raw).is_none_or(|s| s.tag != kh.tag) {
+                    continue;
+                }
+                let (h, value) = match inner.read_record(raw, &key) {
+                    FlashRecord::Other => continue,
+                    FlashRecord::Bad => {
+                        inner.index.set_raw_slot(b, i, 0);
+                        inner.forget_flash_slot(raw);
+                        continue;
+                    }
+                    FlashRecord::Item(h, v) => (h, v),
+                };
+                // Whatever happens next, this slot's record stops being the key's.
+                inner.index.set_raw_slot(b, i, 0);
+                inner.forget_flash_slot(raw);
+                if let Some(flushed) = inner.dead(&h, inner.clock.now()) {
+                    inner.count_dead_lookup(flushed);
+                    return;
+                }
+                let Ok(mut it) = self.alloc(value.len(), h.flags, h.exptime) else {
+                    // No memory for it: the item is lost, as an eviction would lose it.
+                    return;
+                };
+                it.write(0, &value);
+                self.link_counted(
+                    it,
+                    LinkOptions {
+                        explicit_cas: Some(h.cas),
+                        ..LinkOptions::default()
+                    },
+                    false,
+                );
+                if h.iflags & item::F_KEY_BINARY != 0 {
+                    self.set_key_binary(true);
+                }
+                fl.c.recached.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}

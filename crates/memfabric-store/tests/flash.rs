@@ -1,0 +1,241 @@
+//! The flash tier at the store level: items evicted from RAM are found on flash with
+//! their exact value; commands that modify a flash item see it; a damaged record reads as
+//! a miss; pages are reused oldest first. Values encode their key and version, so a wrong
+//! value cannot pass as a right one.
+use std::path::PathBuf;
+
+use memfabric_store::{
+    ArithOptions, ArithStatus, DeleteStatus, FlashConfig, GetOptions, SetMode, Store, StoreConfig,
+    StoreStatus,
+};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("mf-flash-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn store(dir: &TempDir, ram_mb: usize, flash_mb: u64) -> Store {
+    store_min(dir, ram_mb, flash_mb, FlashConfig::default().item_min)
+}
+
+fn store_min(dir: &TempDir, ram_mb: usize, flash_mb: u64, item_min: usize) -> Store {
+    Store::new(StoreConfig {
+        memory_limit: ram_mb << 20,
+        slab_automove: false,
+        background_sweeper: false,
+        flash: Some(FlashConfig {
+            files: vec![(dir.0.join("flash"), flash_mb << 20)],
+            write_buffers: 64,
+            item_min,
+            ..FlashConfig::default()
+        }),
+        ..StoreConfig::default()
+    })
+    .unwrap()
+}
+
+/// A value that names its key and version, `len` bytes long.
+fn value(key: &str, version: u32, len: usize) -> Vec<u8> {
+    let head = format!("{key}@{version}:");
+    let mut v = head.into_bytes();
+    while v.len() < len {
+        v.push(b'a' + (v.len() % 26) as u8);
+    }
+    v.truncate(len);
+    v
+}
+
+fn set(s: &Store, key: &str, v: &[u8]) {
+    let st = s.store(SetMode::Set, key.as_bytes(), v, 7, 0, 0);
+    assert!(matches!(st, StoreStatus::Stored { .. }), "{key}: {st:?}");
+}
+
+/// RAM first, then flash, as the server's lookup does.
+fn get(s: &Store, key: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    if s.get(key.as_bytes(), &GetOptions::default(), &mut out)
+        .is_some()
+    {
+        return Some(out);
+    }
+    let cands = s.flash_candidates(key.as_bytes());
+    if cands.is_empty() {
+        return None;
+    }
+    s.read_flash(key.as_bytes(), &cands).map(|h| {
+        assert_eq!(h.info.flags, 7);
+        h.value
+    })
+}
+
+/// Wait until the writer has written every sealed page (bounded).
+fn settle(s: &Store) {
+    for _ in 0..500 {
+        let st = s.flash_stats().unwrap();
+        if st.pages_buffered <= 1 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn key(i: usize) -> String {
+    format!("key:{i:06}")
+}
+
+#[test]
+fn evicted_items_are_served_from_flash_exactly() {
+    let dir = TempDir::new("evict");
+    let s = store(&dir, 4, 64);
+    let n = 12_000; // 2 KB values: ~24 MB, six times RAM, within flash
+    for i in 0..n {
+        set(&s, &key(i), &value(&key(i), 1, 2000));
+    }
+    settle(&s);
+    let (mut hits, mut flash_hits) = (0, 0);
+    for i in 0..n {
+        let k = key(i);
+        let mut out = Vec::new();
+        let ram = s
+            .get(k.as_bytes(), &GetOptions::default(), &mut out)
+            .is_some();
+        if let Some(v) = get(&s, &k) {
+            assert_eq!(v, value(&k, 1, 2000), "{k}: wrong value");
+            hits += 1;
+            flash_hits += usize::from(!ram);
+        }
+    }
+    let st = s.flash_stats().unwrap();
+    assert!(st.objects_written > 0, "{st:?}");
+    // RAM holds under 2,000 of these; every item the writer took is found.
+    assert!(
+        flash_hits > 0 && hits > 2_000,
+        "hits {hits}, flash {flash_hits}, {st:?}"
+    );
+    assert_eq!(st.badcrc, 0);
+}
+
+#[test]
+fn commands_see_flash_items_and_replace_them_for_good() {
+    let dir = TempDir::new("cmds");
+    let s = store_min(&dir, 4, 32, 32);
+    set(&s, "old", &value("old", 1, 1500));
+    set(&s, "gone", &value("gone", 1, 1500));
+    set(&s, "add", &value("add", 1, 1500));
+    set(&s, "app", &value("app", 1, 1500));
+    set(&s, "num", b"41");
+    // Push them out of RAM (each class fills up on its own: no automove).
+    for i in 0..6_000 {
+        set(&s, &key(i), &value(&key(i), 1, 1500));
+    }
+    for i in 0..60_000 {
+        set(&s, &format!("n:{i}"), b"xx");
+    }
+    settle(&s);
+    let on_flash = |k: &str| {
+        let mut out = Vec::new();
+        s.get(k.as_bytes(), &GetOptions::default(), &mut out)
+            .is_none()
+            && !s.flash_candidates(k.as_bytes()).is_empty()
+    };
+    for k in ["old", "gone", "add", "app", "num"] {
+        assert!(on_flash(k), "{k} not on flash");
+    }
+    // A new value replaces the flash one.
+    set(&s, "old", &value("old", 2, 1500));
+    assert_eq!(get(&s, "old"), Some(value("old", 2, 1500)));
+    // A delete finds the flash item and removes it.
+    assert_eq!(s.delete(b"gone", 0), DeleteStatus::Deleted);
+    assert_eq!(get(&s, "gone"), None);
+    assert_eq!(s.delete(b"gone", 0), DeleteStatus::NotFound);
+    // add sees it exists; append extends it.
+    assert!(matches!(
+        s.store(SetMode::Add, b"add", b"x", 0, 0, 0),
+        StoreStatus::NotStored
+    ));
+    assert!(matches!(
+        s.store(SetMode::Append, b"app", b"+tail", 0, 0, 0),
+        StoreStatus::Stored { .. }
+    ));
+    let mut want = value("app", 1, 1500);
+    want.extend_from_slice(b"+tail");
+    assert_eq!(get(&s, "app"), Some(want));
+    // incr works on a flash item.
+    assert!(matches!(
+        s.arith(b"num", true, 1, &ArithOptions::default()),
+        ArithStatus::Value { value: 42, .. }
+    ));
+    let st = s.flash_stats().unwrap();
+    assert!(st.recached >= 3, "{st:?}");
+}
+
+#[test]
+fn damaged_records_read_as_misses_never_as_values() {
+    let dir = TempDir::new("damage");
+    let s = store(&dir, 4, 32);
+    let n = 6_000;
+    for i in 0..n {
+        set(&s, &key(i), &value(&key(i), 1, 1500));
+    }
+    settle(&s);
+    // Flip bytes all over the written part of the file.
+    let path = dir.0.join("flash");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut i = 4096;
+    while i < bytes.len() {
+        bytes[i] ^= 0x5a;
+        i += 1021;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let mut hits = 0;
+    for i in 0..n {
+        let k = key(i);
+        if let Some(v) = get(&s, &k) {
+            assert_eq!(v, value(&k, 1, 1500), "{k}: damaged value served");
+            hits += 1;
+        }
+    }
+    assert!(hits > 0);
+    assert!(s.flash_stats().unwrap().badcrc > 0);
+}
+
+#[test]
+fn pages_are_reused_oldest_first_and_old_slots_die_with_them() {
+    let dir = TempDir::new("reuse");
+    // 8 flash pages: writing 5x that cycles through them several times.
+    let s = store(&dir, 4, 8);
+    let n = 30_000;
+    for i in 0..n {
+        set(&s, &key(i), &value(&key(i), 1, 1000));
+        if i % 2_000 == 0 {
+            settle(&s);
+        }
+    }
+    settle(&s);
+    let st = s.flash_stats().unwrap();
+    assert!(st.page_reclaims > 0, "{st:?}");
+    assert!(st.objects_evicted > 0, "{st:?}");
+    let mut newest_hit = 0;
+    for i in 0..n {
+        let k = key(i);
+        if let Some(v) = get(&s, &k) {
+            assert_eq!(v, value(&k, 1, 1000), "{k}");
+            newest_hit = i;
+        }
+    }
+    // The oldest keys went with the first pages; the newest remain.
+    assert!(get(&s, &key(0)).is_none());
+    assert!(newest_hit > n - 100);
+}
