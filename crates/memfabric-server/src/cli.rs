@@ -214,6 +214,10 @@ pub struct Args {
         default_value = "direct"
     )]
     pub flash_io: String,
+    /// with ext_path: on a start, serve again what a previous run left on flash (after a
+    /// clean shutdown or a crash); off starts empty and erases it
+    #[arg(long = "flash-recover", value_name = "on|off", default_value = "on")]
+    pub flash_recover: String,
     /// after any activity (TCP, UDP or UCX), keep polling for this many microseconds
     /// before sleeping in epoll (an override: by default only UCX work is followed by a
     /// short adaptive poll, --ucx-poll-us; default: 0)
@@ -657,6 +661,15 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
             other => {
                 return Err(fatal(format!(
                     "--flash-io {other}: expected direct or buffered"
+                )))
+            }
+        };
+        f.recover = match a.flash_recover.as_str() {
+            "on" => true,
+            "off" => false,
+            other => {
+                return Err(fatal(format!(
+                    "--flash-recover {other}: expected on or off"
                 )))
             }
         };

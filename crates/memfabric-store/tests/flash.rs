@@ -239,3 +239,93 @@ fn pages_are_reused_oldest_first_and_old_slots_die_with_them() {
     assert!(get(&s, &key(0)).is_none());
     assert!(newest_hit > n - 100);
 }
+
+fn reopen(dir: &TempDir, recover: bool) -> Store {
+    Store::new(StoreConfig {
+        memory_limit: 4 << 20,
+        slab_automove: false,
+        background_sweeper: false,
+        flash: Some(FlashConfig {
+            files: vec![(dir.0.join("flash"), 32 << 20)],
+            write_buffers: 64,
+            recover,
+            ..FlashConfig::default()
+        }),
+        ..StoreConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_clean_restart_serves_what_was_on_flash_and_nothing_that_was_replaced() {
+    let dir = TempDir::new("restart");
+    let n = 8_000;
+    let mut on_flash = Vec::new();
+    {
+        let s = reopen(&dir, true);
+        for i in 0..n {
+            set(&s, &key(i), &value(&key(i), 1, 1500));
+        }
+        settle(&s);
+        for i in 0..n {
+            let mut out = Vec::new();
+            let k = key(i);
+            if s.get(k.as_bytes(), &GetOptions::default(), &mut out)
+                .is_none()
+                && !s.flash_candidates(k.as_bytes()).is_empty()
+            {
+                on_flash.push(i);
+            }
+        }
+        assert!(on_flash.len() > 1_000, "{}", on_flash.len());
+        // Changes after the items went to flash: a restart must not undo them.
+        let (over, del) = (on_flash[0], on_flash[1]);
+        set(&s, &key(over), &value(&key(over), 2, 1500));
+        assert_eq!(s.delete(key(del).as_bytes(), 0), DeleteStatus::Deleted);
+        // Dropping the store is a clean shutdown: it writes what it holds.
+    }
+    let s = reopen(&dir, true);
+    let st = s.flash_stats().unwrap();
+    assert!(st.recovered > 0, "{st:?}");
+    let mut served = 0;
+    for &i in &on_flash {
+        let k = key(i);
+        if let Some(v) = get(&s, &k) {
+            assert_eq!(v, value(&k, 1, 1500), "{k}: not the value it had");
+            served += 1;
+        }
+    }
+    assert_eq!(
+        get(&s, &key(on_flash[0])),
+        None,
+        "overwritten value came back"
+    );
+    assert_eq!(get(&s, &key(on_flash[1])), None, "deleted value came back");
+    // All but the two changed ones.
+    assert!(
+        served + 2 >= on_flash.len() * 99 / 100,
+        "{served} of {}",
+        on_flash.len()
+    );
+    // flush_all survives a restart too.
+    s.flush_all(None);
+    drop(s);
+    let s = reopen(&dir, true);
+    assert!(on_flash.iter().all(|&i| get(&s, &key(i)).is_none()));
+    drop(s);
+}
+
+#[test]
+fn recovery_off_starts_empty_and_old_pages_never_come_back() {
+    let dir = TempDir::new("norecover");
+    {
+        let s = reopen(&dir, true);
+        for i in 0..8_000 {
+            set(&s, &key(i), &value(&key(i), 1, 1500));
+        }
+    }
+    drop(reopen(&dir, false));
+    let s = reopen(&dir, true);
+    assert_eq!(s.flash_stats().unwrap().recovered, 0);
+    assert!((0..8_000).all(|i| get(&s, &key(i)).is_none()));
+}

@@ -9,9 +9,15 @@
 //!  28  u32 summary_len      32 u32 summary_crc   36..60 reserved
 //!  60  u32 header_crc        crc32c of bytes 0..60
 //!  64  records, each 8-aligned: the item header (40 bytes, item.rs layout), key, value
-//! used summary: one entry per record (off u32, key_len u8, iflags u8, 2 pad, exptime
-//!      u32, time u32, cas u64, key, pad to 8)
+//! used summary: 24 bytes + key per entry, in the order things happened:
+//!        0 u32 off   4 u8 key_len   5 u8 iflags   6 u8 class   7 u8 kind
+//!        8 u32 exptime   12 u32 time   16 u64 cas   24 key, pad to 8
+//!      kind RECORD: the record at `off` of this page holds `key`;
+//!      kind INVALIDATE: the record at flash location `cas` (written earlier) is no longer
+//!        its key's value (overwritten, deleted, dropped); no key;
+//!      kind FLUSH: `flush_all` (`time` 0) or `flush_all` delayed to `time`; no key.
 //! ```
+//! A restart replays the summaries in page `seq` order (docs/flash.md).
 //! A record's `crc` field covers its lengths, flags, exptime, time, CAS, key and value
 //! (`record_crc`), so a record torn by a concurrent rewrite of its page, or read from a
 //! page that now holds other records, never passes as an item.
@@ -22,6 +28,10 @@ pub const MAGIC: u32 = 0x4C46_4D4D; // "MMFL"
 pub const VERSION: u16 = 1;
 /// Bytes of a summary entry before its key.
 pub const SUMMARY_FIXED: usize = 24;
+/// Summary entry kinds.
+pub const KIND_RECORD: u8 = 0;
+pub const KIND_INVALIDATE: u8 = 1;
+pub const KIND_FLUSH: u8 = 2;
 
 /// The fields of a record's header that it carries to flash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,23 +145,63 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
     })
 }
 
-/// One summary entry: where a record is and what a restart needs to index it.
+/// One summary entry: a record (where it is and what a restart needs to index it), an
+/// invalidation of an earlier record, or a flush.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SummaryEntry<'a> {
+    pub kind: u8,
     pub off: u32,
+    pub class: u8,
     pub iflags: u8,
     pub exptime: u32,
     pub time: u32,
+    /// The record's CAS; for an invalidation the flash location it invalidates.
     pub cas: u64,
     pub key: &'a [u8],
 }
 
 pub fn put_summary(out: &mut Vec<u8>, off: u32, h: &RecordHeader, key: &[u8]) {
+    put_entry(out, KIND_RECORD, off, h, key);
+}
+
+/// An invalidation of the record at flash location `loc`.
+pub fn put_invalidation(out: &mut Vec<u8>, loc: u64) {
+    let h = RecordHeader {
+        class: 0,
+        key_len: 0,
+        iflags: 0,
+        cas: loc,
+        value_len: 0,
+        flags: 0,
+        exptime: 0,
+        time: 0,
+    };
+    put_entry(out, KIND_INVALIDATE, 0, &h, &[]);
+}
+
+/// A flush: everything before it dies (`time` 0), or what was stored up to `time` dies
+/// when `time` comes.
+pub fn put_flush(out: &mut Vec<u8>, time: u32) {
+    let h = RecordHeader {
+        class: 0,
+        key_len: 0,
+        iflags: 0,
+        cas: 0,
+        value_len: 0,
+        flags: 0,
+        exptime: 0,
+        time,
+    };
+    put_entry(out, KIND_FLUSH, 0, &h, &[]);
+}
+
+fn put_entry(out: &mut Vec<u8>, kind: u8, off: u32, h: &RecordHeader, key: &[u8]) {
     let start = out.len();
     out.extend_from_slice(&off.to_le_bytes());
-    out.push(h.key_len);
+    out.push(key.len() as u8);
     out.push(h.iflags);
-    out.extend_from_slice(&[0, 0]);
+    out.push(h.class);
+    out.push(kind);
     out.extend_from_slice(&h.exptime.to_le_bytes());
     out.extend_from_slice(&h.time.to_le_bytes());
     out.extend_from_slice(&h.cas.to_le_bytes());
@@ -159,7 +209,7 @@ pub fn put_summary(out: &mut Vec<u8>, off: u32, h: &RecordHeader, key: &[u8]) {
     out.resize(start + summary_len(key.len()), 0);
 }
 
-/// The entries of a summary; stops at the first entry that does not fit.
+/// The entries of a summary; stops at the first entry that does not fit or make sense.
 pub fn summary_entries(s: &[u8]) -> impl Iterator<Item = SummaryEntry<'_>> {
     let mut at = 0;
     std::iter::from_fn(move || {
@@ -167,13 +217,21 @@ pub fn summary_entries(s: &[u8]) -> impl Iterator<Item = SummaryEntry<'_>> {
             return None;
         }
         let klen = s[at + 4] as usize;
+        let kind = s[at + 7];
         let end = at + summary_len(klen);
-        if klen == 0 || end > s.len() {
+        let sane = match kind {
+            KIND_RECORD => klen > 0,
+            KIND_INVALIDATE | KIND_FLUSH => klen == 0,
+            _ => false,
+        };
+        if !sane || end > s.len() {
             return None;
         }
         let e = SummaryEntry {
+            kind,
             off: u32_at(s, at),
             iflags: s[at + 5],
+            class: s[at + 6],
             exptime: u32_at(s, at + 8),
             time: u32_at(s, at + 12),
             cas: u64_at(s, at + 16),
@@ -269,12 +327,17 @@ mod tests {
         let mut s = Vec::new();
         put_summary(&mut s, 64, &hdr(3, 10), b"abc");
         put_summary(&mut s, 120, &hdr(5, 10), b"defgh");
+        put_invalidation(&mut s, 1 << 33);
+        put_flush(&mut s, 77);
         let e: Vec<_> = summary_entries(&s).collect();
-        assert_eq!(e.len(), 2);
+        assert_eq!(e.len(), 4);
+        assert_eq!((e[0].kind, e[0].class), (KIND_RECORD, 7));
+        assert_eq!((e[2].kind, e[2].cas), (KIND_INVALIDATE, 1 << 33));
+        assert_eq!((e[3].kind, e[3].time), (KIND_FLUSH, 77));
         assert_eq!((e[0].off, e[0].key, e[0].exptime), (64, &b"abc"[..], 1234));
         assert_eq!((e[1].off, e[1].key, e[1].cas), (120, &b"defgh"[..], 99));
         // A truncated summary yields what is whole.
-        assert_eq!(summary_entries(&s[..s.len() - 1]).count(), 1);
+        assert_eq!(summary_entries(&s[..s.len() - 1]).count(), 3);
         let p = PageHeader {
             seq: 7,
             page: 3,

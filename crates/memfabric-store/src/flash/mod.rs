@@ -48,6 +48,9 @@ pub struct FlashConfig {
     pub direct_io: bool,
     /// At reclaim, re-admit read-since-written records up to this share of a page.
     pub reinsert_percent: u32,
+    /// At start, index what a previous run left on flash (`--flash-recover`); off starts
+    /// empty and erases the old pages' headers, so that nothing of theirs comes back.
+    pub recover: bool,
 }
 
 impl Default for FlashConfig {
@@ -60,6 +63,7 @@ impl Default for FlashConfig {
             write_buffers: 4,
             direct_io: true,
             reinsert_percent: 10,
+            recover: true,
         }
     }
 }
@@ -90,6 +94,13 @@ pub struct FlashCounters {
     pub misses: AtomicU64,
     pub reads: AtomicU64,
     pub recached: AtomicU64,
+    /// Invalidations that could not be recorded (memory for them exhausted): a restart
+    /// after a crash may bring those records back.
+    pub invalidations_lost: AtomicU64,
+    /// Partial pages written so that recent changes survive a crash.
+    pub snapshots: AtomicU64,
+    /// Items indexed again at start from what a previous run left on flash.
+    pub recovered: AtomicU64,
 }
 
 /// A snapshot for `stats`.
@@ -122,6 +133,9 @@ pub struct FlashStats {
     pub misses: u64,
     pub reads: u64,
     pub recached: u64,
+    pub invalidations_lost: u64,
+    pub snapshots: u64,
+    pub recovered: u64,
     pub direct_io: bool,
     pub item_min: u64,
     pub write_budget: u64,
@@ -167,6 +181,10 @@ struct WriteState {
     /// Page buffers that exist (current + sealed + spare), at most `write_buffers`.
     buffers: usize,
     next_seq: u64,
+    /// Invalidations and flushes waiting for a page to be filled (encoded summary entries).
+    pending: Vec<u8>,
+    /// The page being filled changed since it was last written (partially or whole).
+    dirty_since: Option<Instant>,
     tokens: f64,
     refilled: Instant,
     shutdown: bool,
@@ -176,6 +194,11 @@ struct WriteState {
 const READY_LOW: usize = 2;
 /// How long a page whose write failed stays out of use.
 const FAILED_RETRY: Duration = Duration::from_secs(30);
+/// The page being filled is written (as far as it is filled) when it has changed and
+/// this long has passed: what a crash can lose of recent changes.
+const SNAPSHOT_AFTER: Duration = Duration::from_millis(250);
+/// Invalidations kept waiting for a page at most (bytes of summary entries).
+const PENDING_MAX: usize = 64 << 10;
 
 pub(crate) struct Flash {
     pub(crate) page_size: usize,
@@ -276,6 +299,8 @@ impl Flash {
                 failed: VecDeque::new(),
                 buffers: 0,
                 next_seq: 1,
+                pending: Vec::new(),
+                dirty_since: None,
                 tokens: 0.0,
                 refilled: Instant::now(),
                 shutdown: false,
@@ -348,6 +373,7 @@ impl Flash {
         format::put_summary(&mut p.summary, off as u32, h, key);
         p.used += rec;
         p.records += 1;
+        st.dirty_since.get_or_insert_with(Instant::now);
         self.c.objects_written.fetch_add(1, Ordering::Relaxed);
         self.c
             .bytes_written
@@ -381,6 +407,10 @@ impl Flash {
         let start = buf.as_ptr().align_offset(4096).min(4096);
         let seq = st.next_seq;
         st.next_seq += 1;
+        let summary = std::mem::take(&mut st.pending);
+        if !summary.is_empty() {
+            st.dirty_since.get_or_insert_with(Instant::now);
+        }
         st.current = Some(OpenPage {
             page,
             seq,
@@ -388,7 +418,7 @@ impl Flash {
             start,
             used: PAGE_HDR,
             records: 0,
-            summary: Vec::new(),
+            summary,
         });
         self.c.page_allocs.fetch_add(1, Ordering::Relaxed);
         if st.ready.len() < READY_LOW {
@@ -402,11 +432,20 @@ impl Flash {
         let Some(mut p) = st.current.take() else {
             return;
         };
-        let ps = self.page_size;
+        let end = Self::close_image(&mut p);
+        let start = p.start;
+        p.buf[start + end..start + self.page_size].fill(0);
+        st.dirty_since = None;
+        st.sealed.push_back(Arc::new(p));
+        self.wake.notify_all();
+    }
+
+    /// Write the summary after the records and the header in front of them, making the
+    /// buffer a page image as far as it is filled. Returns where the image ends.
+    fn close_image(p: &mut OpenPage) -> usize {
         let (start, used) = (p.start, p.used);
         let summary = std::mem::take(&mut p.summary);
         p.buf[start + used..start + used + summary.len()].copy_from_slice(&summary);
-        p.buf[start + used + summary.len()..start + ps].fill(0);
         let hdr = PageHeader {
             seq: p.seq,
             page: p.page,
@@ -416,9 +455,53 @@ impl Flash {
             summary_crc: crc32c::crc32c(&summary),
         };
         format::put_page_header(&mut p.buf[start..start + PAGE_HDR], &hdr);
+        let end = used + summary.len();
         p.summary = summary;
-        st.sealed.push_back(Arc::new(p));
-        self.wake.notify_all();
+        end
+    }
+
+    /// Record that the record at `loc` is no longer its key's value (so that a restart
+    /// does not bring it back): an invalidation in the page being filled, or waiting for
+    /// the next one.
+    pub(crate) fn invalidate(&self, loc: u64) {
+        let mut entry = Vec::with_capacity(format::SUMMARY_FIXED);
+        format::put_invalidation(&mut entry, loc);
+        self.note(&entry);
+    }
+
+    /// Record a `flush_all` (`time` 0) or a delayed one, for a restart to apply.
+    pub(crate) fn flush_marker(&self, time: u32) {
+        let mut entry = Vec::with_capacity(format::SUMMARY_FIXED);
+        format::put_flush(&mut entry, time);
+        self.note(&entry);
+    }
+
+    fn note(&self, entry: &[u8]) {
+        let mut st = self.lock();
+        if st.current.is_none() {
+            // Open a page for it if one is free, so that the next snapshot writes it.
+            self.open_page(&mut st);
+        }
+        let ps = self.page_size;
+        if let Some(p) = st.current.as_mut() {
+            if p.used + p.summary.len() + entry.len() <= ps {
+                p.summary.extend_from_slice(entry);
+                st.dirty_since.get_or_insert_with(Instant::now);
+                return;
+            }
+        }
+        if st.current.is_some() {
+            self.seal(&mut st);
+            self.open_page(&mut st);
+        }
+        if let Some(p) = st.current.as_mut() {
+            p.summary.extend_from_slice(entry);
+            st.dirty_since.get_or_insert_with(Instant::now);
+        } else if st.pending.len() + entry.len() <= PENDING_MAX {
+            st.pending.extend_from_slice(entry);
+        } else {
+            self.c.invalidations_lost.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Read `len` bytes at `loc` (clipped to its page): from a page still in memory, or
@@ -520,9 +603,23 @@ impl Flash {
                     return Some(Job::Reclaim(p));
                 }
             }
+            if st
+                .dirty_since
+                .is_some_and(|t| t.elapsed() >= SNAPSHOT_AFTER)
+            {
+                if let Some(p) = st.current.as_mut() {
+                    let end = Self::close_image(p).next_multiple_of(4096);
+                    let (mut img, start) = aligned(end);
+                    img[start..start + end].copy_from_slice(&p.buf[p.start..p.start + end]);
+                    let page = p.page;
+                    st.dirty_since = None;
+                    return Some(Job::Snapshot(page, img, start, end));
+                }
+                st.dirty_since = None;
+            }
             st = self
                 .wake
-                .wait_timeout(st, Duration::from_millis(200))
+                .wait_timeout(st, SNAPSHOT_AFTER / 2)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -548,6 +645,35 @@ impl Flash {
                 .fetch_add(self.page_size as u64, Ordering::Relaxed);
         }
         ok
+    }
+
+    /// Write a partial image of the page being filled (a snapshot).
+    pub(crate) fn write_snapshot(&self, page: u32, img: &[u8]) {
+        if let Some((f, off)) = self.file_of(page) {
+            match f.file.write_all_at(img, off) {
+                Ok(()) => {
+                    self.c.snapshots.fetch_add(1, Ordering::Relaxed);
+                    self.c
+                        .device_bytes_written
+                        .fetch_add(img.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.c.write_errors.fetch_add(1, Ordering::Relaxed);
+                    self.log_error(format_args!("flash write of page {page}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Erase a page's header on flash, so that a restart does not read what it held.
+    pub(crate) fn erase_header(&self, page: u32) {
+        if let Some((f, off)) = self.file_of(page) {
+            let (buf, start) = aligned(4096);
+            if let Err(e) = f.file.write_all_at(&buf[start..start + 4096], off) {
+                self.c.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.log_error(format_args!("flash write of page {page}: {e}"));
+            }
+        }
     }
 
     /// The written (or failed) front page leaves the queue: its buffer is reused.
@@ -634,6 +760,9 @@ impl Flash {
             misses: l(&c.misses),
             reads: l(&c.reads),
             recached: l(&c.recached),
+            invalidations_lost: l(&c.invalidations_lost),
+            snapshots: l(&c.snapshots),
+            recovered: l(&c.recovered),
             direct_io: self.direct_io(),
             item_min: self.cfg.item_min as u64,
             write_budget: self.cfg.write_budget,
@@ -655,10 +784,130 @@ impl Flash {
     }
 }
 
+/// An item a previous run left on flash, to index again.
+pub(crate) struct Recovered {
+    pub key: Vec<u8>,
+    pub loc: u64,
+    pub class: u8,
+    pub cas: u64,
+}
+
+/// What a restart found on flash.
+pub(crate) struct Scan {
+    /// The newest record of every key that no later invalidation or flush removed and
+    /// that has not expired.
+    pub items: Vec<Recovered>,
+    /// A delayed `flush_all` still to come (the store's `flush_time` word).
+    pub flush_time: Option<u32>,
+}
+
+impl Flash {
+    /// Read every page header and summary a previous run left, replay them in write
+    /// order, and take the pages found into the reclaim order (the rest are free). With
+    /// `recover` off: erase every page header instead (nothing comes back, ever).
+    pub(crate) fn scan(&self, now: u32) -> Scan {
+        let mut scan = Scan {
+            items: Vec::new(),
+            flush_time: None,
+        };
+        if !self.cfg.recover {
+            for page in 0..self.pages {
+                self.erase_header(page);
+            }
+            return scan;
+        }
+        let ps = self.page_size as u64;
+        let mut found: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+        for page in 0..self.pages {
+            let Some((f, off)) = self.file_of(page) else {
+                continue;
+            };
+            let (mut hb, hs) = aligned(4096);
+            if read_full(&f.file, &mut hb[hs..hs + 4096], off).is_err() {
+                continue;
+            }
+            let Some(ph) = format::parse_page_header(&hb[hs..hs + 4096], self.page_size)
+                .filter(|h| h.page == page)
+            else {
+                continue;
+            };
+            let (lo, hi) = (ph.used as u64, ph.used as u64 + ph.summary_len as u64);
+            let (alo, ahi) = (lo & !4095, hi.next_multiple_of(4096).min(ps));
+            let n = (ahi - alo) as usize;
+            let (mut sb, ss) = aligned(n);
+            if read_full(&f.file, &mut sb[ss..ss + n], off + alo).is_err() {
+                continue;
+            }
+            let s0 = ss + (lo - alo) as usize;
+            let summary = sb[s0..s0 + ph.summary_len as usize].to_vec();
+            if crc32c::crc32c(&summary) != ph.summary_crc {
+                continue;
+            }
+            found.push((ph.seq, page, summary));
+        }
+        found.sort_by_key(|f| f.0);
+        let mut by_key: std::collections::HashMap<Vec<u8>, Recovered> = Default::default();
+        let mut by_loc: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+        let mut times: std::collections::HashMap<Vec<u8>, (u32, u32)> = Default::default();
+        for (_, page, summary) in &found {
+            for e in format::summary_entries(summary) {
+                match e.kind {
+                    format::KIND_RECORD => {
+                        let off = e.off as u64;
+                        if off < PAGE_HDR as u64 || off >= ps {
+                            continue;
+                        }
+                        let loc = *page as u64 * ps + off;
+                        let item = Recovered {
+                            key: e.key.to_vec(),
+                            loc,
+                            class: e.class,
+                            cas: e.cas,
+                        };
+                        if let Some(old) = by_key.insert(e.key.to_vec(), item) {
+                            by_loc.remove(&old.loc);
+                        }
+                        by_loc.insert(loc, e.key.to_vec());
+                        times.insert(e.key.to_vec(), (e.time, e.exptime));
+                    }
+                    format::KIND_INVALIDATE => {
+                        if let Some(k) = by_loc.remove(&e.cas) {
+                            by_key.remove(&k);
+                        }
+                    }
+                    format::KIND_FLUSH if e.time == 0 => {
+                        by_key.clear();
+                        by_loc.clear();
+                        scan.flush_time = None;
+                    }
+                    format::KIND_FLUSH if e.time <= now => {
+                        by_key.retain(|k, _| times.get(k).is_some_and(|t| t.0 > e.time));
+                        by_loc.retain(|_, k| by_key.contains_key(k));
+                    }
+                    format::KIND_FLUSH => scan.flush_time = Some(e.time),
+                    _ => {}
+                }
+            }
+        }
+        scan.items = by_key
+            .into_values()
+            .filter(|r| times.get(&r.key).is_none_or(|t| t.1 == 0 || t.1 > now))
+            .collect();
+        let mut st = self.lock();
+        let on_flash: std::collections::HashSet<u32> = found.iter().map(|f| f.1).collect();
+        st.on_flash = found.iter().map(|f| f.1).collect();
+        st.ready = (0..self.pages).filter(|p| !on_flash.contains(p)).collect();
+        st.next_seq = found.last().map_or(1, |f| f.0 + 1);
+        scan
+    }
+}
+
 /// What the writer thread does next.
 pub(crate) enum Job {
     Write(Arc<OpenPage>),
     Reclaim(u32),
+    /// Page, backing memory, where the aligned image starts, its length.
+    Snapshot(u32, Vec<u8>, usize, usize),
 }
 
 impl Job {

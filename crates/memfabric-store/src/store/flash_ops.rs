@@ -215,7 +215,8 @@ impl Inner {
         self.index.unlock_pair(kh);
     }
 
-    /// A flash slot was cleared or overwritten: its record no longer counts as used.
+    /// A flash slot was cleared or overwritten: its record no longer counts as used, and
+    /// a restart must not bring it back.
     pub(super) fn forget_flash_slot(&self, raw: u64) {
         if let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) {
             let size = self
@@ -224,7 +225,56 @@ impl Inner {
                 .get(fs.class as usize)
                 .map_or(0, |c| c.size);
             fl.forget(size);
+            fl.invalidate(fs.loc);
         }
+    }
+
+    /// At start: index what a previous run left on flash (see `Flash::scan`).
+    pub(super) fn recover_flash(&self) {
+        let Some(fl) = self.flash.as_ref() else {
+            return;
+        };
+        let scan = fl.scan(self.clock.now());
+        if let Some(t) = scan.flush_time {
+            self.index.flush_time().store(t, Ordering::SeqCst);
+        }
+        let mut max_cas = 0;
+        for r in &scan.items {
+            let Some(cls) = self
+                .slabs
+                .classes
+                .get(r.class as usize)
+                .filter(|c| c.size > 0)
+            else {
+                continue;
+            };
+            let kh = self.index.hash(&r.key);
+            self.index.lock_pair(&kh);
+            let empty =
+                |b: usize| (0..index::SLOTS).filter(move |&i| self.index.raw_slot(b, i) == 0);
+            let free1 = empty(kh.b1).count();
+            let b = if free1 < 3 && empty(kh.b2).count() > free1 {
+                kh.b2
+            } else {
+                kh.b1
+            };
+            if let Some(i) = empty(b).next() {
+                let slot = FlashSlot {
+                    tag: kh.tag,
+                    class: r.class,
+                    loc: r.loc,
+                };
+                self.index.set_raw_slot(b, i, slot.encode());
+                fl.c.objects_used.fetch_add(1, Ordering::Relaxed);
+                fl.c.bytes_used
+                    .fetch_add(cls.size as u64, Ordering::Relaxed);
+                fl.c.recovered.fetch_add(1, Ordering::Relaxed);
+                max_cas = max_cas.max(r.cas);
+            }
+            self.index.unlock_pair(&kh);
+        }
+        // New CAS values stay above every recovered one (flush_all compares them).
+        self.next_cas.fetch_max(max_cas, Ordering::SeqCst);
     }
 
     /// An item being evicted from RAM (bucket locks held): write it to flash if the
@@ -287,7 +337,12 @@ impl Inner {
                     if let Some((buf, start)) = fl.read_page(page) {
                         self.release_page(page, &buf[start..start + ps], true);
                     }
+                    // Nothing points into it now; a restart must not read it either.
+                    fl.erase_header(page);
                     fl.reclaimed(page);
+                }
+                Job::Snapshot(page, img, start, len) => {
+                    fl.write_snapshot(page, &img[start..start + len]);
                 }
             }
         }

@@ -149,6 +149,7 @@ impl Store {
                     .spawn(move || m.maintenance_loop())?,
             )
         };
+        inner.recover_flash();
         let flash_writer = match inner.flash {
             Some(_) => {
                 let w = inner.clone();
