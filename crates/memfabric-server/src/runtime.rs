@@ -161,6 +161,28 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let holds = settings.debug_hold_keys.clone();
     let mut shared = Shared::new(settings, store);
     shared.holds = holds.map(crate::pending::Holds::new);
+    if let Some(f) = shared.store.flash_stats() {
+        // The index is sized for what RAM can hold; flash items take slots of it too.
+        let st = shared.store.stats();
+        let slots = (1u64 << st.hash_power_level) * 7;
+        let flash_items = f.limit_bytes / (shared.settings.ext.item_size.max(64) as u64);
+        if flash_items > slots / 2 {
+            tracing::warn!(
+                "the index has {slots} slots; a flash tier of {} bytes full of {}-byte items \
+                 would need more than half of them (flash items then lose their slots to RAM \
+                 items: see flash_index_drops); -o hashpower={} doubles it",
+                f.limit_bytes,
+                shared.settings.ext.item_size,
+                st.hash_power_level + 1
+            );
+        }
+        tracing::info!(
+            "flash tier: {} bytes, {} I/O, {} read threads",
+            f.limit_bytes,
+            if f.direct_io { "direct" } else { "buffered" },
+            shared.settings.ext.threads
+        );
+    }
     if shared.store.has_flash() {
         let reader = shared.store.flash_reader();
         shared.flash_reads = Some(

@@ -516,6 +516,10 @@ fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats
     v.put("flash_dropped_writer_behind", f.dropped_no_buffer);
     v.put("flash_write_errors", f.write_errors);
     v.put("flash_read_errors", f.read_errors);
+    v.put("flash_index_drops", f.index_drops);
+    v.put("flash_recovered", f.recovered);
+    v.put("flash_snapshots", f.snapshots);
+    v.put("flash_invalidations_lost", f.invalidations_lost);
 }
 
 /// `stats extstore`: the tier's geometry and state (memfabric's pages are all one size;

@@ -118,7 +118,12 @@ pub struct Record<'a> {
 /// Parse the record at the start of `bytes`; `None` unless it is whole and its crc
 /// matches. Never trusts a length.
 pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
-    if bytes.len() < HDR || bytes[item::OFF_STATE] != item::LINKED {
+    // A record's seq and atime words are always 0 on flash.
+    if bytes.len() < HDR
+        || bytes[item::OFF_STATE] != item::LINKED
+        || u32_at(bytes, item::OFF_SEQ) != 0
+        || u32_at(bytes, item::OFF_ATIME) != 0
+    {
         return None;
     }
     let h = RecordHeader {
@@ -314,7 +319,7 @@ mod tests {
         put_record(&mut buf, &h, key, &[&value[..10], &value[10..]]);
         let r = parse_record(&buf).unwrap();
         assert_eq!((r.h, r.key, r.value), (h, &key[..], &value[..]));
-        for byte in [4usize, 5, 6, 7, 8, 16, 20, 24, 28, 32, 40, 50, 80] {
+        for byte in [0usize, 4, 5, 6, 7, 8, 16, 20, 24, 28, 32, 36, 40, 50, 80] {
             let mut bad = buf.clone();
             bad[byte] ^= 0x10;
             assert!(parse_record(&bad).is_none(), "flip at {byte} undetected");

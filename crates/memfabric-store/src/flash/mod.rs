@@ -101,6 +101,9 @@ pub struct FlashCounters {
     pub snapshots: AtomicU64,
     /// Items indexed again at start from what a previous run left on flash.
     pub recovered: AtomicU64,
+    /// Flash items whose index slot a new RAM item took (both buckets of its key full):
+    /// the index is too small for RAM and flash together (`-o hashpower`).
+    pub index_drops: AtomicU64,
 }
 
 /// A snapshot for `stats`.
@@ -136,6 +139,7 @@ pub struct FlashStats {
     pub invalidations_lost: u64,
     pub snapshots: u64,
     pub recovered: u64,
+    pub index_drops: u64,
     pub direct_io: bool,
     pub item_min: u64,
     pub write_budget: u64,
@@ -763,6 +767,7 @@ impl Flash {
             invalidations_lost: l(&c.invalidations_lost),
             snapshots: l(&c.snapshots),
             recovered: l(&c.recovered),
+            index_drops: l(&c.index_drops),
             direct_io: self.direct_io(),
             item_min: self.cfg.item_min as u64,
             write_budget: self.cfg.write_budget,

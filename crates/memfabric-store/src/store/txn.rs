@@ -228,6 +228,9 @@ impl<'s> Txn<'s> {
             if raw != 0 {
                 inner.index.set_raw_slot(b, i, 0);
                 inner.forget_flash_slot(raw);
+                if let Some(f) = inner.flash.as_ref() {
+                    f.c.index_drops.fetch_add(1, Ordering::Relaxed);
+                }
             }
             return (b, i);
         }
