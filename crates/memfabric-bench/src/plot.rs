@@ -177,6 +177,94 @@ pub fn latency_percentiles(path: &Path, title: &str, panels: &[Panel]) -> Result
     Ok(())
 }
 
+/// One panel of bars: a title, the y axis description and (label, value) per bar.
+pub struct BarPanel {
+    pub title: String,
+    pub y_desc: String,
+    pub bars: Vec<(String, f64)>,
+}
+
+/// Bar charts side by side, one per panel, each bar labelled with its value.
+pub fn bars(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(), PlotError> {
+    ensure_font()?;
+    if panels.iter().all(|p| p.bars.is_empty()) {
+        return Err(PlotError::Empty);
+    }
+    // Wide enough per bar that names like "memfabricd-flash-ucx" do not run together.
+    let most = panels.iter().map(|p| p.bars.len()).max().unwrap_or(1) as u32;
+    let width = (150 * most).max(520) * panels.len() as u32;
+    let root = BitMapBackend::new(path, (width.max(640), 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err(path))?;
+    let root = root.titled(title, (FONT, 22)).map_err(draw_err(path))?;
+    let areas = root.split_evenly((1, panels.len()));
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let n = panel.bars.len();
+        let hi = panel.bars.iter().fold(0f64, |m, b| m.max(b.1));
+        if n == 0 {
+            continue;
+        }
+        // Room above the tallest bar for its value.
+        let yhi = if hi > 0.0 { hi * 1.2 } else { 1.0 };
+        let names: Vec<String> = panel.bars.iter().map(|b| b.0.clone()).collect();
+        let x_label = |x: &f64| {
+            let i = x.round();
+            // Ticks fall between bars too; only a bar's centre gets its name.
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, (FONT, 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..yhi)
+            .map_err(draw_err(path))?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&x_label)
+            .y_desc(panel.y_desc.as_str())
+            .y_labels(10)
+            .label_style((FONT, 13))
+            .draw()
+            .map_err(draw_err(path))?;
+        for (i, (_, v)) in panel.bars.iter().enumerate() {
+            let x = i as f64;
+            let c = colour(i);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x - 0.35, 0.0), (x + 0.35, *v)],
+                    c.filled(),
+                )))
+                .map_err(draw_err(path))?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    value_label(*v),
+                    (x - 0.2, *v + yhi * 0.06),
+                    (FONT, 14),
+                )))
+                .map_err(draw_err(path))?;
+        }
+    }
+    root.present().map_err(draw_err(path))?;
+    Ok(())
+}
+
+/// A bar's value: three significant digits or so.
+fn value_label(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
 /// Latency against message size (log2 x axis), one line per named series.
 pub fn latency_vs_size(
     path: &Path,

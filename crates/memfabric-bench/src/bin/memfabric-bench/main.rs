@@ -1,9 +1,11 @@
-//! memfabric-bench: throughput, latency, YCSB and the memcached comparison. This file holds
-//! the command line's top level and dispatch; each subcommand's arguments and driver live
-//! in its `*_cmd` module, shared arguments in `args`, file output in `output`.
+//! memfabric-bench: throughput, latency, YCSB, the memcached comparison and the RAM + flash
+//! (hybrid) comparison. This file holds the command line's top level and dispatch; each
+//! subcommand's arguments and driver live in its `*_cmd` module, shared arguments in `args`,
+//! file output in `output`.
 
 mod args;
 mod compare_cmd;
+mod hybrid_cmd;
 mod latency_cmd;
 mod output;
 mod resilience_cmd;
@@ -14,6 +16,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 use compare_cmd::{compare_cmd, CompareArgs};
+use hybrid_cmd::{hybrid_cmd, HybridArgs};
 use latency_cmd::{latency_cmd, LatencyArgs};
 use resilience_cmd::{resilience_cmd, ResilienceArgs};
 use throughput_cmd::{throughput_cmd, ThroughputArgs};
@@ -44,6 +47,10 @@ enum Cmd {
     /// Start a fleet of memfabricd and compare an erasure-coded pool with a replicated
     /// one: memory, SET/GET latency per size and transport, pipelining, degraded reads.
     Resilience(Box<ResilienceArgs>),
+    /// RAM-only and RAM + flash servers (memcached extstore, memfabricd's flash tier) under
+    /// a working set larger than both (ohb_memhybrid style): hits, misses, total time with
+    /// a penalty per miss.
+    Hybrid(Box<HybridArgs>),
 }
 
 /// What a subcommand returns: its error is printed on stderr and exits with status 2.
@@ -56,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::Latency(a) => latency_cmd(a).map(|()| true),
         Cmd::Ycsb(a) => ycsb_cmd(a).map(|()| true),
         Cmd::Resilience(a) => resilience_cmd(*a).map(|()| true),
+        Cmd::Hybrid(a) => hybrid_cmd(*a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
             compare_cmd(*a).map(|pass| pass || !check)
