@@ -96,3 +96,31 @@ def test_memfabricd_prints_every_extstore_stat_and_setting_memcached_prints(serv
     mf_general, mf_settings = names["memfabricd"]
     assert mc_general <= mf_general, f"missing: {sorted(mc_general - mf_general)}"
     assert mc_settings <= mf_settings, f"missing: {sorted(mc_settings - mf_settings)}"
+
+
+def test_extstore_commands_answer_and_change_settings_as_memcacheds(servers, flash_dir):
+    import socket
+
+    lines = ["extstore item_size 1024", "extstore low_ttl 5", "extstore item_age 10",
+             "extstore recache_rate 100", "extstore max_frag 0.5", "extstore drop_unread 1",
+             "extstore compact_under 3", "extstore drop_under 2", "extstore max_sleep 100",
+             "extstore bogus 1", "extstore item_size", "extstore ratio 0.5", "extstore",
+             "extstore low_ttl abc"]
+    seen = {}
+    for kind in KINDS:
+        for flash in (True, False):
+            srv = start(servers, kind, flash_dir) if flash else servers(kind)
+            s = socket.create_connection(srv.addr, timeout=10)
+            f = s.makefile("rb")
+            replies = []
+            for line in lines:
+                s.sendall(line.encode() + b"\r\n")
+                replies.append(f.readline())
+            c = Client(srv.addr, timeout=10)
+            settings = {k: v for k, v in stats(c, "settings").items() if k.startswith("ext_")}
+            settings.pop("ext_wbuf_size", None)  # given differently above
+            seen[(kind, flash)] = (replies, settings)
+            s.close()
+            c.close()
+    for flash in (True, False):
+        assert seen[("memfabricd", flash)] == seen[("memcached", flash)], flash

@@ -219,6 +219,39 @@ impl Default for Settings {
     }
 }
 
+/// The `ext_*` settings as they are now: `extstore <setting> <value>` changes them at run
+/// time, as in memcached (`item_size` and `low_ttl` also change what goes to flash).
+#[derive(Debug)]
+pub struct ExtLive {
+    pub item_size: std::sync::atomic::AtomicU64,
+    pub item_age: std::sync::atomic::AtomicU32,
+    pub low_ttl: std::sync::atomic::AtomicU32,
+    pub recache_rate: std::sync::atomic::AtomicU32,
+    pub compact_under: std::sync::atomic::AtomicU32,
+    pub drop_under: std::sync::atomic::AtomicU32,
+    pub max_sleep: std::sync::atomic::AtomicU32,
+    /// f64 bits.
+    pub max_frag: std::sync::atomic::AtomicU64,
+    pub drop_unread: std::sync::atomic::AtomicBool,
+}
+
+impl ExtLive {
+    pub fn new(e: &ExtSettings) -> ExtLive {
+        use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+        ExtLive {
+            item_size: AtomicU64::new(e.item_size as u64),
+            item_age: AtomicU32::new(e.item_age),
+            low_ttl: AtomicU32::new(e.low_ttl),
+            recache_rate: AtomicU32::new(e.recache_rate),
+            compact_under: AtomicU32::new(e.compact_under),
+            drop_under: AtomicU32::new(e.drop_under),
+            max_sleep: AtomicU32::new(e.max_sleep),
+            max_frag: AtomicU64::new(e.max_frag.to_bits()),
+            drop_unread: AtomicBool::new(e.drop_unread),
+        }
+    }
+}
+
 /// memcached's `ext_*` settings, with its defaults (`stats settings` reports them).
 #[derive(Clone, Debug)]
 pub struct ExtSettings {

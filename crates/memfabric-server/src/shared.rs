@@ -47,10 +47,13 @@ pub struct Shared {
     pub holds: Option<Holds>,
     /// The flash tier's read threads, when there is a flash tier.
     pub flash_reads: Option<crate::flash_reads::FlashReads>,
+    /// The `ext_*` settings as the `extstore` command leaves them.
+    pub ext: crate::settings::ExtLive,
 }
 
 impl Shared {
     pub fn new(settings: Settings, store: Store) -> Shared {
+        let ext = crate::settings::ExtLive::new(&settings.ext);
         let started = store.clock().started();
         Shared {
             verbose: AtomicU32::new(settings.verbose),
@@ -72,6 +75,7 @@ impl Shared {
             gauges: Default::default(),
             holds: None,
             flash_reads: None,
+            ext,
         }
     }
 

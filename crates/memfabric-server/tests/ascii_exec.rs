@@ -663,7 +663,12 @@ fn admin_commands_answer_as_memcached_does() {
         ),
         ("lru mode flat\r\n", "OK\r\n"),
         ("refresh_certs\r\n", "Error TLS not enabled\r\n"),
-        ("extstore item_size 5\r\n", "ERROR\r\n"),
+        // As Debian's memcached (built with extstore), with or without a flash tier.
+        ("extstore item_size 5\r\n", "OK\r\n"),
+        ("extstore max_frag 0.5\r\n", "OK\r\n"),
+        ("extstore item_size abc\r\n", "ERROR\r\n"),
+        ("extstore bogus 1\r\n", "ERROR\r\n"),
+        ("extstore item_size\r\n", "ERROR\r\n"),
         ("debugtime 1\r\n", "ERROR\r\n"),
     ];
     for (input, want) in cases {

@@ -89,12 +89,18 @@ pub(super) fn parse_line(line: &[u8]) -> Line<'_> {
         b"refresh_certs" => Line::Done(Request::RefreshCerts {
             noreply: t.noreply(),
         }),
+        // memcached built with extstore (Debian's) takes these with or without a flash
+        // tier: a setting and a value (more tokens are ignored), else ERROR.
+        b"extstore" if ntokens(&t) >= 4 => Line::Done(Request::Extstore {
+            setting: t.get(1),
+            value: t.get(2),
+        }),
+        b"extstore" => unknown(),
         // memcached dispatches on the first letter before comparing names: an unknown
         // command starting with one of these letters is a plain ERROR.
         _ if b"gsacidt".contains(&cmd[0]) => unknown(),
         // Only the remaining unknown commands are checked for an HTTP request line.
-        // (misbehave and debugtime exist only in debug builds of memcached, extstore only
-        // in builds with external storage: unknown here.)
+        // (misbehave and debugtime exist only in debug builds of memcached.)
         _ if t.get(t.len() - 1).starts_with(b"HTTP/") => Line::Http,
         _ => unknown(),
     }

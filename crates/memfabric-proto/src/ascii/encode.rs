@@ -30,6 +30,7 @@ impl Request<'_> {
             }
             Request::Watch { .. } => Verb::Watch,
             Request::RefreshCerts { .. } => Verb::RefreshCerts,
+            Request::Extstore { .. } => Verb::Extstore,
             Request::Meta => Verb::Meta,
             Request::Invalid { verb, .. } => *verb,
         }
@@ -158,6 +159,13 @@ impl Request<'_> {
                 if noreply {
                     out.extend_from_slice(b" noreply");
                 }
+                out.extend_from_slice(b"\r\n");
+            }
+            Request::Extstore { setting, value } => {
+                out.extend_from_slice(b"extstore ");
+                out.extend_from_slice(setting);
+                out.push(b' ');
+                out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
             }
             _ => return Err(NotEncodable),

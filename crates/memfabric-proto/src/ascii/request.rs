@@ -100,6 +100,7 @@ pub enum Verb {
     Lru,
     Watch,
     RefreshCerts,
+    Extstore,
     Meta,
     /// Not a command memcached knows (or too few tokens for the one it names).
     Unknown,
@@ -303,6 +304,12 @@ pub enum Request<'a> {
     /// `refresh_certs [noreply]`: load the TLS certificate files again.
     RefreshCerts {
         noreply: bool,
+    },
+    /// `extstore <setting> <value>`: change a flash tier setting at run time. memcached
+    /// parses the value per setting (and answers OK or ERROR); so does the server.
+    Extstore {
+        setting: &'a [u8],
+        value: &'a [u8],
     },
     /// A meta command (mg ms md ma mn me): the whole line is the meta parser's.
     Meta,

@@ -197,7 +197,7 @@ fn unknown_commands_are_errors() {
         b"foo\r\n",
         b"misbehave\r\n",
         b"debugtime 1\r\n",
-        b"extstore item_size 5\r\n",
+        b"extstore item_size\r\n",
         b"mx foo\r\n",
         b"sets a\r\n",
         b"gett a\r\n",
@@ -1078,7 +1078,7 @@ proptest! {
             "get", "gets", "gat", "gats", "bget", "set", "add", "replace", "append",
             "prepend", "cas", "incr", "decr", "touch", "delete", "flush_all", "stats",
             "version", "verbosity", "quit", "shutdown", "cache_memlimit", "slabs",
-            "lru_crawler", "lru", "watch", "refresh_certs", "mg", "ms",
+            "lru_crawler", "lru", "watch", "refresh_certs", "mg", "ms", "extstore",
         ]),
         args in prop::collection::vec(
             prop::sample::select(vec![

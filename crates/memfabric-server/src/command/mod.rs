@@ -177,6 +177,55 @@ fn flash_lookup(
     }
 }
 
+/// `extstore <setting> <value>`: change a flash tier setting at run time, as memcached
+/// does (with or without a flash tier). False for an unknown setting or a value that
+/// does not parse; a number that does not parse sets 0 first, as memcached's parsers do.
+pub fn extstore(shared: &crate::shared::Shared, setting: &[u8], value: &[u8]) -> bool {
+    use memfabric_proto::number::{safe_strtod, safe_strtoul};
+    let e = &shared.ext;
+    let num = |a: &std::sync::atomic::AtomicU32| {
+        let v = safe_strtoul(value);
+        a.store(v.unwrap_or(0), Ordering::Relaxed);
+        v.is_some()
+    };
+    match setting {
+        b"item_size" => {
+            let v = safe_strtoul(value);
+            e.item_size
+                .store(u64::from(v.unwrap_or(0)), Ordering::Relaxed);
+            shared
+                .store
+                .set_flash_admission(Some(v.unwrap_or(0) as usize), None);
+            v.is_some()
+        }
+        b"low_ttl" => {
+            let ok = num(&e.low_ttl);
+            let t = e.low_ttl.load(Ordering::Relaxed);
+            shared.store.set_flash_admission(None, Some(t));
+            ok
+        }
+        b"item_age" => num(&e.item_age),
+        b"recache_rate" => num(&e.recache_rate),
+        b"compact_under" => num(&e.compact_under),
+        b"drop_under" => num(&e.drop_under),
+        b"max_sleep" => num(&e.max_sleep),
+        b"max_frag" => {
+            let v = safe_strtod(value);
+            e.max_frag
+                .store(v.unwrap_or(0.0).to_bits(), Ordering::Relaxed);
+            v.is_some()
+        }
+        b"drop_unread" => match safe_strtoul(value) {
+            Some(v) => {
+                e.drop_unread.store(v != 0, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        },
+        _ => false,
+    }
+}
+
 /// get, gets, gat, gats (ascii), GET*/GAT* (binary), `mg`'s plain path, UCX GET/GAT:
 /// [`lookup`] and memcached's counters for it.
 pub fn get(

@@ -442,19 +442,26 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("read_buf_mem_limit", 0);
     v.put("track_sizes", yes_no(s.track_sizes));
     v.put("inline_ascii_response", "no");
-    // As memcached prints them, with or without a flash tier.
-    let e = &s.ext;
-    v.put("ext_item_size", e.item_size);
-    v.put("ext_item_age", e.item_age);
-    v.put("ext_low_ttl", e.low_ttl);
-    v.put("ext_recache_rate", e.recache_rate);
-    v.put("ext_wbuf_size", e.wbuf_mb << 20);
-    v.put("ext_compact_under", e.compact_under);
-    v.put("ext_drop_under", e.drop_under);
-    v.put("ext_max_sleep", e.max_sleep);
-    v.put("ext_max_frag", format!("{:.2}", e.max_frag));
+    // As memcached prints them (with or without a flash tier), as `extstore` left them.
+    let e = &shared.ext;
+    let l = |a: &std::sync::atomic::AtomicU32| a.load(Ordering::Relaxed);
+    v.put("ext_item_size", e.item_size.load(Ordering::Relaxed));
+    v.put("ext_item_age", l(&e.item_age));
+    v.put("ext_low_ttl", l(&e.low_ttl));
+    v.put("ext_recache_rate", l(&e.recache_rate));
+    v.put("ext_wbuf_size", s.ext.wbuf_mb << 20);
+    v.put("ext_compact_under", l(&e.compact_under));
+    v.put("ext_drop_under", l(&e.drop_under));
+    v.put("ext_max_sleep", l(&e.max_sleep));
+    v.put(
+        "ext_max_frag",
+        format!("{:.2}", f64::from_bits(e.max_frag.load(Ordering::Relaxed))),
+    );
     v.put("slab_automove_freeratio", "0.010");
-    v.put("ext_drop_unread", yes_no(e.drop_unread));
+    v.put(
+        "ext_drop_unread",
+        yes_no(e.drop_unread.load(Ordering::Relaxed)),
+    );
     // As memcached built with TLS prints them, with -Z or without.
     let tls = s.tls.as_ref().map(|t| &t.options);
     let default = crate::tls::TlsOptions::default();

@@ -261,6 +261,10 @@ fn execute(
                 out.extend_from_slice(reply::SHUTDOWN_BAD_MODE);
             }
         }
+        Request::Extstore { setting, value } => {
+            let ok = command::extstore(ctx.shared, setting, value);
+            out.extend_from_slice(if ok { reply::OK } else { reply::ERROR });
+        }
         Request::CacheMemlimit { megabytes, noreply } => {
             let line = if megabytes < 8 {
                 reply::MEMLIMIT_TOO_SMALL

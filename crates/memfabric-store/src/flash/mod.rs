@@ -211,6 +211,9 @@ pub(crate) struct Flash {
     pub(crate) cfg: FlashConfig,
     st: Mutex<WriteState>,
     wake: Condvar,
+    /// `ext_item_size` and `ext_low_ttl`, changeable at run time (`extstore` command).
+    item_min: std::sync::atomic::AtomicUsize,
+    low_ttl: std::sync::atomic::AtomicU32,
     pub(crate) c: FlashCounters,
     last_error_log: Mutex<Option<Instant>>,
 }
@@ -310,6 +313,8 @@ impl Flash {
                 shutdown: false,
             }),
             wake: Condvar::new(),
+            item_min: std::sync::atomic::AtomicUsize::new(cfg.item_min),
+            low_ttl: std::sync::atomic::AtomicU32::new(cfg.low_ttl),
             c: FlashCounters::default(),
             last_error_log: Mutex::new(None),
             cfg: FlashConfig {
@@ -327,15 +332,25 @@ impl Flash {
         self.files.iter().all(|f| f.direct)
     }
 
+    /// `extstore item_size` / `extstore low_ttl` at run time.
+    pub(crate) fn set_admission(&self, item_min: Option<usize>, low_ttl: Option<u32>) {
+        if let Some(n) = item_min {
+            self.item_min.store(n, Ordering::Relaxed);
+        }
+        if let Some(t) = low_ttl {
+            self.low_ttl.store(t, Ordering::Relaxed);
+        }
+    }
+
     /// Does an item of this size and expiry go to flash at all?
     pub(crate) fn admits(&self, total_len: usize, exptime: u32, now: u32) -> bool {
         let rec = format::record_len(0, total_len - crate::item::HDR);
-        if total_len < self.cfg.item_min
+        if total_len < self.item_min.load(Ordering::Relaxed)
             || rec + format::summary_len(255) + PAGE_HDR > self.page_size
         {
             return false;
         }
-        exptime == 0 || exptime > now.saturating_add(self.cfg.low_ttl)
+        exptime == 0 || exptime > now.saturating_add(self.low_ttl.load(Ordering::Relaxed))
     }
 
     /// Append a record to the page being filled. Returns its location, or `None` when it
@@ -769,7 +784,7 @@ impl Flash {
             recovered: l(&c.recovered),
             index_drops: l(&c.index_drops),
             direct_io: self.direct_io(),
-            item_min: self.cfg.item_min as u64,
+            item_min: self.item_min.load(Ordering::Relaxed) as u64,
             write_budget: self.cfg.write_budget,
         }
     }

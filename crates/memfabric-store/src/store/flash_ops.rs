@@ -107,6 +107,13 @@ impl Store {
         self.index.raw_slot(b, i) & !FLASH_REFERENCED == raw & !FLASH_REFERENCED
     }
 
+    /// Change which items go to flash (`extstore item_size` / `extstore low_ttl`).
+    pub fn set_flash_admission(&self, item_min: Option<usize>, low_ttl: Option<u32>) {
+        if let Some(f) = self.flash.as_ref() {
+            f.set_admission(item_min, low_ttl);
+        }
+    }
+
     /// The flash tier's counters, when there is one.
     pub fn flash_stats(&self) -> Option<FlashStats> {
         self.flash.as_ref().map(|f| f.stats())
