@@ -16,7 +16,13 @@ Debian's memcached with extstore:
    tier, after writing 2.5 times the tier (memfabricd's flash_device_bytes_written /
    flash_admitted_bytes).
 3. Restart: items on flash before a clean shutdown (SIGTERM) and before `kill -9`, items
-   served after each restart, and the time from start to listening (recovery runs first).
+   served after each restart, the time from start to the first answer, and the
+   server's own `flash_recovery_ms`.
+4. Latency (memfabricd), one connection pacing 2,000 requests/s for 5 s: GETs of flash
+   items, GETs of RAM items (beside the same in the RAM-only run), and SETs while another
+   connection floods SETs that keep the flash writer saturated (beside the same flood on
+   the RAM-only run). p50/p99 in microseconds, measured by this client (Python: add its
+   ~20 us).
 
 Prints a table and writes JSON with --json FILE. Takes a few minutes at the defaults.
 """
@@ -58,9 +64,13 @@ class Server:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"server did not start: {' '.join(argv)}")
                 time.sleep(0.01)
-        self.listen_after = time.monotonic() - self.started
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.f = self.sock.makefile("rb")
+        # Listening is not serving: the listeners are bound before the store (and its
+        # flash recovery) is ready; the first answer is.
+        self.sock.sendall(b"version\r\n")
+        self.f.readline()
+        self.serving_after = time.monotonic() - self.started
 
     def rss(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -108,7 +118,7 @@ class Server:
 
     def settle(self) -> None:
         if "pages_buffered" not in self.stats("extstore"):
-            time.sleep(2)
+            time.sleep(2)  # memcached: its storage thread works in the background
             return
         while int(self.stats("extstore").get("pages_buffered", "0")) > 1:
             time.sleep(0.05)
@@ -140,6 +150,60 @@ def memcached(port: int, ram_mb: int, flash: str | None) -> Server:
     if flash:
         argv += ["-o", f"ext_path={flash}"]
     return Server(argv, port)
+
+
+def paced(s: Server, requests: list[bytes], rate: int = 2000) -> tuple[float, float]:
+    """Send one request at a time at `rate`/s; p50 and p99 of the reply time (us)."""
+    lat = []
+    gap = 1.0 / rate
+    nxt = time.perf_counter()
+    for req in requests:
+        while time.perf_counter() < nxt:
+            pass
+        nxt += gap
+        t = time.perf_counter()
+        s.sock.sendall(req)
+        line = s.f.readline()
+        if line.startswith(b"VALUE"):
+            n = int(line.split()[3])
+            s.f.read(n + 2)
+            line = s.f.readline()
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e6, lat[len(lat) * 99 // 100] * 1e6
+
+
+def flood(port: int, first: int, seconds: float, vlen: int) -> subprocess.Popen:
+    """Another process sending noreply SETs of new keys as fast as it can."""
+    code = (
+        "import socket,time,sys\n"
+        f"s=socket.create_connection(('127.0.0.1',{port}))\n"
+        f"i={first}; end=time.time()+{seconds}; v=b'f'*{vlen}\n"
+        "while time.time()<end:\n"
+        "    b=bytearray()\n"
+        "    for _ in range(64):\n"
+        "        b+=b'set f%09d 0 0 %d noreply\\r\\n'%(i,len(v))+v+b'\\r\\n'; i+=1\n"
+        "    s.sendall(b)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def latencies(s: Server, fill: int, vlen: int, flash_keys: range | None) -> dict:
+    r = {}
+    n = 10_000
+    ram = [b"get k%09d\r\n" % (fill - 1 - (i % 20_000)) for i in range(n)]
+    r["ram_get_p50"], r["ram_get_p99"] = paced(s, ram)
+    if flash_keys is not None:
+        keys = list(flash_keys)
+        reqs = [b"get k%09d\r\n" % keys[(i * 7919) % len(keys)] for i in range(n)]
+        r["flash_get_p50"], r["flash_get_p99"] = paced(s, reqs)
+    v = value(0, vlen)
+    sets = [b"set s%09d 0 0 %d\r\n" % (i, len(v)) + v + b"\r\n" for i in range(n)]
+    fl = flood(s.port, 0, 8, vlen)
+    time.sleep(1)
+    r["set_p50_flooded"], r["set_p99_flooded"] = paced(s, sets)
+    fl.wait()
+    return {k: round(x, 1) for k, x in r.items()}
 
 
 def memcached_header_bytes(s: Server, vlen: int) -> int:
@@ -174,6 +238,7 @@ def main() -> None:
             s = start(free_port(), a.ram_mb, None)
             s.fill(0, fill, a.valsize)
             ram_rss = s.rss()
+            ram_lat = latencies(s, fill, a.valsize, None) if name == "memfabricd" else {}
             s.stop()
             path = os.path.join(work, name)
             s = start(free_port(), a.ram_mb, f"{path}:{a.flash_gb}g")
@@ -186,9 +251,13 @@ def main() -> None:
             if name == "memfabricd":
                 r["dram_per_flash_item"] = (r["flash_rss"] - ram_rss) / max(on_flash, 1)
                 r["index_bytes_per_flash_item"] = 8
-            else:
-                hdr = memcached_header_bytes(s, a.valsize)
-                r["dram_per_flash_item"] = (hdr + 8 * on_flash) / max(on_flash, 1)
+                # Keys stored first went to flash (RAM keeps the newest).
+                lat = latencies(s, fill, a.valsize, range(fill // 10, fill // 10 + 200_000))
+                r.update(lat)
+                r.update({f"ramonly_{k}": v for k, v in ram_lat.items()})
+                st = s.stats()
+                r["flash_reads_during_latency"] = int(st["extstore_objects_read"])
+
             # 2. Write amplification: write on to 2.5x the tier.
             more = int(flash_bytes * 25 // 10 // a.valsize) - fill
             s.fill(fill, max(more, 0), a.valsize)
@@ -198,7 +267,14 @@ def main() -> None:
                 r["write_amplification"] = (int(st["flash_device_bytes_written"])
                                             / max(int(st["flash_admitted_bytes"]), 1))
             else:
+                # extstore moves items to flash in the background: measured once it has
+                # taken in the second fill.
+                time.sleep(5)
+                st = s.stats()
+                r["flash_items"] = int(st["extstore_objects_used"])
                 r["extstore_bytes_written"] = int(st["extstore_bytes_written"])
+                hdr = memcached_header_bytes(s, a.valsize)
+                r["dram_per_flash_item"] = (hdr + 8 * r["flash_items"]) / max(r["flash_items"], 1)
             # 3. Restarts: clean, then kill -9.
             total = fill + max(more, 0)
             for how, sig in (("clean", signal.SIGTERM), ("kill9", signal.SIGKILL)):
@@ -206,7 +282,8 @@ def main() -> None:
                 s.stop(sig)
                 s = start(free_port(), a.ram_mb, f"{path}:{a.flash_gb}g")
                 r[f"{how}_on_flash_before"] = before
-                r[f"{how}_listen_s"] = round(s.listen_after, 2)
+                r[f"{how}_serving_s"] = round(s.serving_after, 2)
+                r[f"{how}_recovery_ms"] = int(s.stats().get("flash_recovery_ms", -1))
                 r[f"{how}_served_after"] = s.served(total, a.valsize)
                 s.settle()
             s.stop()
@@ -218,20 +295,33 @@ def main() -> None:
     print()
     print(f"-m {a.ram_mb}, flash {a.flash_gb} GiB, {a.valsize}-byte values, {fill} items "
           f"stored (1.2x RAM + flash), then up to 2.5x the tier")
-    print(f"{'':28}{'memfabricd':>14}{'memcached':>14}")
+    print(f"{'':34}{'memfabricd':>14}{'memcached':>14}")
     rows = [("items on flash", "flash_items", "{:.0f}"),
             ("DRAM bytes per flash item", "dram_per_flash_item", "{:.1f}"),
             ("write amplification", "write_amplification", "{:.3f}"),
             ("clean: on flash before", "clean_on_flash_before", "{:.0f}"),
             ("clean: served after", "clean_served_after", "{:.0f}"),
-            ("clean: listening after (s)", "clean_listen_s", "{:.2f}"),
+            ("clean: serving after (s)", "clean_serving_s", "{:.2f}"),
+            ("clean: recovery (ms)", "clean_recovery_ms", "{:.0f}"),
             ("kill -9: on flash before", "kill9_on_flash_before", "{:.0f}"),
             ("kill -9: served after", "kill9_served_after", "{:.0f}"),
-            ("kill -9: listening after (s)", "kill9_listen_s", "{:.2f}")]
+            ("kill -9: serving after (s)", "kill9_serving_s", "{:.2f}"),
+            ("kill -9: recovery (ms)", "kill9_recovery_ms", "{:.0f}"),
+            ("flash-hit GET p50/p99 (us)", "flash_get", None),
+            ("RAM-hit GET p50/p99 (us)", "ram_get", None),
+            ("  same, RAM-only run", "ramonly_ram_get", None),
+            ("SET p50/p99, writer flooded (us)", "set", None),
+            ("  same, RAM-only run", "ramonly_set", None)]
     for label, key, fmt in rows:
-        cells = [fmt.format(res[n][key]) if key in res.get(n, {}) else "-"
-                 for n in ("memfabricd", "memcached")]
-        print(f"{label:28}{cells[0]:>14}{cells[1]:>14}")
+        if fmt is None:
+            suffix = "_flooded" if key.endswith("set") else ""
+            cells = [f"{res[n][key + '_p50' + suffix]:.0f}/{res[n][key + '_p99' + suffix]:.0f}"
+                     if key + "_p99" + suffix in res.get(n, {}) else "-"
+                     for n in ("memfabricd", "memcached")]
+        else:
+            cells = [fmt.format(res[n][key]) if key in res.get(n, {}) else "-"
+                     for n in ("memfabricd", "memcached")]
+        print(f"{label:34}{cells[0]:>14}{cells[1]:>14}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -1,8 +1,10 @@
 //! The flash tier's read threads (`ext_threads`): a retrieval that finds its key only on
 //! flash answers "pending", one of these threads reads and verifies the record, and the
 //! worker that waits is told (`Inbox::post_with`) with the item read. A worker never
-//! blocks on flash unless the queue is full (then the read is done in place: bounded
-//! work rather than unbounded memory).
+//! blocks on flash unless the queue is full or the values read and not yet answered
+//! reach their budget (`HELD_MAX`): then the read is done in place, bounded work rather
+//! than unbounded memory — a client that pipelines GETs of large flash items and does not
+//! read its replies holds at most its output cap, not its reads' values.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,7 @@ use std::thread::JoinHandle;
 
 use memfabric_store::{FlashCandidates, FlashReader};
 
-use crate::pending::{Completion, Inbox, Target};
+use crate::pending::{Completion, HeldBytes, Inbox, Target};
 
 /// One read to do and whom to tell.
 pub struct ReadJob {
@@ -19,6 +21,8 @@ pub struct ReadJob {
     pub inbox: Arc<Inbox>,
     pub target: Target,
     pub ticket: u64,
+    /// Its reservation of `FlashReads::held` (the most the read can return).
+    pub hold: HeldBytes,
 }
 
 pub struct FlashReads {
@@ -26,10 +30,15 @@ pub struct FlashReads {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Reads queued or in progress (`extstore_io_queue`).
     pub queued: Arc<AtomicU64>,
+    /// Bytes reserved by reads queued, in progress, or done and not yet answered.
+    pub held: Arc<AtomicU64>,
 }
 
 /// Reads queued at most (beyond this a worker reads in place).
 const QUEUE: usize = 4096;
+/// Bytes of values read from flash and not yet answered, at most (beyond this a worker
+/// reads in place).
+pub const HELD_MAX: u64 = 32 << 20;
 
 impl FlashReads {
     pub fn start(reader: FlashReader, threads: usize) -> std::io::Result<FlashReads> {
@@ -51,8 +60,8 @@ impl FlashReads {
                         };
                         let hit = reader.read(&job.key, &job.cands);
                         queued.fetch_sub(1, Ordering::Relaxed);
-                        job.inbox
-                            .post_with(job.target, job.ticket, Some(Completion::Flash(hit)));
+                        let done = Completion::Flash(hit, job.hold);
+                        job.inbox.post_with(job.target, job.ticket, Some(done));
                     })?,
             );
         }
@@ -60,7 +69,13 @@ impl FlashReads {
             tx: Mutex::new(Some(tx)),
             threads: Mutex::new(handles),
             queued,
+            held: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Reserve `bytes` for a read's result; `None` when the budget is spent.
+    pub fn reserve(&self, bytes: u64) -> Option<HeldBytes> {
+        HeldBytes::reserve(&self.held, bytes, HELD_MAX)
     }
 
     /// Queue a read. False when the queue is full (or the pool stopped): the caller

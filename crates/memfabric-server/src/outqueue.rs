@@ -19,8 +19,9 @@ enum Segment {
     Bytes(Vec<u8>),
     Pinned(PinnedItem),
     /// The place of a reply that is not ready (a command that answered "pending"):
-    /// nothing after it is written until `fill` puts the reply here.
-    Hole(u64),
+    /// nothing after it is written until `fill` puts the reply here. With the bytes the
+    /// reply may take (counted in `reserved` until it is filled).
+    Hole(u64, usize),
 }
 
 impl Segment {
@@ -28,7 +29,7 @@ impl Segment {
         match self {
             Segment::Bytes(b) => b.len(),
             Segment::Pinned(p) => p.value_len(),
-            Segment::Hole(_) => 0,
+            Segment::Hole(..) => 0,
         }
     }
 }
@@ -48,6 +49,8 @@ pub struct OutQueue {
     queued: usize,
     /// Holes not filled yet.
     holes: usize,
+    /// Bytes the replies owed at the holes may take.
+    reserved: usize,
 }
 
 /// A position in the queue to roll back to (see [`OutQueue::truncate`]).
@@ -96,10 +99,17 @@ impl OutQueue {
 
     /// Keep the place of a reply that is not ready: replies appended after it wait until
     /// [`OutQueue::fill`] puts that reply here.
-    pub fn push_hole(&mut self, ticket: u64) {
+    pub fn push_hole(&mut self, ticket: u64, reserve: usize) {
         self.seal_tail();
         self.holes += 1;
-        self.segments.push_back(Segment::Hole(ticket));
+        self.reserved += reserve;
+        self.segments.push_back(Segment::Hole(ticket, reserve));
+    }
+
+    /// Bytes the replies still owed may take (what their commands said when they
+    /// answered "pending"): output the connection has committed to but not queued yet.
+    pub fn reserved(&self) -> usize {
+        self.reserved
     }
 
     /// Holes not filled yet (replies the connection still owes before later ones).
@@ -118,10 +128,13 @@ impl OutQueue {
         let Some(at) = self
             .segments
             .iter()
-            .position(|s| matches!(s, Segment::Hole(t) if *t == ticket))
+            .position(|s| matches!(s, Segment::Hole(t, _) if *t == ticket))
         else {
             return false;
         };
+        if let Some(Segment::Hole(_, r)) = self.segments.get(at) {
+            self.reserved -= *r;
+        }
         with.seal_tail();
         debug_assert_eq!(with.sent, 0);
         self.holes -= 1;
@@ -181,7 +194,10 @@ impl OutQueue {
                     self.pinned -= p.value_len();
                     self.pinned_values -= 1;
                 }
-                Some(Segment::Hole(_)) => self.holes -= 1,
+                Some(Segment::Hole(_, r)) => {
+                    self.holes -= 1;
+                    self.reserved -= r;
+                }
                 Some(Segment::Bytes(b)) => {
                     self.queued -= b.len();
                     if self.segments.len() == mark.segments {
@@ -201,7 +217,7 @@ impl OutQueue {
     /// reply still owed).
     pub fn has_writable(&self) -> bool {
         match self.segments.front() {
-            Some(Segment::Hole(_)) => false,
+            Some(Segment::Hole(..)) => false,
             Some(_) => true,
             None => !self.tail.is_empty(),
         }
@@ -221,7 +237,7 @@ impl OutQueue {
                 let mut blocked = false;
                 'fill: for seg in &self.segments {
                     match seg {
-                        Segment::Hole(_) => {
+                        Segment::Hole(..) => {
                             blocked = true;
                             break;
                         }
@@ -287,7 +303,7 @@ impl OutQueue {
             let Some(front) = self
                 .segments
                 .front()
-                .filter(|s| !matches!(s, Segment::Hole(_)))
+                .filter(|s| !matches!(s, Segment::Hole(..)))
             else {
                 // Only the tail is left.
                 self.sent += n;
@@ -344,7 +360,7 @@ impl OutQueue {
                     v.extend_from_slice(&value[skip..]);
                 }
                 // Logs and tests see what is written so far.
-                Segment::Hole(_) => return v,
+                Segment::Hole(..) => return v,
             }
             skip = 0;
         }
@@ -559,7 +575,7 @@ mod tests {
     fn only_bytes_before_an_owed_reply_are_writable() {
         let mut q = OutQueue::new();
         assert!(!q.has_writable());
-        q.push_hole(7);
+        q.push_hole(7, 0);
         q.bytes().extend_from_slice(b"after");
         assert!(!q.has_writable(), "everything waits for reply 7");
         let mut reply = OutQueue::new();

@@ -26,7 +26,36 @@ pub enum Target {
 #[derive(Debug)]
 pub enum Completion {
     /// A flash read: the item read, or `None` for a miss.
-    Flash(Option<memfabric_store::FlashHit>),
+    Flash(Option<memfabric_store::FlashHit>, HeldBytes),
+}
+
+/// Bytes reserved against a process-wide budget while a result waits to be used: given
+/// back when it is dropped, wherever that happens (resumed, or its connection gone).
+#[derive(Debug)]
+pub struct HeldBytes {
+    bytes: u64,
+    counter: Arc<AtomicU64>,
+}
+
+impl HeldBytes {
+    /// Reserve `bytes` of `counter` if that stays within `cap`.
+    pub fn reserve(counter: &Arc<AtomicU64>, bytes: u64, cap: u64) -> Option<HeldBytes> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= cap).then_some(held + bytes)
+            })
+            .ok()?;
+        Some(HeldBytes {
+            bytes,
+            counter: Arc::clone(counter),
+        })
+    }
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// A pending command that became ready: whose, which, and what it waited for (`None`
@@ -75,9 +104,10 @@ impl Inbox {
     }
 }
 
-/// Identifies one pending command within its worker.
+/// Identifies one pending command within its worker, with the bytes its reply may take
+/// (so that a connection's output bound counts replies still owed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket(pub u64);
+pub struct Ticket(pub u64, pub usize);
 
 /// Keys held until released.
 pub struct Holds {

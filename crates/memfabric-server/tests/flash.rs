@@ -423,3 +423,71 @@ fn a_full_file_system_costs_flash_writes_never_the_server() {
     assert_eq!(c.line(), "STORED");
     assert_eq!(c.values(), vec![("after".into(), b"ok".to_vec())]);
 }
+
+/// Wait until the server's RSS stops changing (two samples 300 ms apart within 1 MB).
+fn steady_rss(s: &Server) -> u64 {
+    let start = Instant::now();
+    let mut last = s.rss();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = s.rss();
+        if now.abs_diff(last) < 1 << 20 || start.elapsed() > WAIT {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn clients_that_pipeline_gets_of_large_flash_items_and_never_read_cannot_grow_the_server() {
+    let _serial = serial();
+    let dir = TempDir::new("hostile");
+    let port = free_port();
+    let s = flash_server(port, &dir.0.join("f"), &[]);
+    let mut c = Conn::new(port);
+    // 200 KB values: RAM (8 MB) holds a few dozen; the rest go to flash.
+    let big = |i: usize| {
+        let mut v = format!("big-{i}:").into_bytes();
+        v.resize(200 << 10, b'b');
+        v
+    };
+    for i in 0..300 {
+        let v = big(i);
+        let mut req = format!("set big{i} 0 0 {}\r\n", v.len()).into_bytes();
+        req.extend_from_slice(&v);
+        req.extend_from_slice(b"\r\n");
+        c.send(&req);
+        assert_eq!(c.line(), "STORED");
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let base = steady_rss(&s);
+    // 40 clients each ask for 200 flash items (40 MB of values) in one write and never
+    // read a byte of the replies.
+    let mut hostile = Vec::new();
+    for h in 0..40 {
+        let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut req = Vec::new();
+        for j in 0..200 {
+            req.extend_from_slice(format!("get big{}\r\n", (h * 7 + j) % 200).as_bytes());
+        }
+        t.write_all(&req).unwrap();
+        hostile.push(t);
+    }
+    let grown = steady_rss(&s).saturating_sub(base);
+    // Each connection stops running requests once its copied output, counting the
+    // replies it still owes, reaches 256 KB (one 200 KB value may cross it); values
+    // read from flash wait within one 32 MB budget. Without those bounds each
+    // connection's 64 pending reads would hold 12.8 MB: 512 MB in all.
+    assert!(
+        grown < 40 * (1 << 20) + (48 << 20),
+        "grew {} MB",
+        grown >> 20
+    );
+    // The server still serves others, from RAM and from flash.
+    c.send(b"get big299 big0\r\n");
+    let got = c.values();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].1, big(299));
+    assert_eq!(got[1].1, big(0));
+    drop(hostile);
+}

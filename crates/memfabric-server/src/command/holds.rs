@@ -20,5 +20,5 @@ pub fn hold(ctx: &ExecCtx<'_>, key: &[u8]) -> Option<Ticket> {
     }
     let ticket = crate::pending::next_ticket();
     holds.park(Arc::clone(waiter.inbox), waiter.target, ticket);
-    Some(Ticket(ticket))
+    Some(Ticket(ticket, 0))
 }

@@ -148,15 +148,18 @@ fn flash_lookup(
         Lookup::Hit(hit.info, Value::Copied)
     };
     match ctx.completion {
-        Some(crate::pending::Completion::Flash(Some(hit))) if store.flash_hit_current(hit) => {
+        Some(crate::pending::Completion::Flash(Some(hit), _)) if store.flash_hit_current(hit) => {
             return serve(hit, out);
         }
         // The read found nothing there.
-        Some(crate::pending::Completion::Flash(None)) => return Lookup::Miss,
+        Some(crate::pending::Completion::Flash(None, _)) => return Lookup::Miss,
         // Replaced or moved since it was read: read it again, here.
         Some(_) => {}
         None => {
-            if let (Some(w), Some(pool)) = (ctx.waiter, ctx.shared.flash_reads.as_ref()) {
+            let pool = ctx.shared.flash_reads.as_ref();
+            let waits = ctx.waiter.zip(pool);
+            let hold = waits.and_then(|(_, p)| p.reserve(store.flash_read_bytes(&cands) as u64));
+            if let (Some((w, pool)), Some(hold)) = (waits, hold) {
                 let ticket = crate::pending::next_ticket();
                 let job = crate::flash_reads::ReadJob {
                     key: key.to_vec(),
@@ -164,9 +167,11 @@ fn flash_lookup(
                     inbox: std::sync::Arc::clone(w.inbox),
                     target: w.target,
                     ticket,
+                    hold,
                 };
                 if pool.submit(job) {
-                    return Lookup::Pending(holds::Ticket(ticket));
+                    let bytes = store.flash_read_bytes(&cands);
+                    return Lookup::Pending(holds::Ticket(ticket, bytes));
                 }
             }
         }

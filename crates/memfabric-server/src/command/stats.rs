@@ -525,6 +525,7 @@ fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats
     v.put("flash_read_errors", f.read_errors);
     v.put("flash_index_drops", f.index_drops);
     v.put("flash_recovered", f.recovered);
+    v.put("flash_recovery_ms", f.recovery_us / 1000);
     v.put("flash_snapshots", f.snapshots);
     v.put("flash_invalidations_lost", f.invalidations_lost);
 }

@@ -256,8 +256,10 @@ pub const MAX_COPIED_OUTPUT: usize = 256 << 10;
 /// the keys of a multiget, so that a client that does not read its replies cannot make
 /// the server buffer without bound (docs/connections.md).
 pub fn output_full(shared: &Shared, out: &OutQueue) -> bool {
-    out.len() >= shared.settings.max_pending_output
-        || out.len() - out.pinned_bytes() >= MAX_COPIED_OUTPUT
+    // Replies still owed count with the bytes they may take (a flash read's value will
+    // be a copy).
+    out.len() + out.reserved() >= shared.settings.max_pending_output
+        || out.len() + out.reserved() - out.pinned_bytes() >= MAX_COPIED_OUTPUT
 }
 
 /// Run every complete request in `input`, appending replies to `out`.
@@ -427,7 +429,7 @@ pub fn fetch_with(
 
 /// Keep the place of a reply that is not ready, and what completes it.
 pub fn park(sess: &mut Session, ticket: Ticket, resume: Resume, out: &mut OutQueue) {
-    out.push_hole(ticket.0);
+    out.push_hole(ticket.0, ticket.1);
     sess.parked.push((ticket, resume));
 }
 

@@ -104,6 +104,8 @@ pub struct FlashCounters {
     /// Flash items whose index slot a new RAM item took (both buckets of its key full):
     /// the index is too small for RAM and flash together (`-o hashpower`).
     pub index_drops: AtomicU64,
+    /// How long the start-up scan and re-indexing took (microseconds).
+    pub recovery_us: AtomicU64,
 }
 
 /// A snapshot for `stats`.
@@ -140,6 +142,7 @@ pub struct FlashStats {
     pub snapshots: u64,
     pub recovered: u64,
     pub index_drops: u64,
+    pub recovery_us: u64,
     pub direct_io: bool,
     pub item_min: u64,
     pub write_budget: u64,
@@ -718,18 +721,31 @@ impl Flash {
         self.lock().ready.push_back(page);
     }
 
-    /// Read a whole page for reclaim.
-    pub(crate) fn read_page(&self, page: u32) -> Option<(Vec<u8>, usize)> {
+    /// A page's header and summary as on flash, if both are whole (for reclaim and a
+    /// restart: the records themselves are read only where needed).
+    pub(crate) fn page_summary(&self, page: u32) -> Option<(PageHeader, Vec<u8>)> {
         let (f, off) = self.file_of(page)?;
-        let (mut buf, start) = aligned(self.page_size);
-        match read_full(&f.file, &mut buf[start..start + self.page_size], off) {
-            Ok(()) => Some((buf, start)),
-            Err(e) => {
-                self.c.read_errors.fetch_add(1, Ordering::Relaxed);
-                self.log_error(format_args!("flash read of page {page}: {e}"));
-                None
-            }
+        let (mut hb, hs) = aligned(4096);
+        if let Err(e) = read_full(&f.file, &mut hb[hs..hs + 4096], off) {
+            self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+            self.log_error(format_args!("flash read of page {page}: {e}"));
+            return None;
         }
+        let ph = format::parse_page_header(&hb[hs..hs + 4096], self.page_size)
+            .filter(|h| h.page == page)?;
+        let ps = self.page_size as u64;
+        let (lo, hi) = (ph.used as u64, ph.used as u64 + ph.summary_len as u64);
+        let (alo, ahi) = (lo & !4095, hi.next_multiple_of(4096).min(ps));
+        let n = (ahi - alo) as usize;
+        let (mut sb, ss) = aligned(n);
+        if let Err(e) = read_full(&f.file, &mut sb[ss..ss + n], off + alo) {
+            self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+            self.log_error(format_args!("flash read of page {page}: {e}"));
+            return None;
+        }
+        let s0 = ss + (lo - alo) as usize;
+        let summary = sb[s0..s0 + ph.summary_len as usize].to_vec();
+        (crc32c::crc32c(&summary) == ph.summary_crc).then_some((ph, summary))
     }
 
     /// Stop: seal what is being filled so the writer writes it, and let the writer end.
@@ -783,6 +799,7 @@ impl Flash {
             snapshots: l(&c.snapshots),
             recovered: l(&c.recovered),
             index_drops: l(&c.index_drops),
+            recovery_us: l(&c.recovery_us),
             direct_io: self.direct_io(),
             item_min: self.item_min.load(Ordering::Relaxed) as u64,
             write_budget: self.cfg.write_budget,
@@ -837,34 +854,12 @@ impl Flash {
             return scan;
         }
         let ps = self.page_size as u64;
-        let mut found: Vec<(u64, u32, Vec<u8>)> = Vec::new();
-        for page in 0..self.pages {
-            let Some((f, off)) = self.file_of(page) else {
-                continue;
-            };
-            let (mut hb, hs) = aligned(4096);
-            if read_full(&f.file, &mut hb[hs..hs + 4096], off).is_err() {
-                continue;
-            }
-            let Some(ph) = format::parse_page_header(&hb[hs..hs + 4096], self.page_size)
-                .filter(|h| h.page == page)
-            else {
-                continue;
-            };
-            let (lo, hi) = (ph.used as u64, ph.used as u64 + ph.summary_len as u64);
-            let (alo, ahi) = (lo & !4095, hi.next_multiple_of(4096).min(ps));
-            let n = (ahi - alo) as usize;
-            let (mut sb, ss) = aligned(n);
-            if read_full(&f.file, &mut sb[ss..ss + n], off + alo).is_err() {
-                continue;
-            }
-            let s0 = ss + (lo - alo) as usize;
-            let summary = sb[s0..s0 + ph.summary_len as usize].to_vec();
-            if crc32c::crc32c(&summary) != ph.summary_crc {
-                continue;
-            }
-            found.push((ph.seq, page, summary));
-        }
+        let mut found: Vec<(u64, u32, Vec<u8>)> = (0..self.pages)
+            .filter_map(|page| {
+                self.page_summary(page)
+                    .map(|(ph, summary)| (ph.seq, page, summary))
+            })
+            .collect();
         found.sort_by_key(|f| f.0);
         let mut by_key: std::collections::HashMap<Vec<u8>, Recovered> = Default::default();
         let mut by_loc: std::collections::HashMap<u64, Vec<u8>> = Default::default();

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::flash::format::{self, RecordHeader};
-use crate::flash::{Fetch, FlashStats, Job};
+use crate::flash::{Fetch, Flash, FlashStats, Job};
 use crate::index::{self, FlashSlot, KeyHash, FLASH_REFERENCED};
 use crate::item::{self, Header, HDR};
 use crate::KEY_MAX_LEN;
@@ -97,6 +97,17 @@ impl Store {
     /// A handle that reads from flash and may outlive a borrow of the store (I/O threads).
     pub fn flash_reader(&self) -> FlashReader {
         FlashReader(Arc::clone(&self.inner))
+    }
+
+    /// The most a read through `cands` can return (the largest candidate's chunk size).
+    pub fn flash_read_bytes(&self, cands: &FlashCandidates) -> usize {
+        cands
+            .iter()
+            .filter_map(|(_, _, raw)| FlashSlot::decode(raw))
+            .filter_map(|s| self.slabs.classes.get(s.class as usize))
+            .map(|c| c.size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Does `hit` still stand: is its slot still the key's flash slot it was read
@@ -241,6 +252,7 @@ impl Inner {
         let Some(fl) = self.flash.as_ref() else {
             return;
         };
+        let started = std::time::Instant::now();
         let scan = fl.scan(self.clock.now());
         if let Some(t) = scan.flush_time {
             self.index.flush_time().store(t, Ordering::SeqCst);
@@ -282,6 +294,8 @@ impl Inner {
         }
         // New CAS values stay above every recovered one (flush_all compares them).
         self.next_cas.fetch_max(max_cas, Ordering::SeqCst);
+        fl.c.recovery_us
+            .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 
     /// An item being evicted from RAM (bucket locks held): write it to flash if the
@@ -335,14 +349,18 @@ impl Inner {
                     let (bytes, page) = Job::page_bytes(&p, ps);
                     if !ok {
                         // Nothing may point at a page that is not on flash.
-                        self.release_page(page, bytes, false);
+                        if let Some(ph) = format::parse_page_header(bytes, ps) {
+                            let (s0, s1) = (ph.used as usize, (ph.used + ph.summary_len) as usize);
+                            self.release_page(page, &bytes[s0..s1], None);
+                        }
                     }
                     drop(p);
                     fl.written(page, ok);
                 }
                 Job::Reclaim(page) => {
-                    if let Some((buf, start)) = fl.read_page(page) {
-                        self.release_page(page, &buf[start..start + ps], true);
+                    // Only the summary is read; a record only to re-admit it.
+                    if let Some((_, summary)) = fl.page_summary(page) {
+                        self.release_page(page, &summary, Some(fl));
                     }
                     // Nothing points into it now; a restart must not read it either.
                     fl.erase_header(page);
@@ -355,27 +373,20 @@ impl Inner {
         }
     }
 
-    /// Clear (or, for records read since they went to flash, re-admit) every slot that
-    /// points into `page`, whose bytes are `bytes`.
-    fn release_page(&self, page: u32, bytes: &[u8], reinsert: bool) {
+    /// Clear every slot that points into `page` (whose summary is `summary`), or, with
+    /// `reinsert_from` (the tier to read records from), re-admit records read since they
+    /// went to flash, up to the reinsertion budget.
+    fn release_page(&self, page: u32, summary: &[u8], reinsert_from: Option<&Flash>) {
         let Some(fl) = self.flash.as_ref() else {
             return;
         };
         let ps = fl.page_size;
-        let Some(ph) = format::parse_page_header(bytes, ps).filter(|p| p.page == page) else {
-            return;
-        };
-        let (s0, s1) = (ph.used as usize, ph.used as usize + ph.summary_len as usize);
-        let summary = &bytes[s0..s1];
-        if crc32c::crc32c(summary) != ph.summary_crc {
-            return;
-        }
         let budget = ps * fl.cfg.reinsert_percent as usize / 100;
         let mut reinserted = 0;
         let now = self.clock.now();
         for e in format::summary_entries(summary) {
             let off = e.off as usize;
-            if off < format::PAGE_HDR || off >= ps {
+            if e.kind != format::KIND_RECORD || off < format::PAGE_HDR || off >= ps {
                 continue;
             }
             let loc = page as u64 * ps as u64 + off as u64;
@@ -390,18 +401,25 @@ impl Inner {
                     if fs.loc != loc || fs.tag != kh.tag {
                         continue;
                     }
-                    let rec = format::parse_record(&bytes[off..]);
-                    let rlen = rec
-                        .as_ref()
-                        .map_or(0, |r| format::record_len(r.key.len(), r.value.len()));
+                    let size = self
+                        .slabs
+                        .classes
+                        .get(fs.class as usize)
+                        .map_or(0, |c| c.size);
+                    let mut rlen = size;
                     let mut new = 0;
-                    if let Some(r) = rec.filter(|_| reinsert && raw & FLASH_REFERENCED != 0) {
-                        let alive = r.h.exptime == 0 || r.h.exptime > now;
-                        if alive && reinserted + rlen <= budget {
-                            if let Some(nloc) = fl.append(&r.h, r.key, &[r.value]) {
-                                new = FlashSlot { loc: nloc, ..fs }.encode();
-                                reinserted += rlen;
-                                fl.c.reinserted.fetch_add(1, Ordering::Relaxed);
+                    let wanted = raw & FLASH_REFERENCED != 0
+                        && (e.exptime == 0 || e.exptime > now)
+                        && reinserted + size <= budget;
+                    if let (true, Some(src)) = (wanted, reinsert_from) {
+                        if let Fetch::Bytes(b) = src.read(loc, size) {
+                            if let Some(r) = format::parse_record(&b).filter(|r| r.key == e.key) {
+                                rlen = format::record_len(r.key.len(), r.value.len());
+                                if let Some(nloc) = fl.append(&r.h, r.key, &[r.value]) {
+                                    new = FlashSlot { loc: nloc, ..fs }.encode();
+                                    reinserted += rlen;
+                                    fl.c.reinserted.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                         }
                     }
