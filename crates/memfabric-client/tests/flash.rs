@@ -6,7 +6,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,23 +13,6 @@ use common::{Kind, Server};
 use memfabric_client::{Client, Config, GetMode, Reply};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("mfc-flash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn value(i: usize, len: usize) -> Vec<u8> {
     let mut v = format!("value-of-{i:06}:").into_bytes();
@@ -68,8 +50,11 @@ const SETS: [(usize, usize); 2] = [(20_000, 2_000), (400, 100_000)];
 
 #[test]
 fn igets_in_flight_are_served_from_flash_exactly_and_onesided_falls_back() {
-    let dir = TempDir::new("ucx");
-    let ext = format!("ext_path={}:128m", dir.0.join("f").display());
+    let dir = tempfile::Builder::new()
+        .prefix("mfc-flash-")
+        .tempdir()
+        .unwrap();
+    let ext = format!("ext_path={}:128m", dir.path().join("f").display());
     let s = Server::start(Kind::MemfabricdUcx, &["-m", "8", "-o", &ext]);
     let config = Config {
         get_mode: GetMode::TwoSided,

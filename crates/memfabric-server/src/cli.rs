@@ -798,6 +798,10 @@ fn apply_extstore(
                 .store
                 .flash
                 .get_or_insert_with(memfabric_store::FlashConfig::default);
+            if f.files.iter().any(|(p, _)| p.as_os_str() == path) {
+                // Twice the same file would be two tiers writing the same pages.
+                return Err(fatal(format!("ext_path {path} given twice")));
+            }
             f.files.push((path.into(), size));
         }
         "ext_item_size" => s.ext.item_size = num(name, val)?,

@@ -139,6 +139,7 @@ impl OutQueue {
         debug_assert_eq!(with.sent, 0);
         self.holes -= 1;
         self.holes += with.holes;
+        self.reserved += with.reserved;
         self.queued += with.queued;
         self.pinned += with.pinned;
         self.pinned_values += with.pinned_values;
@@ -332,6 +333,7 @@ impl OutQueue {
     fn reset(&mut self) {
         self.segments.clear();
         self.holes = 0;
+        self.reserved = 0;
         self.tail.clear();
         self.sent = 0;
         self.queued = 0;

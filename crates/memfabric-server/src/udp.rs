@@ -38,7 +38,7 @@ pub struct UdpPort {
 
 /// A datagram whose current request waits for a pending command.
 struct HeldDatagram {
-    ticket: u64,
+    /// Its pending commands are `sess.parked`.
     sess: Session,
     /// The current request's reply so far (with the pending command's hole).
     out: OutQueue,
@@ -123,7 +123,12 @@ impl UdpPort {
         ticket: u64,
         done: Option<crate::pending::Completion>,
     ) {
-        let Some(at) = self.held.iter().position(|h| h.ticket == ticket) else {
+        // Any of a datagram's pending keys may complete first (several read threads).
+        let Some(at) = self
+            .held
+            .iter()
+            .position(|h| h.sess.parked.iter().any(|(t, _)| t.0 == ticket))
+        else {
             return;
         };
         let mut h = self.held.swap_remove(at);
@@ -136,9 +141,8 @@ impl UdpPort {
             completion: done.as_ref(),
         };
         exec::resume(&ctx, &mut h.sess, ticket, &mut h.out);
-        if let Some((next, _)) = h.sess.parked.first() {
+        if !h.sess.parked.is_empty() {
             // Another key of the same request still waits.
-            h.ticket = next.0;
             self.held.push(h);
             return;
         }
@@ -186,10 +190,9 @@ impl UdpPort {
                     break p.close;
                 }
             };
-            if let Some((ticket, _)) = sess.parked.first() {
+            if !sess.parked.is_empty() {
                 // Its reply waits for a pending command; so do the requests after it.
                 self.held.push(HeldDatagram {
-                    ticket: ticket.0,
                     sess,
                     out: std::mem::take(&mut self.out),
                     request_id,

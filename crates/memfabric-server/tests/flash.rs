@@ -7,30 +7,33 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{free_port, memfabricd, Server, WAIT};
 
-struct TempDir(PathBuf);
+/// A fresh directory for a test's flash file, removed when dropped (after unmounting
+/// what a test mounted on it).
+struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("mfd-flash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        let prefix = format!("mfd-flash-{name}-");
+        TempDir(tempfile::Builder::new().prefix(&prefix).tempdir().unwrap())
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = Command::new("umount")
-            .arg(&self.0)
+            .arg(self.path())
             .stderr(std::process::Stdio::null())
             .status();
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -207,7 +210,7 @@ fn flash_hits_on_every_protocol_in_request_order() {
     let udp_port = free_port();
     let _s = flash_server(
         port,
-        &dir.0.join("f"),
+        &dir.path().join("f"),
         &["-U", &udp_port.to_string(), "-o", "ext_item_size=600"],
     );
     let mut c = Conn::new(port);
@@ -296,6 +299,29 @@ fn flash_hits_on_every_protocol_in_request_order() {
     let want = format!("VALUE {} 3 {VLEN}\r\n", key(on_flash[2]));
     assert!(got.starts_with(want.as_bytes()));
     assert_eq!(&got[want.len()..want.len() + VLEN], &value(on_flash[2])[..]);
+    // UDP, several flash keys in one request (their reads may finish in any order).
+    let keys: Vec<usize> = on_flash[10..20].to_vec();
+    let mut d = vec![0, 8, 0, 0, 0, 1, 0, 0];
+    let names: Vec<String> = keys.iter().map(|&i| key(i)).collect();
+    d.extend_from_slice(format!("get {}\r\n", names.join(" ")).as_bytes());
+    u.send_to(&d, ("127.0.0.1", udp_port)).unwrap();
+    let mut got = Vec::new();
+    loop {
+        let n = u.recv(&mut pkt).unwrap();
+        assert_eq!(&pkt[..2], &[0, 8], "reply to the second request");
+        got.extend_from_slice(&pkt[8..n]);
+        if got.ends_with(b"END\r\n") {
+            break;
+        }
+    }
+    let mut want = Vec::new();
+    for &i in &keys {
+        want.extend_from_slice(format!("VALUE {} 3 {VLEN}\r\n", key(i)).as_bytes());
+        want.extend_from_slice(&value(i));
+        want.extend_from_slice(b"\r\n");
+    }
+    want.extend_from_slice(b"END\r\n");
+    assert_eq!(got, want);
     // A modification of a flash item sees it (and takes it back to RAM).
     c.send(format!("append {} 0 0 4\r\n+abc\r\n", key(on_flash[3])).as_bytes());
     assert_eq!(c.line(), "STORED");
@@ -322,7 +348,7 @@ fn kill9(s: &mut Server) {
 fn kill_9_and_clean_restarts_serve_flash_items_again() {
     let _serial = serial();
     let dir = TempDir::new("restart");
-    let file = dir.0.join("f");
+    let file = dir.path().join("f");
     let port = free_port();
     let mut s = flash_server(port, &file, &[]);
     let mut c = Conn::new(port);
@@ -373,7 +399,7 @@ fn kill_9_and_clean_restarts_serve_flash_items_again() {
 fn a_truncated_flash_file_costs_hits_never_values() {
     let _serial = serial();
     let dir = TempDir::new("truncate");
-    let file = dir.0.join("f");
+    let file = dir.path().join("f");
     let port = free_port();
     let _s = flash_server(port, &file, &["--flash-io", "buffered"]);
     let mut c = Conn::new(port);
@@ -401,7 +427,7 @@ fn a_full_file_system_costs_flash_writes_never_the_server() {
     let dir = TempDir::new("enospc");
     let ok = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&dir.0)
+        .arg(dir.path())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
@@ -412,7 +438,7 @@ fn a_full_file_system_costs_flash_writes_never_the_server() {
     }
     let port = free_port();
     // A 64 MiB sparse file on a 3 MiB file system: writes fail with ENOSPC.
-    let _s = flash_server(port, &dir.0.join("f"), &["--flash-io", "buffered"]);
+    let _s = flash_server(port, &dir.path().join("f"), &["--flash-io", "buffered"]);
     let mut c = Conn::new(port);
     fill(&mut c, N);
     assert!(stat(&mut c, "flash_write_errors") > 0);
@@ -443,7 +469,7 @@ fn clients_that_pipeline_gets_of_large_flash_items_and_never_read_cannot_grow_th
     let _serial = serial();
     let dir = TempDir::new("hostile");
     let port = free_port();
-    let s = flash_server(port, &dir.0.join("f"), &[]);
+    let s = flash_server(port, &dir.path().join("f"), &[]);
     let mut c = Conn::new(port);
     // 200 KB values: RAM (8 MB) holds a few dozen; the rest go to flash.
     let big = |i: usize| {

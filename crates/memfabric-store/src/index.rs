@@ -162,6 +162,11 @@ impl Index {
             .store(remote::CTL_MAGIC, Ordering::Release);
     }
 
+    /// Number of buckets.
+    pub fn buckets(&self) -> usize {
+        self.mask + 1
+    }
+
     pub fn power(&self) -> u32 {
         self.power
     }

@@ -2,28 +2,19 @@
 //! their exact value; commands that modify a flash item see it; a damaged record reads as
 //! a miss; pages are reused oldest first. Values encode their key and version, so a wrong
 //! value cannot pass as a right one.
-use std::path::PathBuf;
+use tempfile::TempDir;
 
 use memfabric_store::{
     ArithOptions, ArithStatus, DeleteStatus, FlashConfig, GetOptions, SetMode, Store, StoreConfig,
     StoreStatus,
 };
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("mf-flash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory for a test's flash file, removed when dropped.
+fn temp_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("mf-flash-")
+        .tempdir()
+        .unwrap()
 }
 
 fn store(dir: &TempDir, ram_mb: usize, flash_mb: u64) -> Store {
@@ -36,7 +27,7 @@ fn store_min(dir: &TempDir, ram_mb: usize, flash_mb: u64, item_min: usize) -> St
         slab_automove: false,
         background_sweeper: false,
         flash: Some(FlashConfig {
-            files: vec![(dir.0.join("flash"), flash_mb << 20)],
+            files: vec![(dir.path().join("flash"), flash_mb << 20)],
             write_buffers: 64,
             item_min,
             ..FlashConfig::default()
@@ -97,7 +88,7 @@ fn key(i: usize) -> String {
 
 #[test]
 fn evicted_items_are_served_from_flash_exactly() {
-    let dir = TempDir::new("evict");
+    let dir = temp_dir();
     let s = store(&dir, 4, 64);
     let n = 12_000; // 2 KB values: ~24 MB, six times RAM, within flash
     for i in 0..n {
@@ -129,7 +120,7 @@ fn evicted_items_are_served_from_flash_exactly() {
 
 #[test]
 fn commands_see_flash_items_and_replace_them_for_good() {
-    let dir = TempDir::new("cmds");
+    let dir = temp_dir();
     let s = store_min(&dir, 4, 32, 32);
     set(&s, "old", &value("old", 1, 1500));
     set(&s, "gone", &value("gone", 1, 1500));
@@ -183,7 +174,7 @@ fn commands_see_flash_items_and_replace_them_for_good() {
 
 #[test]
 fn damaged_records_read_as_misses_never_as_values() {
-    let dir = TempDir::new("damage");
+    let dir = temp_dir();
     let s = store(&dir, 4, 32);
     let n = 6_000;
     for i in 0..n {
@@ -191,7 +182,7 @@ fn damaged_records_read_as_misses_never_as_values() {
     }
     settle(&s);
     // Flip bytes all over the written part of the file.
-    let path = dir.0.join("flash");
+    let path = dir.path().join("flash");
     let mut bytes = std::fs::read(&path).unwrap();
     let mut i = 4096;
     while i < bytes.len() {
@@ -213,7 +204,7 @@ fn damaged_records_read_as_misses_never_as_values() {
 
 #[test]
 fn pages_are_reused_oldest_first_and_old_slots_die_with_them() {
-    let dir = TempDir::new("reuse");
+    let dir = temp_dir();
     // 8 flash pages: writing 5x that cycles through them several times.
     let s = store(&dir, 4, 8);
     let n = 30_000;
@@ -246,7 +237,7 @@ fn reopen(dir: &TempDir, recover: bool) -> Store {
         slab_automove: false,
         background_sweeper: false,
         flash: Some(FlashConfig {
-            files: vec![(dir.0.join("flash"), 32 << 20)],
+            files: vec![(dir.path().join("flash"), 32 << 20)],
             write_buffers: 64,
             recover,
             ..FlashConfig::default()
@@ -258,7 +249,7 @@ fn reopen(dir: &TempDir, recover: bool) -> Store {
 
 #[test]
 fn a_clean_restart_serves_what_was_on_flash_and_nothing_that_was_replaced() {
-    let dir = TempDir::new("restart");
+    let dir = temp_dir();
     let n = 8_000;
     let mut on_flash = Vec::new();
     {
@@ -317,7 +308,7 @@ fn a_clean_restart_serves_what_was_on_flash_and_nothing_that_was_replaced() {
 
 #[test]
 fn recovery_off_starts_empty_and_old_pages_never_come_back() {
-    let dir = TempDir::new("norecover");
+    let dir = temp_dir();
     {
         let s = reopen(&dir, true);
         for i in 0..8_000 {
@@ -328,4 +319,32 @@ fn recovery_off_starts_empty_and_old_pages_never_come_back() {
     let s = reopen(&dir, true);
     assert_eq!(s.flash_stats().unwrap().recovered, 0);
     assert!((0..8_000).all(|i| get(&s, &key(i)).is_none()));
+}
+
+#[test]
+fn a_delayed_flush_that_has_passed_kills_items_that_went_to_flash_after_it() {
+    let dir = temp_dir();
+    let now = {
+        let s = reopen(&dir, true);
+        let now = s.clock().now();
+        set(&s, "early", &value("early", 1, 1500));
+        // Dies at now + 2; "early" goes to flash only afterwards.
+        s.flush_all(Some(now + 2));
+        for i in 0..6_000 {
+            set(&s, &key(i), &value(&key(i), 1, 1500));
+        }
+        settle(&s);
+        assert!(!s.flash_candidates(b"early").is_empty(), "not on flash");
+        now
+    };
+    while std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        < now as u64 + 3
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let s = reopen(&dir, true);
+    assert_eq!(get(&s, "early"), None, "flushed item came back");
 }

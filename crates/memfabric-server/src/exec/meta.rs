@@ -248,6 +248,9 @@ enum MgOutcome {
     },
     Miss,
     Error,
+    /// The key is on flash and a read thread reads it: the `mg` runs again, in its
+    /// place, with the item read.
+    Pending(command::holds::Ticket),
 }
 
 fn get(
@@ -282,6 +285,13 @@ fn get(
         } => command::count_retrieval(ctx, Retrieval::Get, Some(class)),
         MgOutcome::Miss => command::count_retrieval(ctx, Retrieval::Get, None),
         MgOutcome::Error => {}
+        // Counted when it runs again.
+        MgOutcome::Pending(ticket) => {
+            let resume = Resume::Meta {
+                line: line.to_vec(),
+            };
+            super::park(sess, ticket, resume, queue);
+        }
     }
 }
 
@@ -315,8 +325,8 @@ fn mg_lockless(
         },
     );
     match hit {
-        // `get` held the key already if it is held.
-        Fetched::Pending(_) => None,
+        // Held keys were held by `get` already: this is a flash read.
+        Fetched::Pending(ticket) => Some(MgOutcome::Pending(ticket)),
         Fetched::Hit(info) if info.stale && !info.token_sent => {
             // Handing out the win token changes the item: the locked path redoes it.
             queue.truncate(start);

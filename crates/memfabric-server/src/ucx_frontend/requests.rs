@@ -394,29 +394,8 @@ impl FabricWorker {
                 let mut value = std::mem::take(&mut self.scratch);
                 value.clear();
                 let found = command::get(ctx, req.key, how, delivery, &mut value, |_, _| {});
-                let info = match found {
-                    // From flash: the value is in `value`, not in item memory.
-                    Lookup::Hit(info, command::Value::Copied)
-                        if info.value_len as usize > delivery.copy_limit =>
-                    {
-                        let r = Response {
-                            opcode: op,
-                            status: Status::Ok,
-                            item_flags: info.flags,
-                            opaque,
-                            cas: info.cas,
-                            value: u64::from(info.value_len),
-                        };
-                        if value.len() <= eager_max {
-                            self.respond_value(session, r, &value);
-                            self.scratch = value;
-                        } else {
-                            let len = value.len() as u64;
-                            self.send_rndv(session, r, Box::new(value), len, None);
-                        }
-                        return;
-                    }
-                    Lookup::Hit(info, _) => info,
+                let (info, copied) = match found {
+                    Lookup::Hit(info, v) => (info, matches!(v, command::Value::Copied)),
                     Lookup::Miss => {
                         self.scratch = value;
                         self.respond_status(session, op, opaque, Status::NotFound);
@@ -445,9 +424,15 @@ impl FabricWorker {
                     value: u64::from(info.value_len),
                 };
                 let len = info.value_len as usize;
-                if len <= delivery.copy_limit {
+                // A value read from flash is in `value` whatever its size: it is not in
+                // item memory, so it is sent from there.
+                if len <= delivery.copy_limit || (copied && len <= eager_max) {
                     self.respond_value(session, r, &value);
                     self.scratch = value;
+                    return;
+                }
+                if copied {
+                    self.send_rndv(session, r, Box::new(value), len as u64, None);
                     return;
                 }
                 self.scratch = value;

@@ -15,7 +15,8 @@
 //!      kind RECORD: the record at `off` of this page holds `key`;
 //!      kind INVALIDATE: the record at flash location `cas` (written earlier) is no longer
 //!        its key's value (overwritten, deleted, dropped); no key;
-//!      kind FLUSH: `flush_all` (`time` 0) or `flush_all` delayed to `time`; no key.
+//!      kind FLUSH: `flush_all` (`time` 0; records with a CAS below `cas` are dead) or
+//!        `flush_all` delayed to `time` (records stored up to it die then); no key.
 //! ```
 //! A restart replays the summaries in page `seq` order (docs/flash.md).
 //! A record's `crc` field covers its lengths, flags, exptime, time, CAS, key and value
@@ -184,14 +185,14 @@ pub fn put_invalidation(out: &mut Vec<u8>, loc: u64) {
     put_entry(out, KIND_INVALIDATE, 0, &h, &[]);
 }
 
-/// A flush: everything before it dies (`time` 0), or what was stored up to `time` dies
-/// when `time` comes.
-pub fn put_flush(out: &mut Vec<u8>, time: u32) {
+/// A flush: every item with a CAS below `cas` is dead (`time` 0), or what was stored up
+/// to `time` dies when `time` comes.
+pub fn put_flush(out: &mut Vec<u8>, time: u32, cas: u64) {
     let h = RecordHeader {
         class: 0,
         key_len: 0,
         iflags: 0,
-        cas: 0,
+        cas,
         value_len: 0,
         flags: 0,
         exptime: 0,
@@ -212,6 +213,20 @@ fn put_entry(out: &mut Vec<u8>, kind: u8, off: u32, h: &RecordHeader, key: &[u8]
     out.extend_from_slice(&h.cas.to_le_bytes());
     out.extend_from_slice(key);
     out.resize(start + summary_len(key.len()), 0);
+}
+
+/// The entries of a summary that are not records (invalidations, flushes), as bytes.
+pub fn non_records(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for e in summary_entries(s) {
+        let len = summary_len(e.key.len());
+        if e.kind != KIND_RECORD {
+            out.extend_from_slice(&s[at..at + len]);
+        }
+        at += len;
+    }
+    out
 }
 
 /// The entries of a summary; stops at the first entry that does not fit or make sense.
@@ -333,7 +348,7 @@ mod tests {
         put_summary(&mut s, 64, &hdr(3, 10), b"abc");
         put_summary(&mut s, 120, &hdr(5, 10), b"defgh");
         put_invalidation(&mut s, 1 << 33);
-        put_flush(&mut s, 77);
+        put_flush(&mut s, 77, 0);
         let e: Vec<_> = summary_entries(&s).collect();
         assert_eq!(e.len(), 4);
         assert_eq!((e[0].kind, e[0].class), (KIND_RECORD, 7));

@@ -359,7 +359,15 @@ impl Flash {
     /// Append a record to the page being filled. Returns its location, or `None` when it
     /// cannot go to flash now (no buffer free because the writer is behind, or over the
     /// write budget); the caller then evicts it as usual.
-    pub(crate) fn append(&self, h: &RecordHeader, key: &[u8], value: &[&[u8]]) -> Option<u64> {
+    /// `accounted`: what the record counts in `bytes_used` (its class's chunk size, what
+    /// is subtracted when it leaves).
+    pub(crate) fn append(
+        &self,
+        h: &RecordHeader,
+        key: &[u8],
+        value: &[&[u8]],
+        accounted: usize,
+    ) -> Option<u64> {
         let vlen: usize = value.iter().map(|v| v.len()).sum();
         let rec = format::record_len(key.len(), vlen);
         let sum = format::summary_len(key.len());
@@ -401,7 +409,9 @@ impl Flash {
             .bytes_written
             .fetch_add(rec as u64, Ordering::Relaxed);
         self.c.objects_used.fetch_add(1, Ordering::Relaxed);
-        self.c.bytes_used.fetch_add(rec as u64, Ordering::Relaxed);
+        self.c
+            .bytes_used
+            .fetch_add(accounted as u64, Ordering::Relaxed);
         Some(page_no as u64 * ps as u64 + off as u64)
     }
 
@@ -491,11 +501,19 @@ impl Flash {
         self.note(&entry);
     }
 
-    /// Record a `flush_all` (`time` 0) or a delayed one, for a restart to apply.
-    pub(crate) fn flush_marker(&self, time: u32) {
+    /// Record a `flush_all` (`time` 0: CAS below `cas` dead) or a delayed one, for a
+    /// restart to apply.
+    pub(crate) fn flush_marker(&self, time: u32, cas: u64) {
         let mut entry = Vec::with_capacity(format::SUMMARY_FIXED);
-        format::put_flush(&mut entry, time);
+        format::put_flush(&mut entry, time, cas);
         self.note(&entry);
+    }
+
+    /// Record summary entries again (those of a page whose write failed).
+    pub(crate) fn renote(&self, entries: &[u8]) {
+        if !entries.is_empty() {
+            self.note(entries);
+        }
     }
 
     fn note(&self, entry: &[u8]) {
@@ -538,6 +556,14 @@ impl Flash {
         let len = len.min(self.page_size - off);
         {
             let st = self.lock();
+            if st
+                .current
+                .as_ref()
+                .is_some_and(|p| p.page == page && off + crate::item::HDR > p.used)
+            {
+                // Past what the page being filled holds: an earlier page's bytes.
+                return Fetch::Failed;
+            }
             let in_memory = st
                 .current
                 .as_ref()
@@ -610,8 +636,10 @@ impl Flash {
         loop {
             let now = Instant::now();
             while st.failed.front().is_some_and(|&(_, t)| t <= now) {
+                // Back through reclaim: what a restart could read there is erased
+                // before the page is used again.
                 if let Some((p, _)) = st.failed.pop_front() {
-                    st.ready.push_back(p);
+                    st.on_flash.push_front(p);
                 }
             }
             if let Some(p) = st.sealed.front() {
@@ -651,7 +679,11 @@ impl Flash {
     /// caller clears the slots that point into it.
     pub(crate) fn write(&self, p: &Arc<OpenPage>) -> bool {
         let ok = match self.file_of(p.page) {
-            Some((f, off)) => match f.file.write_all_at(p.bytes(self.page_size), off) {
+            Some((f, off)) => match f
+                .file
+                .write_all_at(p.bytes(self.page_size), off)
+                .and_then(|()| f.file.sync_data())
+            {
                 Ok(()) => true,
                 Err(e) => {
                     self.c.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -672,7 +704,11 @@ impl Flash {
     /// Write a partial image of the page being filled (a snapshot).
     pub(crate) fn write_snapshot(&self, page: u32, img: &[u8]) {
         if let Some((f, off)) = self.file_of(page) {
-            match f.file.write_all_at(img, off) {
+            match f
+                .file
+                .write_all_at(img, off)
+                .and_then(|()| f.file.sync_data())
+            {
                 Ok(()) => {
                     self.c.snapshots.fetch_add(1, Ordering::Relaxed);
                     self.c
@@ -687,13 +723,23 @@ impl Flash {
         }
     }
 
-    /// Erase a page's header on flash, so that a restart does not read what it held.
-    pub(crate) fn erase_header(&self, page: u32) {
-        if let Some((f, off)) = self.file_of(page) {
-            let (buf, start) = aligned(4096);
-            if let Err(e) = f.file.write_all_at(&buf[start..start + 4096], off) {
+    /// Erase a page's header on flash (durably), so that a restart does not read what
+    /// it held. False when that failed.
+    pub(crate) fn erase_header(&self, page: u32) -> bool {
+        let Some((f, off)) = self.file_of(page) else {
+            return false;
+        };
+        let (buf, start) = aligned(4096);
+        match f
+            .file
+            .write_all_at(&buf[start..start + 4096], off)
+            .and_then(|()| f.file.sync_data())
+        {
+            Ok(()) => true,
+            Err(e) => {
                 self.c.write_errors.fetch_add(1, Ordering::Relaxed);
                 self.log_error(format_args!("flash write of page {page}: {e}"));
+                false
             }
         }
     }
@@ -715,10 +761,16 @@ impl Flash {
         }
     }
 
-    /// A reclaimed page is free again.
-    pub(crate) fn reclaimed(&self, page: u32) {
-        self.c.page_reclaims.fetch_add(1, Ordering::Relaxed);
-        self.lock().ready.push_back(page);
+    /// A reclaimed page is free again; or, when its header could not be erased, out of
+    /// use for a while (then reclaimed again).
+    pub(crate) fn reclaimed(&self, page: u32, erased: bool) {
+        let mut st = self.lock();
+        if erased {
+            self.c.page_reclaims.fetch_add(1, Ordering::Relaxed);
+            st.ready.push_back(page);
+        } else {
+            st.failed.push_back((page, Instant::now() + FAILED_RETRY));
+        }
     }
 
     /// A page's header and summary as on flash, if both are whole (for reclaim and a
@@ -836,6 +888,8 @@ pub(crate) struct Scan {
     pub items: Vec<Recovered>,
     /// A delayed `flush_all` still to come (the store's `flush_time` word).
     pub flush_time: Option<u32>,
+    /// Pages a previous run left.
+    pub pages_found: usize,
 }
 
 impl Flash {
@@ -846,6 +900,7 @@ impl Flash {
         let mut scan = Scan {
             items: Vec::new(),
             flush_time: None,
+            pages_found: 0,
         };
         if !self.cfg.recover {
             for page in 0..self.pages {
@@ -861,9 +916,14 @@ impl Flash {
             })
             .collect();
         found.sort_by_key(|f| f.0);
+        scan.pages_found = found.len();
         let mut by_key: std::collections::HashMap<Vec<u8>, Recovered> = Default::default();
         let mut by_loc: std::collections::HashMap<u64, Vec<u8>> = Default::default();
         let mut times: std::collections::HashMap<Vec<u8>, (u32, u32)> = Default::default();
+        // Flushes apply to every record, wherever it was written relative to them (an
+        // item may go to flash after a flush that already made it dead): the highest
+        // flush CAS, and the latest delayed flush time that has passed.
+        let (mut flush_cas, mut flushed_upto) = (0u64, 0u32);
         for (_, page, summary) in &found {
             for e in format::summary_entries(summary) {
                 match e.kind {
@@ -891,14 +951,10 @@ impl Flash {
                         }
                     }
                     format::KIND_FLUSH if e.time == 0 => {
-                        by_key.clear();
-                        by_loc.clear();
+                        flush_cas = flush_cas.max(e.cas);
                         scan.flush_time = None;
                     }
-                    format::KIND_FLUSH if e.time <= now => {
-                        by_key.retain(|k, _| times.get(k).is_some_and(|t| t.0 > e.time));
-                        by_loc.retain(|_, k| by_key.contains_key(k));
-                    }
+                    format::KIND_FLUSH if e.time <= now => flushed_upto = flushed_upto.max(e.time),
                     format::KIND_FLUSH => scan.flush_time = Some(e.time),
                     _ => {}
                 }
@@ -906,7 +962,12 @@ impl Flash {
         }
         scan.items = by_key
             .into_values()
-            .filter(|r| times.get(&r.key).is_none_or(|t| t.1 == 0 || t.1 > now))
+            .filter(|r| {
+                let (time, exptime) = times.get(&r.key).copied().unwrap_or((0, 0));
+                (exptime == 0 || exptime > now)
+                    && r.cas >= flush_cas
+                    && (flushed_upto == 0 || time > flushed_upto)
+            })
             .collect();
         let mut st = self.lock();
         let on_flash: std::collections::HashSet<u32> = found.iter().map(|f| f.1).collect();

@@ -18,7 +18,7 @@ impl Store {
                 // memcached: items stored before the flush time die when it comes.
                 self.index.flush_time().store(t - 1, Ordering::SeqCst);
                 if let Some(f) = self.flash.as_ref() {
-                    f.flush_marker(t - 1);
+                    f.flush_marker(t - 1, 0);
                 }
                 self.slabs.all_due(t - 1);
             }
@@ -26,7 +26,7 @@ impl Store {
                 let c = self.next_cas.fetch_add(1, Ordering::SeqCst) + 1;
                 self.index.flush_cas().store(c, Ordering::SeqCst);
                 if let Some(f) = self.flash.as_ref() {
-                    f.flush_marker(0);
+                    f.flush_marker(0, c);
                 }
                 self.index.flush_time().store(0, Ordering::SeqCst);
                 self.slabs.all_due(now);

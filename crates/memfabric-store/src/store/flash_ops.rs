@@ -165,6 +165,11 @@ impl Inner {
                         self.clear_flash_slot(&kh, b, i, raw);
                         return None;
                     }
+                    // Read through a slot that changed meanwhile (the item replaced,
+                    // removed or moved; its page reused): not a value to serve.
+                    if self.index.raw_slot(b, i) & !FLASH_REFERENCED != raw & !FLASH_REFERENCED {
+                        continue;
+                    }
                     self.index.mark_flash_referenced(b, i, raw);
                     fl.c.objects_read.fetch_add(1, Ordering::Relaxed);
                     fl.c.bytes_read
@@ -277,7 +282,14 @@ impl Inner {
             } else {
                 kh.b1
             };
-            if let Some(i) = empty(b).next() {
+            let Some(i) = empty(b).next() else {
+                // No room: it is dropped, and must not come back at a later restart.
+                fl.c.index_drops.fetch_add(1, Ordering::Relaxed);
+                fl.invalidate(r.loc);
+                self.index.unlock_pair(&kh);
+                continue;
+            };
+            {
                 let slot = FlashSlot {
                     tag: kh.tag,
                     class: r.class,
@@ -292,8 +304,16 @@ impl Inner {
             }
             self.index.unlock_pair(&kh);
         }
-        // New CAS values stay above every recovered one (flush_all compares them).
-        self.next_cas.fetch_max(max_cas, Ordering::SeqCst);
+        // New CAS values stay above every one the previous run gave out — those of items
+        // it held in RAM too, which a client may still hold: the previous run counted up
+        // from its own start, fewer than one per nanosecond, so the wall clock in
+        // nanoseconds is beyond them (and beyond every recovered one, checked too).
+        if scan.pages_found > 0 {
+            let ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            self.next_cas.fetch_max(max_cas.max(ns), Ordering::SeqCst);
+        }
         fl.c.recovery_us
             .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
@@ -316,14 +336,16 @@ impl Inner {
         let rh = RecordHeader {
             class: h.class,
             key_len: h.key_len,
-            iflags: h.iflags & item::F_KEY_BINARY,
+            // The meta marks travel with it (an invalidated item stays stale).
+            iflags: h.iflags & (item::F_KEY_BINARY | item::F_STALE | item::F_TOKEN_SENT),
             cas: h.cas,
             value_len: h.value_len,
             flags: h.flags,
             exptime: h.exptime,
             time: h.time,
         };
-        let loc = fl.append(&rh, key, &[value])?;
+        let size = self.slabs.classes[h.class as usize].size;
+        let loc = fl.append(&rh, key, &[value], size)?;
         fl.c.admitted_bytes
             .fetch_add(format::record_len(klen, vlen) as u64, Ordering::Relaxed);
         Some(
@@ -348,28 +370,74 @@ impl Inner {
                     let ok = fl.write(&p);
                     let (bytes, page) = Job::page_bytes(&p, ps);
                     if !ok {
-                        // Nothing may point at a page that is not on flash.
+                        // Nothing may point at a page that is not on flash; what it
+                        // recorded (invalidations, flushes) goes into the next page, and
+                        // its records are invalidated (an earlier snapshot of it may be
+                        // on flash).
                         if let Some(ph) = format::parse_page_header(bytes, ps) {
                             let (s0, s1) = (ph.used as usize, (ph.used + ph.summary_len) as usize);
-                            self.release_page(page, &bytes[s0..s1], None);
+                            let summary = &bytes[s0..s1];
+                            self.release_page(page, summary, None);
+                            fl.renote(&format::non_records(summary));
+                            for e in format::summary_entries(summary)
+                                .filter(|e| e.kind == format::KIND_RECORD)
+                            {
+                                fl.invalidate(page as u64 * ps as u64 + e.off as u64);
+                            }
                         }
                     }
                     drop(p);
                     fl.written(page, ok);
                 }
                 Job::Reclaim(page) => {
-                    // Only the summary is read; a record only to re-admit it.
-                    if let Some((_, summary)) = fl.page_summary(page) {
-                        self.release_page(page, &summary, Some(fl));
+                    // Only the summary is read; a record only to re-admit it. A summary
+                    // that cannot be read: every slot into the page is found by a walk
+                    // of the index instead.
+                    match fl.page_summary(page) {
+                        Some((_, summary)) => self.release_page(page, &summary, Some(fl)),
+                        None => self.clear_page_by_index_walk(page),
                     }
                     // Nothing points into it now; a restart must not read it either.
-                    fl.erase_header(page);
-                    fl.reclaimed(page);
+                    let erased = fl.erase_header(page);
+                    fl.reclaimed(page, erased);
                 }
                 Job::Snapshot(page, img, start, len) => {
                     fl.write_snapshot(page, &img[start..start + len]);
                 }
             }
+        }
+    }
+
+    /// Clear every flash slot that points into `page`, walking the whole index (when the
+    /// page's summary cannot be read). Each bucket is locked alone: nothing else is
+    /// waited for while it is held.
+    fn clear_page_by_index_walk(&self, page: u32) {
+        let Some(fl) = self.flash.as_ref() else {
+            return;
+        };
+        let ps = fl.page_size as u64;
+        let in_page = |raw: u64| FlashSlot::decode(raw).is_some_and(|s| s.loc / ps == page as u64);
+        for b in 0..self.index.buckets() {
+            if !(0..index::SLOTS).any(|i| in_page(self.index.raw_slot(b, i))) {
+                continue;
+            }
+            self.index.lock(b);
+            for i in 0..index::SLOTS {
+                let raw = self.index.raw_slot(b, i);
+                if in_page(raw) {
+                    self.index.set_raw_slot(b, i, 0);
+                    if let Some(fs) = FlashSlot::decode(raw) {
+                        let size = self
+                            .slabs
+                            .classes
+                            .get(fs.class as usize)
+                            .map_or(0, |c| c.size);
+                        fl.forget(size);
+                        fl.c.objects_evicted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            self.index.unlock(b);
         }
     }
 
@@ -415,7 +483,7 @@ impl Inner {
                         if let Fetch::Bytes(b) = src.read(loc, size) {
                             if let Some(r) = format::parse_record(&b).filter(|r| r.key == e.key) {
                                 rlen = format::record_len(r.key.len(), r.value.len());
-                                if let Some(nloc) = fl.append(&r.h, r.key, &[r.value]) {
+                                if let Some(nloc) = fl.append(&r.h, r.key, &[r.value], size) {
                                     new = FlashSlot { loc: nloc, ..fs }.encode();
                                     reinserted += rlen;
                                     fl.c.reinserted.fetch_add(1, Ordering::Relaxed);
@@ -479,7 +547,8 @@ impl Txn<'_> {
                     it,
                     LinkOptions {
                         explicit_cas: Some(h.cas),
-                        ..LinkOptions::default()
+                        stale: h.iflags & item::F_STALE != 0,
+                        token_sent: h.iflags & item::F_TOKEN_SENT != 0,
                     },
                     false,
                 );

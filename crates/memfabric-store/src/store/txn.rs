@@ -221,8 +221,14 @@ impl<'s> Txn<'s> {
             b1
         };
         // A slot that names a flash item counts as empty for RAM items (the flash copy
-        // is the cheaper loss), but a truly empty one is taken first.
-        let unused = (0..index::SLOTS).find(|&i| inner.index.raw_slot(b, i) == 0);
+        // is the cheaper loss), but a truly empty one is taken first, in either bucket.
+        let unused = |b: usize| (0..index::SLOTS).find(|&i| inner.index.raw_slot(b, i) == 0);
+        let other = if b == b1 { b2 } else { b1 };
+        let (b, unused) = match (unused(b), unused(other)) {
+            (Some(i), _) => (b, Some(i)),
+            (None, Some(i)) => (other, Some(i)),
+            (None, None) => (b, None),
+        };
         if let Some(i) = unused.or_else(|| empty(b).next()) {
             let raw = inner.index.raw_slot(b, i);
             if raw != 0 {
