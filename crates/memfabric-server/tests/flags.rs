@@ -140,8 +140,7 @@ fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
     let cases: &[(&[&str], &str)] = &[
         (&["-S"], "-S"),
         (&["-e", mem_s], "-e"),
-        (&["-o", "ext_path=/tmp/memfabric-flags-ext:64m"], "ext_path"),
-        (&["-o", "modern,ext_item_size=512"], "ext_item_size"),
+        // (`-o ext_path` gives the flash tier: docs/flash.md, tests/flash.rs.)
         (&["-o", "ssl_chain_cert=/tmp/cert.pem"], "ssl_chain_cert"),
         (&["-o", "ssl_session_cache"], "ssl_session_cache"),
     ];

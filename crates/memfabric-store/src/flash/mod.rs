@@ -439,7 +439,12 @@ impl Flash {
         let start = buf.as_ptr().align_offset(4096).min(4096);
         let seq = st.next_seq;
         st.next_seq += 1;
-        let summary = std::mem::take(&mut st.pending);
+        // The waiting invalidations go first (entries without a key: all the same size),
+        // at most half a page of them so that records still fit.
+        let room = (self.page_size - PAGE_HDR) / 2 / format::SUMMARY_FIXED * format::SUMMARY_FIXED;
+        let take = st.pending.len().min(room);
+        let rest = st.pending.split_off(take);
+        let summary = std::mem::replace(&mut st.pending, rest);
         if !summary.is_empty() {
             st.dirty_since.get_or_insert_with(Instant::now);
         }
