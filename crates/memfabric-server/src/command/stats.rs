@@ -521,6 +521,9 @@ fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats
     v.put("flash_reinserted", f.reinserted);
     v.put("flash_dropped_budget", f.dropped_budget);
     v.put("flash_dropped_writer_behind", f.dropped_no_buffer);
+    v.put("flash_dropped_too_large", f.dropped_too_large);
+    v.put("flash_chained_written", f.chained_written);
+    v.put("flash_chained_used", f.chained_used);
     v.put("flash_write_errors", f.write_errors);
     v.put("flash_read_errors", f.read_errors);
     v.put("flash_index_drops", f.index_drops);

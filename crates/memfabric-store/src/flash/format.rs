@@ -16,8 +16,18 @@
 //!      kind INVALIDATE: the record at flash location `cas` (written earlier) is no longer
 //!        its key's value (overwritten, deleted, dropped); no key;
 //!      kind FLUSH: `flush_all` (`time` 0; records with a CAS below `cas` are dead) or
-//!        `flush_all` delayed to `time` (records stored up to it die then); no key.
+//!        `flush_all` delayed to `time` (records stored up to it die then); no key;
+//!      kind CHAINED: as RECORD, for the head of a chained item, followed by a u64: the
+//!        bytes the item counts in `extstore_bytes_used`.
 //! ```
+//! A chained item (a value larger than a slab chunk) is one head record and the pieces
+//! of its value, written together, head first (so reclaiming pages oldest first reaches
+//! the head before any piece). The head is a record whose value is the chain table
+//! (`put_chain_table`): the crc of the whole value and each piece's flash location and
+//! length. A piece is a record in the state CHAINED (never read as an item) whose
+//! `flags` word is its index and whose `cas` is the item's, with the complement of the
+//! record crc, so neither passes for the other. Pieces have no summary entries: nothing
+//! points at them but their head.
 //! A restart replays the summaries in page `seq` order (docs/flash.md).
 //! A record's `crc` field covers its lengths, flags, exptime, time, CAS, key and value
 //! (`record_crc`), so a record torn by a concurrent rewrite of its page, or read from a
@@ -33,6 +43,10 @@ pub const SUMMARY_FIXED: usize = 24;
 pub const KIND_RECORD: u8 = 0;
 pub const KIND_INVALIDATE: u8 = 1;
 pub const KIND_FLUSH: u8 = 2;
+pub const KIND_CHAINED: u8 = 3;
+/// Bytes of a chain table before its entries, and per entry.
+pub const CHAIN_FIXED: usize = 8;
+pub const CHAIN_ENTRY: usize = 16;
 
 /// The fields of a record's header that it carries to flash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +71,16 @@ pub fn summary_len(key_len: usize) -> usize {
     (SUMMARY_FIXED + key_len).next_multiple_of(8)
 }
 
+/// Bytes a chained item's head takes in a summary.
+pub fn chained_summary_len(key_len: usize) -> usize {
+    summary_len(key_len) + 8
+}
+
+/// Bytes of a chain table of `pieces` entries.
+pub fn chain_table_len(pieces: usize) -> usize {
+    CHAIN_FIXED + CHAIN_ENTRY * pieces
+}
+
 /// The crc a record carries: every header field it carries (class, lengths, flags,
 /// exptime, time, CAS, marks), key and value.
 pub fn record_crc(h: &RecordHeader, key: &[u8], value: &[&[u8]]) -> u32 {
@@ -79,9 +103,39 @@ pub fn record_crc(h: &RecordHeader, key: &[u8], value: &[&[u8]]) -> u32 {
 
 /// Write a record at the start of `dst` (which is at least `record_len` long).
 pub fn put_record(dst: &mut [u8], h: &RecordHeader, key: &[u8], value: &[&[u8]]) {
-    let crc = record_crc(h, key, value);
+    put_any(dst, item::LINKED, record_crc(h, key, value), h, key, value)
+}
+
+/// Write piece `index` of the chained item (`key`, `cas`) at the start of `dst` (at
+/// least `record_len(key.len(), piece length)` long).
+pub fn put_piece(dst: &mut [u8], key: &[u8], cas: u64, index: u32, piece: &[&[u8]]) {
+    let h = piece_header(key.len(), cas, index, piece.iter().map(|p| p.len()).sum());
+    put_any(
+        dst,
+        item::CHAINED,
+        !record_crc(&h, key, piece),
+        &h,
+        key,
+        piece,
+    )
+}
+
+fn piece_header(key_len: usize, cas: u64, index: u32, len: usize) -> RecordHeader {
+    RecordHeader {
+        class: 0,
+        key_len: key_len as u8,
+        iflags: 0,
+        cas,
+        value_len: len as u32,
+        flags: index,
+        exptime: 0,
+        time: 0,
+    }
+}
+
+fn put_any(dst: &mut [u8], state: u8, crc: u32, h: &RecordHeader, key: &[u8], value: &[&[u8]]) {
     dst[..HDR].fill(0);
-    dst[item::OFF_STATE] = item::LINKED;
+    dst[item::OFF_STATE] = state;
     dst[item::OFF_CLASS] = h.class;
     dst[item::OFF_KEYLEN] = h.key_len;
     dst[item::OFF_IFLAGS] = h.iflags;
@@ -119,9 +173,21 @@ pub struct Record<'a> {
 /// Parse the record at the start of `bytes`; `None` unless it is whole and its crc
 /// matches. Never trusts a length.
 pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
+    parse_any(bytes, item::LINKED)
+}
+
+/// Parse piece `index` of the chained item (`key`, `cas`) at the start of `bytes`: its
+/// bytes of the value, `None` unless it is whole, its crc matches and it is that piece.
+pub fn parse_piece<'a>(bytes: &'a [u8], key: &[u8], cas: u64, index: u32) -> Option<&'a [u8]> {
+    parse_any(bytes, item::CHAINED)
+        .filter(|r| r.key == key && r.h.cas == cas && r.h.flags == index)
+        .map(|r| r.value)
+}
+
+fn parse_any(bytes: &[u8], state: u8) -> Option<Record<'_>> {
     // A record's seq and atime words are always 0 on flash.
     if bytes.len() < HDR
-        || bytes[item::OFF_STATE] != item::LINKED
+        || bytes[item::OFF_STATE] != state
         || u32_at(bytes, item::OFF_SEQ) != 0
         || u32_at(bytes, item::OFF_ATIME) != 0
     {
@@ -144,11 +210,45 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
     }
     let key = &bytes[HDR..HDR + klen];
     let value = &bytes[HDR + klen..HDR + klen + vlen];
-    (record_crc(&h, key, &[value]) == u32_at(bytes, item::OFF_CRC)).then_some(Record {
-        h,
-        key,
-        value,
-    })
+    let crc = record_crc(&h, key, &[value]);
+    let crc = if state == item::CHAINED { !crc } else { crc };
+    (crc == u32_at(bytes, item::OFF_CRC)).then_some(Record { h, key, value })
+}
+
+/// The value of a chained item's head: the crc32c of the whole value, then where each
+/// piece is and how long it is.
+pub fn put_chain_table(value_crc: u32, pieces: &[(u64, u32)]) -> Vec<u8> {
+    let mut t = Vec::with_capacity(chain_table_len(pieces.len()));
+    t.extend_from_slice(&value_crc.to_le_bytes());
+    t.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+    for &(loc, len) in pieces {
+        t.extend_from_slice(&loc.to_le_bytes());
+        t.extend_from_slice(&len.to_le_bytes());
+        t.extend_from_slice(&[0; 4]);
+    }
+    t
+}
+
+/// A chain table read back: the value's crc and its pieces (location, length), if the
+/// table is whole and its lengths add up to a value length (a u32).
+pub fn parse_chain_table(t: &[u8]) -> Option<(u32, Vec<(u64, u32)>)> {
+    if t.len() < CHAIN_FIXED {
+        return None;
+    }
+    let n = u32_at(t, 4) as usize;
+    if t.len() != chain_table_len(n) {
+        return None;
+    }
+    let mut pieces = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = CHAIN_FIXED + CHAIN_ENTRY * i;
+        if u32_at(t, at + 12) != 0 {
+            return None;
+        }
+        pieces.push((u64_at(t, at), u32_at(t, at + 8)));
+    }
+    pieces.iter().try_fold(0u32, |a, p| a.checked_add(p.1))?;
+    Some((u32_at(t, 0), pieces))
 }
 
 /// One summary entry: a record (where it is and what a restart needs to index it), an
@@ -164,10 +264,25 @@ pub struct SummaryEntry<'a> {
     /// The record's CAS; for an invalidation the flash location it invalidates.
     pub cas: u64,
     pub key: &'a [u8],
+    /// A chained head's bytes in `extstore_bytes_used` (0 for the other kinds).
+    pub bytes: u64,
+}
+
+impl SummaryEntry<'_> {
+    /// A record or a chained item's head: something a slot can point at.
+    pub fn is_record(&self) -> bool {
+        self.kind == KIND_RECORD || self.kind == KIND_CHAINED
+    }
 }
 
 pub fn put_summary(out: &mut Vec<u8>, off: u32, h: &RecordHeader, key: &[u8]) {
     put_entry(out, KIND_RECORD, off, h, key);
+}
+
+/// The summary entry of a chained item's head, counting `bytes` in `bytes_used`.
+pub fn put_chained_summary(out: &mut Vec<u8>, off: u32, h: &RecordHeader, key: &[u8], bytes: u64) {
+    put_entry(out, KIND_CHAINED, off, h, key);
+    out.extend_from_slice(&bytes.to_le_bytes());
 }
 
 /// An invalidation of the record at flash location `loc`.
@@ -215,13 +330,22 @@ fn put_entry(out: &mut Vec<u8>, kind: u8, off: u32, h: &RecordHeader, key: &[u8]
     out.resize(start + summary_len(key.len()), 0);
 }
 
+/// Bytes an entry takes in its summary.
+fn entry_len(kind: u8, key_len: usize) -> usize {
+    if kind == KIND_CHAINED {
+        chained_summary_len(key_len)
+    } else {
+        summary_len(key_len)
+    }
+}
+
 /// The entries of a summary that are not records (invalidations, flushes), as bytes.
 pub fn non_records(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut at = 0;
     for e in summary_entries(s) {
-        let len = summary_len(e.key.len());
-        if e.kind != KIND_RECORD {
+        let len = entry_len(e.kind, e.key.len());
+        if !e.is_record() {
             out.extend_from_slice(&s[at..at + len]);
         }
         at += len;
@@ -238,9 +362,9 @@ pub fn summary_entries(s: &[u8]) -> impl Iterator<Item = SummaryEntry<'_>> {
         }
         let klen = s[at + 4] as usize;
         let kind = s[at + 7];
-        let end = at + summary_len(klen);
+        let end = at + entry_len(kind, klen);
         let sane = match kind {
-            KIND_RECORD => klen > 0,
+            KIND_RECORD | KIND_CHAINED => klen > 0,
             KIND_INVALIDATE | KIND_FLUSH => klen == 0,
             _ => false,
         };
@@ -256,6 +380,11 @@ pub fn summary_entries(s: &[u8]) -> impl Iterator<Item = SummaryEntry<'_>> {
             time: u32_at(s, at + 12),
             cas: u64_at(s, at + 16),
             key: &s[at + SUMMARY_FIXED..at + SUMMARY_FIXED + klen],
+            bytes: if kind == KIND_CHAINED {
+                u64_at(s, end - 8)
+            } else {
+                0
+            },
         };
         at = end;
         Some(e)
@@ -343,21 +472,55 @@ mod tests {
     }
 
     #[test]
+    fn pieces_and_records_never_pass_for_each_other() {
+        let key = b"big";
+        let data = [&b"first part "[..], &b"and the second"[..]];
+        let n: usize = data.iter().map(|d| d.len()).sum();
+        let mut buf = vec![0u8; record_len(key.len(), n)];
+        put_piece(&mut buf, key, 42, 3, &data);
+        assert_eq!(
+            parse_piece(&buf, key, 42, 3),
+            Some(&b"first part and the second"[..])
+        );
+        assert!(parse_record(&buf).is_none());
+        assert!(parse_piece(&buf, key, 42, 2).is_none(), "wrong index");
+        assert!(parse_piece(&buf, key, 41, 3).is_none(), "wrong CAS");
+        assert!(parse_piece(&buf, b"bug", 42, 3).is_none(), "wrong key");
+        // The same fields as a record: its crc is not a piece's.
+        let h = hdr(key.len(), n);
+        put_record(&mut buf, &h, key, &data);
+        buf[item::OFF_STATE] = item::CHAINED;
+        assert!(parse_piece(&buf, key, 99, 0).is_none());
+        let t = put_chain_table(7, &[(1 << 20, 100), (2 << 20, 5)]);
+        assert_eq!(
+            parse_chain_table(&t),
+            Some((7, vec![(1 << 20, 100), (2 << 20, 5)]))
+        );
+        assert!(parse_chain_table(&t[..t.len() - 1]).is_none());
+    }
+
+    #[test]
     fn summaries_and_headers_round_trip() {
         let mut s = Vec::new();
         put_summary(&mut s, 64, &hdr(3, 10), b"abc");
         put_summary(&mut s, 120, &hdr(5, 10), b"defgh");
         put_invalidation(&mut s, 1 << 33);
         put_flush(&mut s, 77, 0);
+        put_chained_summary(&mut s, 4096, &hdr(2, 40), b"xy", 1_234_567);
         let e: Vec<_> = summary_entries(&s).collect();
-        assert_eq!(e.len(), 4);
+        assert_eq!(e.len(), 5);
+        assert_eq!(
+            (e[4].kind, e[4].key, e[4].bytes),
+            (KIND_CHAINED, &b"xy"[..], 1_234_567)
+        );
+        assert!(e[4].is_record() && e[0].is_record() && !e[2].is_record());
         assert_eq!((e[0].kind, e[0].class), (KIND_RECORD, 7));
         assert_eq!((e[2].kind, e[2].cas), (KIND_INVALIDATE, 1 << 33));
         assert_eq!((e[3].kind, e[3].time), (KIND_FLUSH, 77));
         assert_eq!((e[0].off, e[0].key, e[0].exptime), (64, &b"abc"[..], 1234));
         assert_eq!((e[1].off, e[1].key, e[1].cas), (120, &b"defgh"[..], 99));
         // A truncated summary yields what is whole.
-        assert_eq!(summary_entries(&s[..s.len() - 1]).count(), 3);
+        assert_eq!(summary_entries(&s[..s.len() - 1]).count(), 4);
         let p = PageHeader {
             seq: 7,
             page: 3,

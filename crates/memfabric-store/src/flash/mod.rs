@@ -88,6 +88,10 @@ pub struct FlashCounters {
     pub reinserted: AtomicU64,
     pub dropped_budget: AtomicU64,
     pub dropped_no_buffer: AtomicU64,
+    /// Chained items larger than the write buffers can ever hold (`ext_wbuf_size`).
+    pub dropped_too_large: AtomicU64,
+    /// Chained items written (head and pieces).
+    pub chained_written: AtomicU64,
     pub write_errors: AtomicU64,
     pub read_errors: AtomicU64,
     pub badcrc: AtomicU64,
@@ -132,6 +136,9 @@ pub struct FlashStats {
     pub reinserted: u64,
     pub dropped_budget: u64,
     pub dropped_no_buffer: u64,
+    pub dropped_too_large: u64,
+    pub chained_written: u64,
+    pub chained_used: u64,
     pub write_errors: u64,
     pub read_errors: u64,
     pub badcrc: u64,
@@ -219,7 +226,17 @@ pub(crate) struct Flash {
     low_ttl: std::sync::atomic::AtomicU32,
     pub(crate) c: FlashCounters,
     last_error_log: Mutex<Option<Instant>>,
+    /// The chained items on flash: head location -> bytes counted in `bytes_used` (a
+    /// slot cannot say how large a chained item is; there are at most two per page).
+    chained: Mutex<std::collections::HashMap<u64, u64>>,
 }
+
+/// The slot class of a chained item's head (slab classes are 0..62): read
+/// `Flash::head_read_len` bytes there.
+pub(crate) const CHAINED_SLOT_CLASS: u8 = 63;
+/// A chained item's first piece goes into the page its head is in only if that page
+/// has room for at least this much of it.
+const MIN_FIRST_PIECE: usize = 4096;
 
 /// Memory for `len` bytes starting at a 4096-aligned address (for `O_DIRECT`), as the
 /// backing vector and the offset the aligned bytes start at.
@@ -320,6 +337,7 @@ impl Flash {
             low_ttl: std::sync::atomic::AtomicU32::new(cfg.low_ttl),
             c: FlashCounters::default(),
             last_error_log: Mutex::new(None),
+            chained: Mutex::new(Default::default()),
             cfg: FlashConfig {
                 write_buffers: buffers,
                 ..cfg
@@ -329,6 +347,49 @@ impl Flash {
 
     fn lock(&self) -> MutexGuard<'_, WriteState> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn chained_lock(&self) -> MutexGuard<'_, std::collections::HashMap<u64, u64>> {
+        self.chained.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pieces a chained item has at most: one in its head's page, then one per fresh
+    /// page, and those pages must all be write buffers at once.
+    fn max_pieces(&self) -> usize {
+        self.cfg.write_buffers
+    }
+
+    /// Bytes to read for a chained item's head (its key and chain table at their
+    /// largest).
+    pub(crate) fn head_read_len(&self) -> usize {
+        format::record_len(
+            crate::KEY_MAX_LEN,
+            format::chain_table_len(self.max_pieces()),
+        )
+    }
+
+    /// The largest value a chained item on flash can have (what a read of one may
+    /// return).
+    pub(crate) fn max_chained_value(&self) -> usize {
+        self.max_pieces() * self.page_size
+    }
+
+    /// A chained item registered at `loc` counting `bytes` (restart).
+    pub(crate) fn note_chained(&self, loc: u64, bytes: u64) {
+        self.chained_lock().insert(loc, bytes);
+    }
+
+    /// A flash slot goes away (cleared, replaced, reclaimed): its record no longer
+    /// counts as used. `class_size` is its class's chunk size (for a record); returns the
+    /// bytes it counted.
+    pub(crate) fn forget_slot(&self, class: u8, loc: u64, class_size: usize) -> usize {
+        let bytes = if class == CHAINED_SLOT_CLASS {
+            self.chained_lock().remove(&loc).unwrap_or(0) as usize
+        } else {
+            class_size
+        };
+        self.forget(bytes);
+        bytes
     }
 
     pub(crate) fn direct_io(&self) -> bool {
@@ -345,11 +406,12 @@ impl Flash {
         }
     }
 
-    /// Does an item of this size and expiry go to flash at all?
-    pub(crate) fn admits(&self, total_len: usize, exptime: u32, now: u32) -> bool {
+    /// Does an item of this size and expiry go to flash at all? (`chained`: its value
+    /// is spread over several chunks; `append_chained` decides whether it fits.)
+    pub(crate) fn admits(&self, total_len: usize, exptime: u32, now: u32, chained: bool) -> bool {
         let rec = format::record_len(0, total_len - crate::item::HDR);
         if total_len < self.item_min.load(Ordering::Relaxed)
-            || rec + format::summary_len(255) + PAGE_HDR > self.page_size
+            || (!chained && rec + format::summary_len(255) + PAGE_HDR > self.page_size)
         {
             return false;
         }
@@ -375,17 +437,8 @@ impl Flash {
         if st.shutdown {
             return None;
         }
-        if self.cfg.write_budget > 0 {
-            let now = Instant::now();
-            let dt = now.duration_since(st.refilled).as_secs_f64();
-            st.refilled = now;
-            let cap = (2 * self.page_size) as f64;
-            st.tokens = (st.tokens + dt * self.cfg.write_budget as f64).min(cap);
-            if st.tokens < rec as f64 {
-                self.c.dropped_budget.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-            st.tokens -= rec as f64;
+        if !self.spend_budget(&mut st, rec) {
+            return None;
         }
         let fits = |p: &OpenPage| p.used + rec + p.summary.len() + sum <= self.page_size;
         if st.current.as_ref().is_some_and(|p| !fits(p)) {
@@ -415,8 +468,195 @@ impl Flash {
         Some(page_no as u64 * ps as u64 + off as u64)
     }
 
+    /// Append a chained item: its head in the page being filled (or a fresh one), then
+    /// its value in pieces, in what is left of that page and in as many fresh pages as
+    /// it needs, all while holding the write state, so that nothing else lands between
+    /// them (format.rs has the layout). Every buffer and page it needs is checked for
+    /// before anything is written: `None` (the caller evicts it as usual) when the
+    /// writer is behind, over the write budget, or when the item is larger than the
+    /// write buffers can ever hold.
+    pub(crate) fn append_chained(
+        &self,
+        h: &RecordHeader,
+        key: &[u8],
+        value: &[&[u8]],
+    ) -> Option<u64> {
+        let ps = self.page_size;
+        let vlen: usize = value.iter().map(|v| v.len()).sum();
+        let piece_hdr = format::record_len(key.len(), 0);
+        let fresh_room = (ps - PAGE_HDR).saturating_sub(piece_hdr) & !7;
+        if fresh_room == 0 || vlen == 0 || vlen.div_ceil(fresh_room) >= self.max_pieces() {
+            self.c.dropped_too_large.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let entry = format::chained_summary_len(key.len());
+        let mut st = self.lock();
+        if st.shutdown {
+            return None;
+        }
+        // The head goes into the page being filled, or a fresh one; planned with room
+        // for the most pieces there can be, so the real head (as many entries as the
+        // plan has pieces) is never larger than what was planned for.
+        let head_max = format::record_len(key.len(), format::chain_table_len(self.max_pieces()));
+        let fits = |p: &OpenPage| p.used + head_max + p.summary.len() + entry <= ps;
+        if st.current.as_ref().is_some_and(|p| !fits(p)) {
+            self.seal(&mut st);
+        }
+        if st.current.is_none() && !self.open_page(&mut st) {
+            self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let room = {
+            let p = st.current.as_ref()?;
+            ps.checked_sub(p.used + head_max + p.summary.len() + entry)?
+        };
+        let first = room.saturating_sub(piece_hdr) & !7;
+        let first_here = first >= MIN_FIRST_PIECE.min(vlen);
+        let mut plan = Vec::new();
+        if first_here {
+            plan.push(first.min(vlen));
+        }
+        let mut left = vlen - plan.iter().sum::<usize>();
+        while left > 0 {
+            let n = left.min(fresh_room);
+            plan.push(n);
+            left -= n;
+        }
+        let head_len = format::record_len(key.len(), format::chain_table_len(plan.len()));
+        let bytes: usize = head_len
+            + plan
+                .iter()
+                .map(|&n| format::record_len(key.len(), n))
+                .sum::<usize>();
+        if !self.spend_budget(&mut st, bytes) {
+            return None;
+        }
+        // The pieces that need a fresh page: one buffer and one ready page apiece.
+        let fresh_pages = plan.len() - usize::from(first_here);
+        let free_buffers = st.spare.len() + (self.cfg.write_buffers - st.buffers);
+        if free_buffers < fresh_pages || st.ready.len() < fresh_pages {
+            self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
+            self.wake.notify_all();
+            return None;
+        }
+        // The head's place, zeroed now: until it is written, nothing there may parse.
+        let (head_page, head_off) = {
+            let p = st.current.as_mut()?;
+            let off = p.used;
+            let start = p.start;
+            p.buf[start + off..start + off + head_len].fill(0);
+            p.used += head_len;
+            p.records += 1;
+            let mut hh = *h;
+            hh.iflags |= crate::item::F_CHUNKED;
+            hh.value_len = format::chain_table_len(plan.len()) as u32;
+            format::put_chained_summary(&mut p.summary, off as u32, &hh, key, bytes as u64);
+            (p.page, off)
+        };
+        let head_loc = head_page as u64 * ps as u64 + head_off as u64;
+        let mut table = Vec::with_capacity(plan.len());
+        let mut cursor = Segments::new(value);
+        for (index, &n) in plan.iter().enumerate() {
+            if index > 0 || !first_here {
+                self.seal(&mut st);
+                if !self.open_page_for_pieces(&mut st) {
+                    // Checked above, so not expected: the head stays zeroed (it parses
+                    // as nothing) and a restart is told to forget it.
+                    drop(st);
+                    self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
+                    self.invalidate(head_loc);
+                    return None;
+                }
+            }
+            let p = st.current.as_mut()?;
+            let off = p.used;
+            let rec = format::record_len(key.len(), n);
+            let start = p.start;
+            let parts = cursor.take(n);
+            format::put_piece(
+                &mut p.buf[start + off..start + off + rec],
+                key,
+                h.cas,
+                index as u32,
+                &parts,
+            );
+            p.used += rec;
+            table.push((p.page as u64 * ps as u64 + off as u64, n as u32));
+        }
+        let crc = value.iter().fold(0u32, |c, v| crc32c::crc32c_append(c, v));
+        let tbl = format::put_chain_table(crc, &table);
+        let mut hh = *h;
+        hh.iflags |= crate::item::F_CHUNKED;
+        hh.value_len = tbl.len() as u32;
+        let written = {
+            let dst = match st.current.as_mut() {
+                Some(p) if p.page == head_page => Some((&mut p.buf, p.start)),
+                _ => st
+                    .sealed
+                    .iter_mut()
+                    .find(|p| p.page == head_page)
+                    .and_then(Arc::get_mut)
+                    .map(|p| (&mut p.buf, p.start)),
+            };
+            match dst {
+                Some((buf, start)) => {
+                    let at = start + head_off;
+                    format::put_record(&mut buf[at..at + head_len], &hh, key, &[&tbl]);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !written {
+            drop(st);
+            self.invalidate(head_loc);
+            return None;
+        }
+        st.dirty_since.get_or_insert_with(Instant::now);
+        drop(st);
+        self.chained_lock().insert(head_loc, bytes as u64);
+        self.c.objects_written.fetch_add(1, Ordering::Relaxed);
+        self.c.chained_written.fetch_add(1, Ordering::Relaxed);
+        self.c
+            .bytes_written
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.c.objects_used.fetch_add(1, Ordering::Relaxed);
+        self.c.bytes_used.fetch_add(bytes as u64, Ordering::Relaxed);
+        Some(head_loc)
+    }
+
+    /// Take `bytes` from the write budget (if there is one). False, counted, when it is
+    /// spent.
+    fn spend_budget(&self, st: &mut WriteState, bytes: usize) -> bool {
+        if self.cfg.write_budget == 0 {
+            return true;
+        }
+        let now = Instant::now();
+        let dt = now.duration_since(st.refilled).as_secs_f64();
+        st.refilled = now;
+        // A chained item may need more than the usual cap of two pages at once.
+        let cap = (2 * self.page_size).max(bytes) as f64;
+        st.tokens = (st.tokens + dt * self.cfg.write_budget as f64).min(cap);
+        if st.tokens < bytes as f64 {
+            self.c.dropped_budget.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        st.tokens -= bytes as f64;
+        true
+    }
+
     /// Start a page: a ready page and a buffer. False when either is missing.
     fn open_page(&self, st: &mut WriteState) -> bool {
+        self.open_page_taking(st, true)
+    }
+
+    /// Start a page for a chained item's piece: it takes no waiting invalidations (the
+    /// piece's room was planned on a page without them; the next page takes them).
+    fn open_page_for_pieces(&self, st: &mut WriteState) -> bool {
+        self.open_page_taking(st, false)
+    }
+
+    fn open_page_taking(&self, st: &mut WriteState, take_pending: bool) -> bool {
         if st.ready.is_empty() {
             self.wake.notify_all();
             return false;
@@ -442,7 +682,11 @@ impl Flash {
         // The waiting invalidations go first (entries without a key: all the same size),
         // at most half a page of them so that records still fit.
         let room = (self.page_size - PAGE_HDR) / 2 / format::SUMMARY_FIXED * format::SUMMARY_FIXED;
-        let take = st.pending.len().min(room);
+        let take = if take_pending {
+            st.pending.len().min(room)
+        } else {
+            0
+        };
         let rest = st.pending.split_off(take);
         let summary = std::mem::replace(&mut st.pending, rest);
         if !summary.is_empty() {
@@ -846,6 +1090,9 @@ impl Flash {
             reinserted: l(&c.reinserted),
             dropped_budget: l(&c.dropped_budget),
             dropped_no_buffer: l(&c.dropped_no_buffer),
+            dropped_too_large: l(&c.dropped_too_large),
+            chained_written: l(&c.chained_written),
+            chained_used: self.chained_lock().len() as u64,
             write_errors: l(&c.write_errors),
             read_errors: l(&c.read_errors),
             badcrc: l(&c.badcrc),
@@ -882,8 +1129,11 @@ impl Flash {
 pub(crate) struct Recovered {
     pub key: Vec<u8>,
     pub loc: u64,
+    /// Its slot class (`CHAINED_SLOT_CLASS` for a chained item's head).
     pub class: u8,
     pub cas: u64,
+    /// A chained item's bytes in `bytes_used` (0 for a record: its class says).
+    pub bytes: u64,
 }
 
 /// What a restart found on flash.
@@ -932,7 +1182,7 @@ impl Flash {
         for (_, page, summary) in &found {
             for e in format::summary_entries(summary) {
                 match e.kind {
-                    format::KIND_RECORD => {
+                    format::KIND_RECORD | format::KIND_CHAINED => {
                         let off = e.off as u64;
                         if off < PAGE_HDR as u64 || off >= ps {
                             continue;
@@ -941,8 +1191,13 @@ impl Flash {
                         let item = Recovered {
                             key: e.key.to_vec(),
                             loc,
-                            class: e.class,
+                            class: if e.kind == format::KIND_CHAINED {
+                                CHAINED_SLOT_CLASS
+                            } else {
+                                e.class
+                            },
                             cas: e.cas,
+                            bytes: e.bytes,
                         };
                         if let Some(old) = by_key.insert(e.key.to_vec(), item) {
                             by_loc.remove(&old.loc);
@@ -994,6 +1249,40 @@ pub(crate) enum Job {
 impl Job {
     pub(crate) fn page_bytes(p: &Arc<OpenPage>, page_size: usize) -> (&[u8], u32) {
         (p.bytes(page_size), p.page)
+    }
+}
+
+/// A value given as several slices, handed out in consecutive runs of bytes.
+struct Segments<'a> {
+    parts: &'a [&'a [u8]],
+    at: usize,
+    off: usize,
+}
+
+impl<'a> Segments<'a> {
+    fn new(parts: &'a [&'a [u8]]) -> Self {
+        Segments {
+            parts,
+            at: 0,
+            off: 0,
+        }
+    }
+
+    /// The next `n` bytes (fewer if the value ends), as slices of the parts.
+    fn take(&mut self, mut n: usize) -> Vec<&'a [u8]> {
+        let mut out = Vec::new();
+        while n > 0 && self.at < self.parts.len() {
+            let p = self.parts[self.at];
+            let k = n.min(p.len() - self.off);
+            out.push(&p[self.off..self.off + k]);
+            self.off += k;
+            n -= k;
+            if self.off == p.len() {
+                self.at += 1;
+                self.off = 0;
+            }
+        }
+        out
     }
 }
 

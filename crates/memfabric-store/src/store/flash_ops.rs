@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::flash::format::{self, RecordHeader};
-use crate::flash::{Fetch, Flash, FlashStats, Job};
+use crate::flash::{Fetch, Flash, FlashStats, Job, CHAINED_SLOT_CLASS};
 use crate::index::{self, FlashSlot, KeyHash, FLASH_REFERENCED};
 use crate::item::{self, Header, HDR};
 use crate::KEY_MAX_LEN;
@@ -101,11 +101,17 @@ impl Store {
 
     /// The most a read through `cands` can return (the largest candidate's chunk size).
     pub fn flash_read_bytes(&self, cands: &FlashCandidates) -> usize {
+        let chained = self
+            .flash
+            .as_ref()
+            .map_or(0, |f| f.max_chained_value().min(self.cfg.item_size_max));
         cands
             .iter()
             .filter_map(|(_, _, raw)| FlashSlot::decode(raw))
-            .filter_map(|s| self.slabs.classes.get(s.class as usize))
-            .map(|c| c.size)
+            .map(|s| match s.class {
+                CHAINED_SLOT_CLASS => chained,
+                c => self.slabs.classes.get(c as usize).map_or(0, |c| c.size),
+            })
             .max()
             .unwrap_or(0)
     }
@@ -186,15 +192,20 @@ impl Inner {
         None
     }
 
-    /// Read and verify the record a flash slot names; compare its key with `key`.
+    /// Read and verify the record a flash slot names; compare its key with `key`. A
+    /// chained item's pieces are read after its head and checked against it.
     fn read_record(&self, raw: u64, key: &[u8]) -> FlashRecord {
         let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) else {
             return FlashRecord::Bad;
         };
-        let Some(cls) = self.slabs.classes.get(fs.class as usize) else {
-            return FlashRecord::Bad;
+        let len = match fs.class {
+            CHAINED_SLOT_CLASS => fl.head_read_len(),
+            c => match self.slabs.classes.get(c as usize) {
+                Some(cls) => cls.size,
+                None => return FlashRecord::Bad,
+            },
         };
-        let bytes = match fl.read(fs.loc, cls.size) {
+        let bytes = match fl.read(fs.loc, len) {
             Fetch::Bytes(b) => b,
             Fetch::Failed => return FlashRecord::Bad,
         };
@@ -211,12 +222,18 @@ impl Inner {
         if r.key != key {
             return FlashRecord::Other;
         }
-        let h = Header {
+        // A head where a record was expected, or the other way round: not what the
+        // slot was made for (its page reused).
+        let chained = r.h.iflags & item::F_CHUNKED != 0;
+        if chained != (fs.class == CHAINED_SLOT_CLASS) {
+            return FlashRecord::Bad;
+        }
+        let mut h = Header {
             seq: 0,
             state: item::LINKED,
             class: r.h.class,
             key_len: r.h.key_len,
-            iflags: r.h.iflags,
+            iflags: r.h.iflags & !item::F_CHUNKED,
             cas: r.h.cas,
             value_len: r.h.value_len,
             flags: r.h.flags,
@@ -225,7 +242,41 @@ impl Inner {
             crc: 0,
             atime: 0,
         };
-        FlashRecord::Item(h, r.value.to_vec())
+        if !chained {
+            return FlashRecord::Item(h, r.value.to_vec());
+        }
+        match self.read_pieces(fl, key, r.h.cas, r.value) {
+            Some(value) => {
+                h.value_len = value.len() as u32;
+                FlashRecord::Item(h, value)
+            }
+            None => {
+                fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                FlashRecord::Bad
+            }
+        }
+    }
+
+    /// The value of a chained item whose head holds `table`: every piece read, checked
+    /// (key, CAS, index, crc) and put together, then checked against the value's crc.
+    fn read_pieces(&self, fl: &Flash, key: &[u8], cas: u64, table: &[u8]) -> Option<Vec<u8>> {
+        let (crc, pieces) = format::parse_chain_table(table)?;
+        let total: usize = pieces.iter().map(|p| p.1 as usize).sum();
+        if total > fl.max_chained_value() {
+            return None;
+        }
+        let mut value = Vec::with_capacity(total);
+        for (i, &(loc, len)) in pieces.iter().enumerate() {
+            let Fetch::Bytes(b) = fl.read(loc, format::record_len(key.len(), len as usize)) else {
+                return None;
+            };
+            let piece = format::parse_piece(&b, key, cas, i as u32)?;
+            if piece.len() != len as usize {
+                return None;
+            }
+            value.extend_from_slice(piece);
+        }
+        (crc32c::crc32c(&value) == crc).then_some(value)
     }
 
     /// Clear flash slot (b, i) if it still holds `raw` (ignoring its referenced bit).
@@ -242,14 +293,14 @@ impl Inner {
     /// a restart must not bring it back.
     pub(super) fn forget_flash_slot(&self, raw: u64) {
         if let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) {
-            let size = self
-                .slabs
-                .classes
-                .get(fs.class as usize)
-                .map_or(0, |c| c.size);
-            fl.forget(size);
+            fl.forget_slot(fs.class, fs.loc, self.class_size(fs.class));
             fl.invalidate(fs.loc);
         }
+    }
+
+    /// The chunk size of slab class `class` (0 for a class that does not exist).
+    fn class_size(&self, class: u8) -> usize {
+        self.slabs.classes.get(class as usize).map_or(0, |c| c.size)
     }
 
     /// At start: index what a previous run left on flash (see `Flash::scan`).
@@ -264,14 +315,13 @@ impl Inner {
         }
         let mut max_cas = 0;
         for r in &scan.items {
-            let Some(cls) = self
-                .slabs
-                .classes
-                .get(r.class as usize)
-                .filter(|c| c.size > 0)
-            else {
-                continue;
+            let bytes = match r.class {
+                CHAINED_SLOT_CLASS => r.bytes as usize,
+                c => self.class_size(c),
             };
+            if bytes == 0 {
+                continue;
+            }
             let kh = self.index.hash(&r.key);
             self.index.lock_pair(&kh);
             let empty =
@@ -296,9 +346,11 @@ impl Inner {
                     loc: r.loc,
                 };
                 self.index.set_raw_slot(b, i, slot.encode());
+                if r.class == CHAINED_SLOT_CLASS {
+                    fl.note_chained(r.loc, r.bytes);
+                }
                 fl.c.objects_used.fetch_add(1, Ordering::Relaxed);
-                fl.c.bytes_used
-                    .fetch_add(cls.size as u64, Ordering::Relaxed);
+                fl.c.bytes_used.fetch_add(bytes as u64, Ordering::Relaxed);
                 fl.c.recovered.fetch_add(1, Ordering::Relaxed);
                 max_cas = max_cas.max(r.cas);
             }
@@ -324,15 +376,21 @@ impl Inner {
         let fl = self.flash.as_ref()?;
         let now = self.clock.now();
         let (klen, vlen) = (h.key_len as usize, h.value_len as usize);
-        if h.iflags & item::F_CHUNKED != 0
-            || !fl.admits(HDR + klen + vlen, h.exptime, now)
-            || self.dead(h, now).is_some()
-        {
+        let chained = h.iflags & item::F_CHUNKED != 0;
+        if !fl.admits(HDR + klen + vlen, h.exptime, now, chained) || self.dead(h, now).is_some() {
             return None;
         }
         // Linked and under its bucket locks: nobody writes it meanwhile.
         let key = self.arena.stable_bytes(item::key_off(off), klen);
-        let value = self.arena.stable_bytes(item::value_off(off, klen), vlen);
+        let chunks = if chained {
+            self.item_chunks(off)
+        } else {
+            vec![off]
+        };
+        let value: Vec<&[u8]> = self
+            .value_segments(off, klen, vlen, &chunks[1..])
+            .map(|(o, n)| self.arena.stable_bytes(o, n))
+            .collect();
         let rh = RecordHeader {
             class: h.class,
             key_len: h.key_len,
@@ -344,18 +402,15 @@ impl Inner {
             exptime: h.exptime,
             time: h.time,
         };
-        let size = self.slabs.classes[h.class as usize].size;
-        let loc = fl.append(&rh, key, &[value], size)?;
+        let (loc, class) = if chained {
+            (fl.append_chained(&rh, key, &value)?, CHAINED_SLOT_CLASS)
+        } else {
+            let size = self.slabs.classes[h.class as usize].size;
+            (fl.append(&rh, key, &value, size)?, h.class)
+        };
         fl.c.admitted_bytes
             .fetch_add(format::record_len(klen, vlen) as u64, Ordering::Relaxed);
-        Some(
-            FlashSlot {
-                tag,
-                class: h.class,
-                loc,
-            }
-            .encode(),
-        )
+        Some(FlashSlot { tag, class, loc }.encode())
     }
 
     /// The writer thread: write sealed pages, reclaim the oldest pages ahead of need.
@@ -379,9 +434,7 @@ impl Inner {
                             let summary = &bytes[s0..s1];
                             self.release_page(page, summary, None);
                             fl.renote(&format::non_records(summary));
-                            for e in format::summary_entries(summary)
-                                .filter(|e| e.kind == format::KIND_RECORD)
-                            {
+                            for e in format::summary_entries(summary).filter(|e| e.is_record()) {
                                 fl.invalidate(page as u64 * ps as u64 + e.off as u64);
                             }
                         }
@@ -427,12 +480,7 @@ impl Inner {
                 if in_page(raw) {
                     self.index.set_raw_slot(b, i, 0);
                     if let Some(fs) = FlashSlot::decode(raw) {
-                        let size = self
-                            .slabs
-                            .classes
-                            .get(fs.class as usize)
-                            .map_or(0, |c| c.size);
-                        fl.forget(size);
+                        fl.forget_slot(fs.class, fs.loc, self.class_size(fs.class));
                         fl.c.objects_evicted.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -454,7 +502,7 @@ impl Inner {
         let now = self.clock.now();
         for e in format::summary_entries(summary) {
             let off = e.off as usize;
-            if e.kind != format::KIND_RECORD || off < format::PAGE_HDR || off >= ps {
+            if !e.is_record() || off < format::PAGE_HDR || off >= ps {
                 continue;
             }
             let loc = page as u64 * ps as u64 + off as u64;
@@ -469,14 +517,13 @@ impl Inner {
                     if fs.loc != loc || fs.tag != kh.tag {
                         continue;
                     }
-                    let size = self
-                        .slabs
-                        .classes
-                        .get(fs.class as usize)
-                        .map_or(0, |c| c.size);
+                    let size = self.class_size(fs.class);
                     let mut rlen = size;
                     let mut new = 0;
+                    // A chained item is not re-admitted: its pieces are in the pages
+                    // reclaimed next.
                     let wanted = raw & FLASH_REFERENCED != 0
+                        && fs.class != CHAINED_SLOT_CLASS
                         && (e.exptime == 0 || e.exptime > now)
                         && reinserted + size <= budget;
                     if let (true, Some(src)) = (wanted, reinsert_from) {
@@ -491,11 +538,15 @@ impl Inner {
                             }
                         }
                     }
+                    // What it counted in `bytes_used` leaves with it.
+                    let counted = fl.forget_slot(fs.class, fs.loc, size);
                     if new == 0 {
+                        if fs.class == CHAINED_SLOT_CLASS {
+                            rlen = counted;
+                        }
                         fl.c.objects_evicted.fetch_add(1, Ordering::Relaxed);
                         fl.c.bytes_evicted.fetch_add(rlen as u64, Ordering::Relaxed);
                     }
-                    fl.forget(rlen);
                     self.index.set_raw_slot(b, i, new);
                 }
             }
