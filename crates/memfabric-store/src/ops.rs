@@ -158,7 +158,7 @@ impl Store {
             m => m,
         };
         let key = item.key();
-        self.transact(&key, |t| {
+        let body = |t: &mut Txn<'s>| {
             let cur = t.item();
             let class_id = cur.map(|i| i.class_id);
             let status = match (mode, cur) {
@@ -191,7 +191,13 @@ impl Store {
                 },
             };
             Found { status, class_id }
-        })
+        };
+        // A plain SET needs nothing of what it replaces: a flash copy is not read back.
+        if mode == SetMode::Set {
+            self.transact_replacing(&key, body)
+        } else {
+            self.transact(&key, body)
+        }
     }
 
     /// append/prepend: keep the old item's flags and exptime.

@@ -348,3 +348,55 @@ fn a_delayed_flush_that_has_passed_kills_items_that_went_to_flash_after_it() {
     let s = reopen(&dir, true);
     assert_eq!(get(&s, "early"), None, "flushed item came back");
 }
+
+#[test]
+fn a_set_over_a_flash_item_drops_it_unread_and_it_never_comes_back() {
+    let dir = temp_dir();
+    let on_flash: Vec<usize>;
+    {
+        let s = reopen(&dir, true);
+        for i in 0..8_000 {
+            set(&s, &key(i), &value(&key(i), 1, 1500));
+        }
+        settle(&s);
+        on_flash = (0..8_000)
+            .filter(|&i| {
+                let mut out = Vec::new();
+                s.get(key(i).as_bytes(), &GetOptions::default(), &mut out)
+                    .is_none()
+                    && !s.flash_candidates(key(i).as_bytes()).is_empty()
+            })
+            .take(200)
+            .collect();
+        assert_eq!(on_flash.len(), 200);
+        let before = s.flash_stats().unwrap();
+        for &i in &on_flash {
+            set(&s, &key(i), &value(&key(i), 2, 1500));
+        }
+        let after = s.flash_stats().unwrap();
+        // Not read back: no recache, no read; each old copy dropped.
+        assert_eq!(after.recached, before.recached, "{after:?}");
+        assert_eq!(after.reads, before.reads, "{after:?}");
+        assert!(after.overwritten >= 200, "{after:?}");
+        for &i in &on_flash {
+            assert_eq!(get(&s, &key(i)), Some(value(&key(i), 2, 1500)));
+        }
+        // Evict the new values to flash too: only they are found there.
+        for i in 10_000..18_000 {
+            set(&s, &key(i), &value(&key(i), 1, 1500));
+        }
+        settle(&s);
+        for &i in &on_flash {
+            if let Some(v) = get(&s, &key(i)) {
+                assert_eq!(v, value(&key(i), 2, 1500), "{}", key(i));
+            }
+        }
+    }
+    // Nor after a restart.
+    let s = reopen(&dir, true);
+    for &i in &on_flash {
+        if let Some(v) = get(&s, &key(i)) {
+            assert_eq!(v, value(&key(i), 2, 1500), "{} after a restart", key(i));
+        }
+    }
+}

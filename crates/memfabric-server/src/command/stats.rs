@@ -519,6 +519,7 @@ fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats
     v.put("flash_device_bytes_written", f.device_bytes_written);
     v.put("flash_admitted_bytes", f.admitted_bytes);
     v.put("flash_reinserted", f.reinserted);
+    v.put("flash_overwritten", f.overwritten);
     v.put("flash_dropped_budget", f.dropped_budget);
     v.put("flash_dropped_writer_behind", f.dropped_no_buffer);
     v.put("flash_dropped_too_large", f.dropped_too_large);

@@ -98,6 +98,8 @@ pub struct FlashCounters {
     pub misses: AtomicU64,
     pub reads: AtomicU64,
     pub recached: AtomicU64,
+    /// Flash copies dropped unread because a plain SET replaced their key.
+    pub overwritten: AtomicU64,
     /// Invalidations that could not be recorded (memory for them exhausted): a restart
     /// after a crash may bring those records back.
     pub invalidations_lost: AtomicU64,
@@ -145,6 +147,7 @@ pub struct FlashStats {
     pub misses: u64,
     pub reads: u64,
     pub recached: u64,
+    pub overwritten: u64,
     pub invalidations_lost: u64,
     pub snapshots: u64,
     pub recovered: u64,
@@ -1099,6 +1102,7 @@ impl Flash {
             misses: l(&c.misses),
             reads: l(&c.reads),
             recached: l(&c.recached),
+            overwritten: l(&c.overwritten),
             invalidations_lost: l(&c.invalidations_lost),
             snapshots: l(&c.snapshots),
             recovered: l(&c.recovered),

@@ -556,6 +556,27 @@ impl Inner {
 }
 
 impl Txn<'_> {
+    /// The key has no RAM item and is about to be replaced whatever it holds (bucket
+    /// locks held): drop the flash slots with its tag without reading them
+    /// (`Store::transact_replacing`).
+    pub(super) fn drop_flash_copies(&mut self) {
+        let inner = self.inner();
+        let Some(fl) = inner.flash.as_ref() else {
+            return;
+        };
+        let kh = self.key_hash();
+        for b in [kh.b1, kh.b2] {
+            for i in 0..index::SLOTS {
+                let raw = inner.index.raw_slot(b, i);
+                if FlashSlot::decode(raw).is_some_and(|s| s.tag == kh.tag) {
+                    inner.index.set_raw_slot(b, i, 0);
+                    inner.forget_flash_slot(raw);
+                    fl.c.overwritten.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// The key has no RAM item but its buckets hold flash slots with its tag (bucket
     /// locks held): bring its flash record back into RAM so that the transaction sees
     /// it (a command that modifies or removes a flash item). Damaged or dead records

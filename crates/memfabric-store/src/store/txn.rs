@@ -17,6 +17,24 @@ impl Store {
     /// wait). Keep `f` short; it may allocate. Inside `f`, use only the `Txn`: calling
     /// another locking `Store` method for the same key would deadlock.
     pub fn transact<'s, R>(&'s self, key: &[u8], f: impl FnOnce(&mut Txn<'s>) -> R) -> R {
+        self.transact_with(key, true, f)
+    }
+
+    /// `transact` for a write that replaces the key whatever it holds (a plain SET):
+    /// a copy of the key on flash is dropped unread instead of being brought back to
+    /// RAM first (`Txn::item` then sees only a RAM item). Its slots are found by tag, so
+    /// another key's flash item that shares the tag and buckets goes too (a miss later,
+    /// never a wrong value; with 16-bit tags, rare).
+    pub fn transact_replacing<'s, R>(&'s self, key: &[u8], f: impl FnOnce(&mut Txn<'s>) -> R) -> R {
+        self.transact_with(key, false, f)
+    }
+
+    fn transact_with<'s, R>(
+        &'s self,
+        key: &[u8],
+        promote: bool,
+        f: impl FnOnce(&mut Txn<'s>) -> R,
+    ) -> R {
         let inner: &Inner = &self.inner;
         let kh = inner.index.hash(key);
         let mut key_buf = [0u8; KEY_MAX_LEN];
@@ -33,7 +51,11 @@ impl Store {
         };
         t.cur = t.find_live();
         if t.cur.is_none() && inner.flash.is_some() {
-            t.promote_from_flash();
+            if promote {
+                t.promote_from_flash();
+            } else {
+                t.drop_flash_copies();
+            }
         }
         let r = f(&mut t);
         inner.index.unlock_pair(&kh);
