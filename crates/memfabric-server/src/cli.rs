@@ -214,6 +214,15 @@ pub struct Args {
         default_value = "direct"
     )]
     pub flash_io: String,
+    /// with ext_path: how flash reads are done: io_uring (one thread, many reads in
+    /// flight), psync (ext_threads threads doing pread), or auto (io_uring when a start-up
+    /// probe says it works here, else psync)
+    #[arg(
+        long = "flash-io-engine",
+        value_name = "auto|io_uring|psync",
+        default_value = "auto"
+    )]
+    pub flash_io_engine: String,
     /// with ext_path: on a start, serve again what a previous run left on flash (after a
     /// clean shutdown or a crash); off starts empty and erases it
     #[arg(long = "flash-recover", value_name = "on|off", default_value = "on")]
@@ -661,6 +670,16 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
             other => {
                 return Err(fatal(format!(
                     "--flash-io {other}: expected direct or buffered"
+                )))
+            }
+        };
+        s.ext.engine = match a.flash_io_engine.as_str() {
+            "auto" => crate::flash_reads::IoEngine::Auto,
+            "io_uring" => crate::flash_reads::IoEngine::IoUring,
+            "psync" => crate::flash_reads::IoEngine::Psync,
+            other => {
+                return Err(fatal(format!(
+                    "--flash-io-engine {other}: expected auto, io_uring or psync"
                 )))
             }
         };
@@ -1167,6 +1186,8 @@ mod tests {
             .contains("ext_threads"));
         let e = err(&["-o", "ext_path=/x:1g", "--flash-io", "weird"]);
         assert!(e.message.contains("--flash-io"));
+        let e = err(&["-o", "ext_path=/x:1g", "--flash-io-engine", "aio"]);
+        assert!(e.message.contains("--flash-io-engine aio"), "{}", e.message);
     }
 
     #[test]

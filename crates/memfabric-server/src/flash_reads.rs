@@ -1,6 +1,8 @@
-//! The flash tier's read threads (`ext_threads`): a retrieval that finds its key only on
-//! flash answers "pending", one of these threads reads and verifies the record, and the
-//! worker that waits is told (`Inbox::post_with`) with the item read. A worker never
+//! The flash tier's reads: a retrieval that finds its key only on flash answers
+//! "pending", the read engine reads and verifies the record, and the worker that waits is
+//! told (`Inbox::post_with`) with the item read. Two engines (`--flash-io-engine`):
+//! io_uring (one thread, up to `URING_DEPTH` reads in flight; the default when the
+//! start-up probe says it works) and a pool of `ext_threads` threads doing `pread`. A worker never
 //! blocks on flash unless the queue is full or the values read and not yet answered
 //! reach their budget (`HELD_MAX`): then the read is done in place, bounded work rather
 //! than unbounded memory — a client that pipelines GETs of large flash items and does not
@@ -10,6 +12,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use memfabric_store::flash::uring::UringReads;
 use memfabric_store::{FlashCandidates, FlashReader};
 
 use crate::pending::{Completion, HeldBytes, Inbox, Target};
@@ -25,23 +28,91 @@ pub struct ReadJob {
     pub hold: HeldBytes,
 }
 
+/// Whom a finished read is told to (a job without its key and candidates).
+struct Reply {
+    inbox: Arc<Inbox>,
+    target: Target,
+    ticket: u64,
+    hold: HeldBytes,
+}
+
+/// How flash reads are done (`--flash-io-engine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEngine {
+    /// io_uring when the start-up probe says it works, else the thread pool.
+    Auto,
+    /// io_uring, or refuse to start.
+    IoUring,
+    /// `ext_threads` threads doing `pread`.
+    Psync,
+}
+
+enum Engine {
+    Threads {
+        tx: Mutex<Option<SyncSender<ReadJob>>>,
+        threads: Mutex<Vec<JoinHandle<()>>>,
+        queued: Arc<AtomicU64>,
+    },
+    Uring(UringReads<Reply>),
+}
+
 pub struct FlashReads {
-    tx: Mutex<Option<SyncSender<ReadJob>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Reads queued or in progress (`extstore_io_queue`).
-    pub queued: Arc<AtomicU64>,
+    engine: Engine,
     /// Bytes reserved by reads queued, in progress, or done and not yet answered.
     pub held: Arc<AtomicU64>,
 }
 
 /// Reads queued at most (beyond this a worker reads in place).
 const QUEUE: usize = 4096;
+/// Reads in flight at once with io_uring.
+pub const URING_DEPTH: usize = 64;
 /// Bytes of values read from flash and not yet answered, at most (beyond this a worker
 /// reads in place).
 pub const HELD_MAX: u64 = 32 << 20;
 
 impl FlashReads {
-    pub fn start(reader: FlashReader, threads: usize) -> std::io::Result<FlashReads> {
+    /// Start the reads: with `engine`, `threads` for the thread pool. Errors when the
+    /// engine asked for cannot run (io_uring whose probe fails).
+    pub fn start(
+        reader: FlashReader,
+        threads: usize,
+        engine: IoEngine,
+    ) -> std::io::Result<FlashReads> {
+        let uring = match engine {
+            IoEngine::Psync => None,
+            IoEngine::IoUring => {
+                memfabric_store::flash::uring::probe(&reader).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("--flash-io-engine io_uring: {e}"))
+                })?;
+                Some(reader.clone())
+            }
+            IoEngine::Auto => match memfabric_store::flash::uring::probe(&reader) {
+                Ok(()) => Some(reader.clone()),
+                Err(e) => {
+                    tracing::info!("flash reads: io_uring unavailable ({e}), using read threads");
+                    None
+                }
+            },
+        };
+        let engine = match uring {
+            Some(reader) => Engine::Uring(UringReads::start(
+                reader,
+                URING_DEPTH,
+                QUEUE,
+                |r: Reply, hit| {
+                    let done = Completion::Flash(hit, r.hold);
+                    r.inbox.post_with(r.target, r.ticket, Some(done));
+                },
+            )?),
+            None => Self::threads(reader, threads)?,
+        };
+        Ok(FlashReads {
+            engine,
+            held: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    fn threads(reader: FlashReader, threads: usize) -> std::io::Result<Engine> {
         let (tx, rx) = sync_channel::<ReadJob>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let queued = Arc::new(AtomicU64::new(0));
@@ -65,12 +136,27 @@ impl FlashReads {
                     })?,
             );
         }
-        Ok(FlashReads {
+        Ok(Engine::Threads {
             tx: Mutex::new(Some(tx)),
             threads: Mutex::new(handles),
             queued,
-            held: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Which engine runs (`stats extstore`).
+    pub fn engine_name(&self) -> &'static str {
+        match self.engine {
+            Engine::Threads { .. } => "psync",
+            Engine::Uring(_) => "io_uring",
+        }
+    }
+
+    /// Reads queued or in progress (`extstore_io_queue`).
+    pub fn queued(&self) -> u64 {
+        match &self.engine {
+            Engine::Threads { queued, .. } => queued.load(Ordering::Relaxed),
+            Engine::Uring(u) => u.queued.load(Ordering::Relaxed),
+        }
     }
 
     /// Reserve `bytes` for a read's result; `None` when the budget is spent.
@@ -78,19 +164,40 @@ impl FlashReads {
         HeldBytes::reserve(&self.held, bytes, HELD_MAX)
     }
 
-    /// Queue a read. False when the queue is full (or the pool stopped): the caller
+    /// Queue a read. False when the queue is full (or the reads stopped): the caller
     /// reads in place.
     pub fn submit(&self, job: ReadJob) -> bool {
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = tx.as_ref() else {
-            return false;
-        };
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        match tx.try_send(job) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-                false
+        match &self.engine {
+            Engine::Threads { tx, queued, .. } => {
+                let tx = tx.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(tx) = tx.as_ref() else {
+                    return false;
+                };
+                queued.fetch_add(1, Ordering::Relaxed);
+                match tx.try_send(job) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                        queued.fetch_sub(1, Ordering::Relaxed);
+                        false
+                    }
+                }
+            }
+            Engine::Uring(u) => {
+                let ReadJob {
+                    key,
+                    cands,
+                    inbox,
+                    target,
+                    ticket,
+                    hold,
+                } = job;
+                let reply = Reply {
+                    inbox,
+                    target,
+                    ticket,
+                    hold,
+                };
+                u.submit(key, cands, reply).is_ok()
             }
         }
     }
@@ -98,14 +205,11 @@ impl FlashReads {
 
 impl Drop for FlashReads {
     fn drop(&mut self) {
-        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
-        for h in self
-            .threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = h.join();
+        if let Engine::Threads { tx, threads, .. } = &self.engine {
+            drop(tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+            for h in threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                let _ = h.join();
+            }
         }
     }
 }

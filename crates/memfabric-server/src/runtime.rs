@@ -177,18 +177,31 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
             );
         }
         tracing::info!(
-            "flash tier: {} bytes, {} I/O, {} read threads",
+            "flash tier: {} bytes, {} I/O",
             f.limit_bytes,
             if f.direct_io { "direct" } else { "buffered" },
-            shared.settings.ext.threads
         );
     }
     if shared.store.has_flash() {
         let reader = shared.store.flash_reader();
         shared.flash_reads = Some(
-            crate::flash_reads::FlashReads::start(reader, shared.settings.ext.threads)
-                .map_err(RunError::Store)?,
+            crate::flash_reads::FlashReads::start(
+                reader,
+                shared.settings.ext.threads,
+                shared.settings.ext.engine,
+            )
+            .map_err(RunError::Store)?,
         );
+        match shared.flash_reads.as_ref().map(|r| r.engine_name()) {
+            Some("io_uring") => tracing::info!(
+                "flash reads: io_uring, {} in flight",
+                crate::flash_reads::URING_DEPTH
+            ),
+            _ => tracing::info!(
+                "flash reads: {} threads (pread)",
+                shared.settings.ext.threads
+            ),
+        }
     }
     if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
         let ctx = Arc::clone(m.context());

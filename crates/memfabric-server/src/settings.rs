@@ -267,6 +267,8 @@ pub struct ExtSettings {
     pub max_frag: f64,
     pub max_sleep: u32,
     pub drop_unread: bool,
+    /// How flash reads are done (`--flash-io-engine`).
+    pub engine: crate::flash_reads::IoEngine,
 }
 
 impl Default for ExtSettings {
@@ -284,6 +286,7 @@ impl Default for ExtSettings {
             max_frag: 0.8,
             max_sleep: 1_000_000,
             drop_unread: false,
+            engine: crate::flash_reads::IoEngine::Auto,
         }
     }
 }

@@ -211,9 +211,17 @@ fn flash_hits_on_every_protocol_in_request_order() {
     let _s = flash_server(
         port,
         &dir.path().join("f"),
-        &["-U", &udp_port.to_string(), "-o", "ext_item_size=600"],
+        &[
+            "-U",
+            &udp_port.to_string(),
+            "-o",
+            "ext_item_size=600",
+            "--flash-io-engine",
+            "io_uring",
+        ],
     );
     let mut c = Conn::new(port);
+    assert_eq!(c.stats("extstore")["io_engine"], "io_uring");
     fill(&mut c, N);
     let hits = read_all(&mut c, N);
     let from_flash = stat(&mut c, "extstore_objects_read");
@@ -494,8 +502,14 @@ fn a_truncated_flash_file_costs_hits_never_values() {
     let dir = TempDir::new("truncate");
     let file = dir.path().join("f");
     let port = free_port();
-    let _s = flash_server(port, &file, &["--flash-io", "buffered"]);
+    // Read by the thread pool (the protocol test reads with io_uring).
+    let _s = flash_server(
+        port,
+        &file,
+        &["--flash-io", "buffered", "--flash-io-engine", "psync"],
+    );
     let mut c = Conn::new(port);
+    assert_eq!(c.stats("extstore")["io_engine"], "psync");
     fill(&mut c, N);
     let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     f.set_len(8 << 20).unwrap();

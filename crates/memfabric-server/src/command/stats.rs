@@ -90,6 +90,11 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "extstore" => {
             if let Some(f) = shared.store.flash_stats() {
                 flash_detail(&f, &mut v);
+                let engine = shared
+                    .flash_reads
+                    .as_ref()
+                    .map_or("none", |r| r.engine_name());
+                v.put("io_engine", engine);
             }
         }
         // memfabric's own group: its own settings and the UCX data path.
@@ -511,10 +516,7 @@ fn flash_general(shared: &Shared, f: &memfabric_store::FlashStats, v: &mut Stats
     v.put("extstore_limit_maxbytes", f.limit_bytes);
     v.put(
         "extstore_io_queue",
-        shared
-            .flash_reads
-            .as_ref()
-            .map_or(0, |r| r.queued.load(Ordering::Relaxed)),
+        shared.flash_reads.as_ref().map_or(0, |r| r.queued()),
     );
     v.put("flash_device_bytes_written", f.device_bytes_written);
     v.put("flash_admitted_bytes", f.admitted_bytes);

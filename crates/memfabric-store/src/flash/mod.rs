@@ -17,6 +17,9 @@
 //! Lock order: class lock → bucket locks → the tier's write state. The write state is
 //! innermost: nothing is locked while it is held.
 pub mod format;
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub mod uring;
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -243,7 +246,7 @@ const MIN_FIRST_PIECE: usize = 4096;
 
 /// Memory for `len` bytes starting at a 4096-aligned address (for `O_DIRECT`), as the
 /// backing vector and the offset the aligned bytes start at.
-fn aligned(len: usize) -> (Vec<u8>, usize) {
+pub(crate) fn aligned(len: usize) -> (Vec<u8>, usize) {
     let buf = vec![0u8; len + 4096];
     let start = buf.as_ptr().align_offset(4096).min(4096);
     (buf, start)
@@ -254,6 +257,27 @@ pub(crate) enum Fetch {
     Bytes(Vec<u8>),
     /// Nothing readable there (beyond the tier, short read, I/O error).
     Failed,
+}
+
+/// What a read takes (`Flash::plan_read`).
+pub(crate) enum Planned {
+    /// Done without the device: a page still in memory, or nothing readable there.
+    Ready(Fetch),
+    /// One read from a file, for an I/O engine to do.
+    Device(DeviceRead),
+}
+
+/// One read from a flash file: `len` bytes at `pos` of file `file` (4 KiB-aligned in
+/// both for `O_DIRECT`) into memory aligned to 4 KiB (`aligned`), of which the caller
+/// wants `want` bytes from `skip` on.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRead {
+    loc: u64,
+    file: usize,
+    pub(crate) pos: u64,
+    pub(crate) len: usize,
+    skip: usize,
+    want: usize,
 }
 
 impl Flash {
@@ -797,13 +821,33 @@ impl Flash {
     }
 
     /// Read `len` bytes at `loc` (clipped to its page): from a page still in memory, or
-    /// from the device.
+    /// from the device (here, with `pread`).
     pub(crate) fn read(&self, loc: u64, len: usize) -> Fetch {
+        match self.plan_read(loc, len) {
+            Planned::Ready(f) => f,
+            Planned::Device(d) => self.finish_read(&d, self.device_read(&d)),
+        }
+    }
+
+    /// Do a device read here, with `pread`.
+    pub(crate) fn device_read(&self, d: &DeviceRead) -> io::Result<(Vec<u8>, usize)> {
+        let (mut buf, start) = aligned(d.len);
+        read_full(
+            &self.files[d.file].file,
+            &mut buf[start..start + d.len],
+            d.pos,
+        )?;
+        Ok((buf, start))
+    }
+
+    /// What reading `len` bytes at `loc` takes: nothing more when the page is still in
+    /// memory (or the location is not readable), else one device read.
+    pub(crate) fn plan_read(&self, loc: u64, len: usize) -> Planned {
         let ps = self.page_size as u64;
         let page = (loc / ps) as u32;
         let off = (loc % ps) as usize;
         if page >= self.pages || off < PAGE_HDR {
-            return Fetch::Failed;
+            return Planned::Ready(Fetch::Failed);
         }
         let len = len.min(self.page_size - off);
         {
@@ -814,7 +858,7 @@ impl Flash {
                 .is_some_and(|p| p.page == page && off + crate::item::HDR > p.used)
             {
                 // Past what the page being filled holds: an earlier page's bytes.
-                return Fetch::Failed;
+                return Planned::Ready(Fetch::Failed);
             }
             let in_memory = st
                 .current
@@ -828,37 +872,63 @@ impl Flash {
                         .map(|p| p.bytes(self.page_size))
                 });
             if let Some(b) = in_memory {
-                return Fetch::Bytes(b[off..off + len].to_vec());
+                return Planned::Ready(Fetch::Bytes(b[off..off + len].to_vec()));
             }
         }
-        let Some((f, file_off)) = self.file_of(page) else {
-            return Fetch::Failed;
+        let Some(file) = self
+            .files
+            .iter()
+            .position(|f| page >= f.first_page && page < f.first_page + f.pages)
+        else {
+            return Planned::Ready(Fetch::Failed);
         };
-        let pos = file_off + off as u64;
-        let r = if f.direct {
-            let lo = pos & !4095;
-            let hi = (pos + len as u64).next_multiple_of(4096);
-            let n = (hi - lo) as usize;
-            let (mut buf, start) = aligned(n);
-            match read_full(&f.file, &mut buf[start..start + n], lo) {
-                Ok(()) => {
-                    let s = start + (pos - lo) as usize;
-                    Ok(buf[s..s + len].to_vec())
-                }
-                Err(e) => Err(e),
-            }
+        let f = &self.files[file];
+        let pos = (page - f.first_page) as u64 * ps + off as u64;
+        // O_DIRECT: whole 4 KiB blocks into 4 KiB-aligned memory.
+        let (lo, hi) = if f.direct {
+            (pos & !4095, (pos + len as u64).next_multiple_of(4096))
         } else {
-            let mut buf = vec![0u8; len];
-            read_full(&f.file, &mut buf, pos).map(|()| buf)
+            (pos, pos + len as u64)
         };
+        Planned::Device(DeviceRead {
+            loc,
+            file,
+            pos: lo,
+            len: (hi - lo) as usize,
+            skip: (pos - lo) as usize,
+            want: len,
+        })
+    }
+
+    /// The bytes a device read brought (`buf[start..]`, `d.len` of them), or its error
+    /// (logged, counted in `flash_read_errors`).
+    pub(crate) fn finish_read(&self, d: &DeviceRead, r: io::Result<(Vec<u8>, usize)>) -> Fetch {
         match r {
-            Ok(b) => Fetch::Bytes(b),
+            Ok((mut buf, start)) if buf.len() >= start + d.skip + d.want => {
+                let from = start + d.skip;
+                if from == 0 && buf.len() == d.want {
+                    return Fetch::Bytes(buf);
+                }
+                buf.copy_within(from..from + d.want, 0);
+                buf.truncate(d.want);
+                Fetch::Bytes(buf)
+            }
+            Ok(_) => Fetch::Failed,
             Err(e) => {
                 self.c.read_errors.fetch_add(1, Ordering::Relaxed);
-                self.log_error(format_args!("flash read at {loc}: {e}"));
+                self.log_error(format_args!("flash read at {}: {e}", d.loc));
                 Fetch::Failed
             }
         }
+    }
+
+    /// The open file a device read goes to.
+    pub(crate) fn device_file(&self, d: &DeviceRead) -> &File {
+        &self.files[d.file].file
+    }
+
+    pub(crate) fn first_file(&self) -> Option<&File> {
+        self.files.first().map(|f| &f.file)
     }
 
     fn file_of(&self, page: u32) -> Option<(&FlashFile, u64)> {

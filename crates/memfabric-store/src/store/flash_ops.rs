@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::flash::format::{self, RecordHeader};
-use crate::flash::{Fetch, Flash, FlashStats, Job, CHAINED_SLOT_CLASS};
+use crate::flash::{DeviceRead, Fetch, Flash, FlashStats, Job, Planned, CHAINED_SLOT_CLASS};
 use crate::index::{self, FlashSlot, KeyHash, FLASH_REFERENCED};
 use crate::item::{self, Header, HDR};
 use crate::KEY_MAX_LEN;
@@ -35,6 +35,10 @@ impl FlashCandidates {
 
     fn iter(&self) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
         self.slots[..self.n].iter().copied()
+    }
+
+    fn get(&self, i: usize) -> Option<(usize, usize, u64)> {
+        self.slots[..self.n].get(i).copied()
     }
 }
 
@@ -142,34 +146,178 @@ impl Store {
 pub struct FlashReader(Arc<Inner>);
 
 impl FlashReader {
-    /// Read `key` from flash through `cands` (blocking: an I/O thread calls this, or a
-    /// caller that cannot wait). A record that is damaged, dead or gone clears its slot
-    /// and reads as a miss; `None` is a miss.
+    /// Read `key` from flash through `cands` (blocking, with `pread`: an I/O thread
+    /// calls this, or a caller that cannot wait). A record that is damaged, dead or gone
+    /// clears its slot and reads as a miss; `None` is a miss.
     pub fn read(&self, key: &[u8], cands: &FlashCandidates) -> Option<FlashHit> {
         self.0.read_flash(key, cands)
     }
+
+    /// Start a lookup of `key` through `cands` whose device reads the caller does
+    /// (an I/O engine): drive it with [`FlashReader::advance`].
+    pub fn lookup(&self, key: Vec<u8>, cands: FlashCandidates) -> FlashLookup {
+        self.0.lookup(key, cands)
+    }
+
+    /// Take a lookup as far as it goes without the device: `done` is the result of the
+    /// read the previous step asked for (`None` the first time). Returns the next read
+    /// to do, or the lookup's result.
+    pub fn advance(
+        &self,
+        lk: &mut FlashLookup,
+        done: Option<std::io::Result<(Vec<u8>, usize)>>,
+    ) -> LookupStep {
+        self.0.advance(lk, done)
+    }
+
+    /// Where a device read goes (for an I/O engine).
+    pub fn device_file(&self, d: &DeviceRead) -> Option<&std::fs::File> {
+        self.0.flash.as_ref().map(|f| f.device_file(d))
+    }
+
+    /// Do a device read here, with `pread`.
+    pub fn device_read(&self, d: &DeviceRead) -> std::io::Result<(Vec<u8>, usize)> {
+        match self.0.flash.as_ref() {
+            Some(f) => f.device_read(d),
+            None => Err(std::io::Error::other("no flash tier")),
+        }
+    }
+
+    /// The tier's first file (an I/O engine's start-up probe reads it).
+    pub fn first_file(&self) -> Option<&std::fs::File> {
+        self.0.flash.as_ref().and_then(|f| f.first_file())
+    }
+}
+
+/// A lookup of one key on flash, one candidate slot at a time (the chained item's
+/// pieces one after another), whose device reads are done by its driver.
+pub struct FlashLookup {
+    key: Vec<u8>,
+    kh: KeyHash,
+    cands: FlashCandidates,
+    next: usize,
+    cur: Option<((usize, usize, u64), RecordRead)>,
+    waiting: Option<DeviceRead>,
+}
+
+/// What a lookup needs next.
+pub enum LookupStep {
+    /// This device read (into memory from `flash::aligned`), then `advance` again.
+    Read(DeviceRead),
+    /// The lookup's result: the item, or a miss.
+    Done(Option<FlashHit>),
+}
+
+/// Reading the record one flash slot names: the record (or a chained item's head), then
+/// the chained item's pieces in order.
+struct RecordRead {
+    fs: FlashSlot,
+    stage: RecordStage,
+}
+
+enum RecordStage {
+    Head,
+    Pieces {
+        h: Header,
+        crc: u32,
+        pieces: Vec<(u64, u32)>,
+        value: Vec<u8>,
+    },
 }
 
 impl Inner {
-    /// Read `key` from flash through `cands` (blocking: an I/O thread calls this, or a
-    /// caller that cannot wait). A record that is damaged, dead or gone clears its slot
-    /// and reads as a miss; `None` is a miss.
+    /// Read `key` from flash through `cands`, doing the device reads here.
     fn read_flash(&self, key: &[u8], cands: &FlashCandidates) -> Option<FlashHit> {
         let fl = self.flash.as_ref()?;
-        let kh = self.index.hash(key);
-        fl.c.reads.fetch_add(1, Ordering::Relaxed);
-        for (b, i, raw) in cands.iter() {
-            match self.read_record(raw, key) {
+        let mut lk = self.lookup(key.to_vec(), *cands);
+        let mut done = None;
+        loop {
+            match self.advance(&mut lk, done.take()) {
+                LookupStep::Done(hit) => return hit,
+                LookupStep::Read(d) => done = Some(fl.device_read(&d)),
+            }
+        }
+    }
+
+    fn lookup(&self, key: Vec<u8>, cands: FlashCandidates) -> FlashLookup {
+        if let Some(fl) = self.flash.as_ref() {
+            fl.c.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        FlashLookup {
+            kh: self.index.hash(&key),
+            key,
+            cands,
+            next: 0,
+            cur: None,
+            waiting: None,
+        }
+    }
+
+    fn advance(
+        &self,
+        lk: &mut FlashLookup,
+        done: Option<std::io::Result<(Vec<u8>, usize)>>,
+    ) -> LookupStep {
+        let Some(fl) = self.flash.as_ref() else {
+            return LookupStep::Done(None);
+        };
+        let mut got = match (lk.waiting.take(), done) {
+            (Some(d), Some(r)) => Some(fl.finish_read(&d, r)),
+            _ => None,
+        };
+        loop {
+            if lk.cur.is_none() {
+                let Some(c) = lk.cands.get(lk.next) else {
+                    fl.c.misses.fetch_add(1, Ordering::Relaxed);
+                    return LookupStep::Done(None);
+                };
+                lk.next += 1;
+                match FlashSlot::decode(c.2) {
+                    Some(fs) => {
+                        let rr = RecordRead {
+                            fs,
+                            stage: RecordStage::Head,
+                        };
+                        lk.cur = Some((c, rr));
+                    }
+                    None => continue,
+                }
+                got = None;
+            }
+            let Some((c, rr)) = lk.cur.as_mut() else {
+                continue;
+            };
+            let outcome = got.take().and_then(|f| self.record_feed(rr, &lk.key, f));
+            let Some(rec) = outcome else {
+                // The next read this record needs.
+                let Some((loc, len)) = self.record_need(rr, lk.key.len()) else {
+                    let (b, i, raw) = *c;
+                    lk.cur = None;
+                    self.clear_flash_slot(&lk.kh, b, i, raw);
+                    continue;
+                };
+                match fl.plan_read(loc, len) {
+                    Planned::Ready(f) => got = Some(f),
+                    Planned::Device(d) => {
+                        lk.waiting = Some(d);
+                        return LookupStep::Read(d);
+                    }
+                }
+                continue;
+            };
+            let (b, i, raw) = *c;
+            lk.cur = None;
+            match rec {
                 FlashRecord::Other => continue,
                 FlashRecord::Bad => {
-                    self.clear_flash_slot(&kh, b, i, raw);
+                    self.clear_flash_slot(&lk.kh, b, i, raw);
                     continue;
                 }
                 FlashRecord::Item(h, value) => {
                     if let Some(flushed) = self.dead(&h, self.clock.now()) {
                         self.count_dead_lookup(flushed);
-                        self.clear_flash_slot(&kh, b, i, raw);
-                        return None;
+                        self.clear_flash_slot(&lk.kh, b, i, raw);
+                        return LookupStep::Done(None);
                     }
                     // Read through a slot that changed meanwhile (the item replaced,
                     // removed or moved; its page reused): not a value to serve.
@@ -180,103 +328,156 @@ impl Inner {
                     fl.c.objects_read.fetch_add(1, Ordering::Relaxed);
                     fl.c.bytes_read
                         .fetch_add(value.len() as u64, Ordering::Relaxed);
-                    return Some(FlashHit {
+                    return LookupStep::Done(Some(FlashHit {
                         info: self.info(&h),
                         value,
                         slot: (b, i, raw),
-                    });
+                    }));
                 }
             }
         }
-        fl.c.misses.fetch_add(1, Ordering::Relaxed);
-        None
     }
 
-    /// Read and verify the record a flash slot names; compare its key with `key`. A
-    /// chained item's pieces are read after its head and checked against it.
+    /// Read and verify the record a flash slot names (doing the device reads here);
+    /// compare its key with `key`.
     fn read_record(&self, raw: u64, key: &[u8]) -> FlashRecord {
         let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) else {
             return FlashRecord::Bad;
         };
-        let len = match fs.class {
-            CHAINED_SLOT_CLASS => fl.head_read_len(),
-            c => match self.slabs.classes.get(c as usize) {
-                Some(cls) => cls.size,
-                None => return FlashRecord::Bad,
-            },
+        let mut rr = RecordRead {
+            fs,
+            stage: RecordStage::Head,
         };
-        let bytes = match fl.read(fs.loc, len) {
-            Fetch::Bytes(b) => b,
-            Fetch::Failed => return FlashRecord::Bad,
-        };
-        let Some(r) = format::parse_record(&bytes) else {
-            // Another key's record torn the same way would look the same: count it as
-            // a bad read only when the bytes claim to be this key.
-            if bytes.get(item::OFF_KEYLEN).copied() == Some(key.len() as u8)
-                && bytes.get(HDR..HDR + key.len()) == Some(key)
-            {
-                fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
-            }
-            return FlashRecord::Bad;
-        };
-        if r.key != key {
-            return FlashRecord::Other;
-        }
-        // A head where a record was expected, or the other way round: not what the
-        // slot was made for (its page reused).
-        let chained = r.h.iflags & item::F_CHUNKED != 0;
-        if chained != (fs.class == CHAINED_SLOT_CLASS) {
-            return FlashRecord::Bad;
-        }
-        let mut h = Header {
-            seq: 0,
-            state: item::LINKED,
-            class: r.h.class,
-            key_len: r.h.key_len,
-            iflags: r.h.iflags & !item::F_CHUNKED,
-            cas: r.h.cas,
-            value_len: r.h.value_len,
-            flags: r.h.flags,
-            exptime: r.h.exptime,
-            time: r.h.time,
-            crc: 0,
-            atime: 0,
-        };
-        if !chained {
-            return FlashRecord::Item(h, r.value.to_vec());
-        }
-        match self.read_pieces(fl, key, r.h.cas, r.value) {
-            Some(value) => {
-                h.value_len = value.len() as u32;
-                FlashRecord::Item(h, value)
-            }
-            None => {
-                fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
-                FlashRecord::Bad
+        loop {
+            let Some((loc, len)) = self.record_need(&rr, key.len()) else {
+                return FlashRecord::Bad;
+            };
+            if let Some(r) = self.record_feed(&mut rr, key, fl.read(loc, len)) {
+                return r;
             }
         }
     }
 
-    /// The value of a chained item whose head holds `table`: every piece read, checked
-    /// (key, CAS, index, crc) and put together, then checked against the value's crc.
-    fn read_pieces(&self, fl: &Flash, key: &[u8], cas: u64, table: &[u8]) -> Option<Vec<u8>> {
-        let (crc, pieces) = format::parse_chain_table(table)?;
-        let total: usize = pieces.iter().map(|p| p.1 as usize).sum();
-        if total > fl.max_chained_value() {
-            return None;
-        }
-        let mut value = Vec::with_capacity(total);
-        for (i, &(loc, len)) in pieces.iter().enumerate() {
-            let Fetch::Bytes(b) = fl.read(loc, format::record_len(key.len(), len as usize)) else {
-                return None;
-            };
-            let piece = format::parse_piece(&b, key, cas, i as u32)?;
-            if piece.len() != len as usize {
-                return None;
+    /// The read a record needs next: where, how many bytes. `None` when its slot names
+    /// no class it can be read by.
+    fn record_need(&self, rr: &RecordRead, key_len: usize) -> Option<(u64, usize)> {
+        let fl = self.flash.as_ref()?;
+        match &rr.stage {
+            RecordStage::Head => {
+                let len = match rr.fs.class {
+                    CHAINED_SLOT_CLASS => fl.head_read_len(),
+                    c => self.slabs.classes.get(c as usize)?.size,
+                };
+                Some((rr.fs.loc, len))
             }
-            value.extend_from_slice(piece);
+            RecordStage::Pieces { pieces, value, .. } => {
+                // Pieces come in order: the next is the one after what is read.
+                let mut at = 0;
+                let mut idx = 0;
+                while idx < pieces.len() && at + pieces[idx].1 as usize <= value.len() {
+                    at += pieces[idx].1 as usize;
+                    idx += 1;
+                }
+                let (loc, len) = *pieces.get(idx)?;
+                Some((loc, format::record_len(key_len, len as usize)))
+            }
         }
-        (crc32c::crc32c(&value) == crc).then_some(value)
+    }
+
+    /// Take the bytes of the read `record_need` asked for: the record's outcome, or
+    /// `None` when it needs another read (a chained item's next piece).
+    fn record_feed(&self, rr: &mut RecordRead, key: &[u8], got: Fetch) -> Option<FlashRecord> {
+        let fl = self.flash.as_ref()?;
+        let Fetch::Bytes(bytes) = got else {
+            return Some(FlashRecord::Bad);
+        };
+        match &mut rr.stage {
+            RecordStage::Head => {
+                let Some(r) = format::parse_record(&bytes) else {
+                    // Another key's record torn the same way would look the same: count
+                    // it as a bad read only when the bytes claim to be this key.
+                    if bytes.get(item::OFF_KEYLEN).copied() == Some(key.len() as u8)
+                        && bytes.get(HDR..HDR + key.len()) == Some(key)
+                    {
+                        fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Some(FlashRecord::Bad);
+                };
+                if r.key != key {
+                    return Some(FlashRecord::Other);
+                }
+                // A head where a record was expected, or the other way round: not what
+                // the slot was made for (its page reused).
+                let chained = r.h.iflags & item::F_CHUNKED != 0;
+                if chained != (rr.fs.class == CHAINED_SLOT_CLASS) {
+                    return Some(FlashRecord::Bad);
+                }
+                let h = Header {
+                    seq: 0,
+                    state: item::LINKED,
+                    class: r.h.class,
+                    key_len: r.h.key_len,
+                    iflags: r.h.iflags & !item::F_CHUNKED,
+                    cas: r.h.cas,
+                    value_len: r.h.value_len,
+                    flags: r.h.flags,
+                    exptime: r.h.exptime,
+                    time: r.h.time,
+                    crc: 0,
+                    atime: 0,
+                };
+                if !chained {
+                    return Some(FlashRecord::Item(h, r.value.to_vec()));
+                }
+                let Some((crc, pieces)) = format::parse_chain_table(r.value) else {
+                    fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                    return Some(FlashRecord::Bad);
+                };
+                let total: usize = pieces.iter().map(|p| p.1 as usize).sum();
+                if pieces.is_empty() || total > fl.max_chained_value() {
+                    fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                    return Some(FlashRecord::Bad);
+                }
+                rr.stage = RecordStage::Pieces {
+                    h,
+                    crc,
+                    pieces,
+                    value: Vec::with_capacity(total),
+                };
+                None
+            }
+            RecordStage::Pieces {
+                h,
+                crc,
+                pieces,
+                value,
+            } => {
+                let mut at = 0;
+                let mut idx = 0;
+                while idx < pieces.len() && at + pieces[idx].1 as usize <= value.len() {
+                    at += pieces[idx].1 as usize;
+                    idx += 1;
+                }
+                let want = pieces.get(idx).map_or(0, |p| p.1 as usize);
+                match format::parse_piece(&bytes, key, h.cas, idx as u32) {
+                    Some(p) if p.len() == want => value.extend_from_slice(p),
+                    _ => {
+                        fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                        return Some(FlashRecord::Bad);
+                    }
+                }
+                if idx + 1 < pieces.len() {
+                    return None;
+                }
+                if crc32c::crc32c(value) != *crc {
+                    fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
+                    return Some(FlashRecord::Bad);
+                }
+                let mut h = *h;
+                h.value_len = value.len() as u32;
+                Some(FlashRecord::Item(h, std::mem::take(value)))
+            }
+        }
     }
 
     /// Clear flash slot (b, i) if it still holds `raw` (ignoring its referenced bit).

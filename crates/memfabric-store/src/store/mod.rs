@@ -22,7 +22,7 @@ mod txn;
 mod tests;
 
 pub use admin::DumpCursor;
-pub use flash_ops::{FlashCandidates, FlashHit, FlashReader};
+pub use flash_ops::{FlashCandidates, FlashHit, FlashLookup, FlashReader, LookupStep};
 pub use new_item::NewItem;
 pub(crate) use new_item::Owner;
 pub use options::{AllocError, ArithOptions, GetOptions, ItemInfo, LinkOptions, ReassignStatus};
