@@ -131,3 +131,50 @@ fn igets_in_flight_are_served_from_flash_exactly_and_onesided_falls_back() {
     }
     assert!(stat(&s, "extstore_objects_read") > before);
 }
+
+#[test]
+fn chained_items_on_flash_come_back_over_ucx_by_rendezvous() {
+    let dir = tempfile::Builder::new()
+        .prefix("mfc-flash-chained-")
+        .tempdir()
+        .unwrap();
+    let ext = format!("ext_path={}:128m", dir.path().join("f").display());
+    let s = Server::start(Kind::MemfabricdUcx, &["-m", "8", "-I", "2m", "-o", &ext]);
+    let config = Config {
+        get_mode: GetMode::TwoSided,
+        timeout: TIMEOUT,
+        ..Config::default()
+    };
+    let mut c = Client::new(s.url().as_str(), config).expect("client");
+    // 24 values of 0.6 to 1.3 MB (chained in RAM): three times the server's 8 MB.
+    let keys: Vec<(usize, usize)> = (0..24).map(|i| (i, 600_000 + i * 31_337)).collect();
+    for &(i, len) in &keys {
+        let r = c.set(key(i).as_bytes(), &value(i, len), 6, 0);
+        assert!(r.is_ok(), "{r:?}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // All in flight at once: the server reads the flash ones while answering the rest.
+    let hs: Vec<_> = keys
+        .iter()
+        .map(|&(i, _)| c.iget(key(i).as_bytes()))
+        .collect();
+    let mut hits = 0;
+    for (r, &(i, len)) in c.wait_all(&hs, TIMEOUT).into_iter().zip(&keys) {
+        match r.expect("get") {
+            Reply::Value(Some(v)) => {
+                assert!(v.data.as_ref() == &value(i, len)[..], "{}", key(i));
+                assert_eq!(v.flags, 6);
+                hits += 1;
+            }
+            Reply::Value(None) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let chained_reads = stat(&s, "extstore_objects_read");
+    assert!(stat(&s, "flash_chained_written") >= 12);
+    assert!(
+        hits >= 20 && chained_reads >= 10,
+        "{hits} hits, {chained_reads} from flash"
+    );
+    assert_eq!(stat(&s, "badcrc_from_extstore"), 0);
+}

@@ -517,6 +517,8 @@ impl Flash {
             return None;
         }
         let entry = format::chained_summary_len(key.len());
+        // Outside the lock: the whole value's crc, for the head's chain table.
+        let crc = value.iter().fold(0u32, |c, v| crc32c::crc32c_append(c, v));
         let mut st = self.lock();
         if st.shutdown {
             return None;
@@ -610,7 +612,6 @@ impl Flash {
             p.used += rec;
             table.push((p.page as u64 * ps as u64 + off as u64, n as u32));
         }
-        let crc = value.iter().fold(0u32, |c, v| crc32c::crc32c_append(c, v));
         let tbl = format::put_chain_table(crc, &table);
         let mut hh = *h;
         hh.iflags |= crate::item::F_CHUNKED;
