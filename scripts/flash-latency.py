@@ -65,37 +65,56 @@ def main() -> None:
             if name != "ram-only":
                 s.settle()
         n = a.requests
-        # The oldest keys went to flash; RAM keeps the newest.
-        flash_keys = range(fill // 10, fill // 10 + cap // 2)
+        # Keys on flash: at first the oldest of the fill (RAM keeps the newest); after a
+        # flood, the oldest keys of that flood the tier still holds (it churns the tier).
+        flash_keys = {name: [b"k%09d" % k for k in range(fill // 10, fill // 10 + cap // 2)]
+                      for name in servers}
+        ram_items = a.ram_mb * (1 << 20) // a.valsize
         rounds: dict[str, list[dict]] = {k: [] for k in servers}
         names = list(servers)
         set_base = 0
+        last_flood: dict[str, int] = {}
         for r in range(a.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 s = servers[name]
                 res = {}
-                ram = [b"get k%09d\r\n" % (fill - 1 - ((i * 7919 + r) % 20_000))
-                       for i in range(n)]
+                if r == 0:
+                    ram = [b"get k%09d\r\n" % (fill - 1 - ((i * 7919) % 20_000))
+                           for i in range(n)]
+                else:
+                    # RAM keeps the newest keys of the last flood.
+                    ram = [b"get f%09d\r\n" % (last_flood[name] - 1 - ((i * 7919) % 2_000))
+                           for i in range(n)]
                 res["ram_get"] = fm.paced(s, ram)
                 if name != "ram-only":
                     reads0 = int(s.stats()["extstore_objects_read"])
-                    keys = [flash_keys[(i * 104_729 + r * 31) % len(flash_keys)]
+                    keys = flash_keys[name]
+                    reqs = [b"get " + keys[(i * 104_729 + r * 31) % len(keys)] + b"\r\n"
                             for i in range(n)]
-                    res["flash_get"] = fm.paced(s, [b"get k%09d\r\n" % k for k in keys])
+                    res["flash_get"] = fm.paced(s, reqs)
                     res["flash_reads"] = int(s.stats()["extstore_objects_read"]) - reads0
                 v = fm.value(0, a.valsize)
                 sets = [b"set s%09d 0 0 %d\r\n" % (set_base + i, len(v)) + v + b"\r\n"
                         for i in range(n)]
                 set_base += n
                 behind0 = int(s.stats().get("flash_dropped_writer_behind", 0))
-                fl = fm.flood(s.port, 1_000_000_000 + r * 10_000_000, n / 2000 + 3,
-                              a.valsize)
+                first = 1_000_000_000 + r * 10_000_000
+                fl = fm.flood(s.port, first, n / 2000 + 3, a.valsize)
                 time.sleep(1)
                 res["set_flooded"] = fm.paced(s, sets)
-                fl.wait()
+                out, _ = fl.communicate()
+                end = int(out.split()[-1])
+                last_flood[name] = end
+                s.settle()
                 res["writer_behind"] = int(s.stats().get("flash_dropped_writer_behind", 0)) \
                     - behind0
+                res["flood_sets"] = end - first
+                # The flood's keys that went to flash: older than RAM's share, newer than
+                # the tier's reach.
+                lo = max(first, end - cap * 9 // 10)
+                hi = end - 2 * ram_items
+                flash_keys[name] = [b"f%09d" % k for k in range(lo, max(hi, lo + 1))]
                 rounds[name].append(res)
                 print(r, name, json.dumps(res), flush=True)
         summary: dict[str, dict] = {}

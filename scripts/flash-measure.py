@@ -16,7 +16,9 @@ Debian's memcached with extstore:
    tier, after writing 2.5 times the tier (memfabricd's flash_device_bytes_written /
    flash_admitted_bytes).
 3. Restart: items on flash before a clean shutdown (SIGTERM) and before `kill -9`, items
-   served after each restart, the time from start to the first answer, and the
+   re-indexed at the start (`flash_recovered`), and of the test's own keys (the latency
+   phase's SET flood wrote others) those on flash before (served before, less those in
+   RAM) and those served after; the time from start to the first answer, and the
    server's own `flash_recovery_ms`.
 4. Latency (memfabricd), one connection pacing 2,000 requests/s for 5 s: GETs of flash
    items, GETs of RAM items (beside the same in the RAM-only run), and SETs while another
@@ -184,8 +186,9 @@ def flood(port: int, first: int, seconds: float, vlen: int) -> subprocess.Popen:
         "    for _ in range(64):\n"
         "        b+=b'set f%09d 0 0 %d noreply\\r\\n'%(i,len(v))+v+b'\\r\\n'; i+=1\n"
         "    s.sendall(b)\n"
+        "print(i)\n"
     )
-    return subprocess.Popen([sys.executable, "-c", code])
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
 
 
 def latencies(s: Server, fill: int, vlen: int, flash_keys: range | None) -> dict:
@@ -202,7 +205,7 @@ def latencies(s: Server, fill: int, vlen: int, flash_keys: range | None) -> dict
     fl = flood(s.port, 0, 8, vlen)
     time.sleep(1)
     r["set_p50_flooded"], r["set_p99_flooded"] = paced(s, sets)
-    fl.wait()
+    fl.communicate()
     return {k: round(x, 1) for k, x in r.items()}
 
 
@@ -277,11 +280,20 @@ def main() -> None:
                 r["dram_per_flash_item"] = (hdr + 8 * r["flash_items"]) / max(r["flash_items"], 1)
             # 3. Restarts: clean, then kill -9.
             total = fill + max(more, 0)
+            # Items on flash are the test's keys and the latency phase's (its SET
+            # flood); the served counts are of the test's keys: those served before the
+            # stop, less those in RAM then (the newest: the flood's went to flash or
+            # away long before), are the ones on flash a restart must bring back.
             for how, sig in (("clean", signal.SIGTERM), ("kill9", signal.SIGKILL)):
-                before = int(s.stats()["extstore_objects_used"])
+                st = s.stats()
+                before = int(st["extstore_objects_used"])
+                served_before = s.served(total, a.valsize)
+                in_ram = int(st["curr_items"])
                 s.stop(sig)
                 s = start(free_port(), a.ram_mb, f"{path}:{a.flash_gb}g")
                 r[f"{how}_on_flash_before"] = before
+                r[f"{how}_recovered"] = int(s.stats().get("flash_recovered", 0))
+                r[f"{how}_keys_on_flash_before"] = max(served_before - in_ram, 0)
                 r[f"{how}_serving_s"] = round(s.serving_after, 2)
                 r[f"{how}_recovery_ms"] = int(s.stats().get("flash_recovery_ms", -1))
                 r[f"{how}_served_after"] = s.served(total, a.valsize)
@@ -300,10 +312,14 @@ def main() -> None:
             ("DRAM bytes per flash item", "dram_per_flash_item", "{:.1f}"),
             ("write amplification", "write_amplification", "{:.3f}"),
             ("clean: on flash before", "clean_on_flash_before", "{:.0f}"),
+            ("clean: re-indexed at start", "clean_recovered", "{:.0f}"),
+            ("clean: test keys on flash before", "clean_keys_on_flash_before", "{:.0f}"),
             ("clean: served after", "clean_served_after", "{:.0f}"),
             ("clean: serving after (s)", "clean_serving_s", "{:.2f}"),
             ("clean: recovery (ms)", "clean_recovery_ms", "{:.0f}"),
             ("kill -9: on flash before", "kill9_on_flash_before", "{:.0f}"),
+            ("kill -9: re-indexed at start", "kill9_recovered", "{:.0f}"),
+            ("kill -9: test keys on flash before", "kill9_keys_on_flash_before", "{:.0f}"),
             ("kill -9: served after", "kill9_served_after", "{:.0f}"),
             ("kill -9: serving after (s)", "kill9_serving_s", "{:.2f}"),
             ("kill -9: recovery (ms)", "kill9_recovery_ms", "{:.0f}"),

@@ -129,6 +129,8 @@ pub struct HybridConfig {
     pub server_threads: usize,
     /// memfabricd's `--flash-io` (direct or buffered).
     pub flash_io: String,
+    /// memfabricd's `--flash-io-engine` (auto, io_uring or psync).
+    pub flash_io_engine: String,
     pub progress: bool,
 }
 
@@ -227,6 +229,7 @@ pub fn plan_target(
         ]);
         if !kind.is_memcached() {
             extra.extend(["--flash-io".into(), cfg.flash_io.clone()]);
+            extra.extend(["--flash-io-engine".into(), cfg.flash_io_engine.clone()]);
         }
     }
     Ok(TargetPlan {
@@ -1093,6 +1096,7 @@ mod tests {
             seed: 1,
             server_threads: 4,
             flash_io: "direct".into(),
+            flash_io_engine: "auto".into(),
             progress: false,
         };
         assert_eq!(cfg.keys(), 2 * 320 * 1024 * 1024 / 4096);

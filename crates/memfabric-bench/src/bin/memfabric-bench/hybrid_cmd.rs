@@ -51,6 +51,9 @@ pub(crate) struct HybridArgs {
     /// memfabricd's --flash-io.
     #[arg(long, value_enum, default_value_t = FlashIo::Direct)]
     pub(crate) flash_io: FlashIo,
+    /// memfabricd's --flash-io-engine (auto, io_uring or psync).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "io_uring", "psync"])]
+    pub(crate) flash_io_engine: String,
     /// Value size in bytes.
     #[arg(long, default_value_t = 4096)]
     pub(crate) valsize: usize,
@@ -136,6 +139,7 @@ pub(crate) fn hybrid_cmd(a: HybridArgs) -> Fallible<()> {
             FlashIo::Direct => "direct".into(),
             FlashIo::Buffered => "buffered".into(),
         },
+        flash_io_engine: a.flash_io_engine.clone(),
         progress: !a.quiet,
     };
     cfg.validate()?;
@@ -229,7 +233,7 @@ fn settings(a: &HybridArgs, cfg: &HybridConfig) -> String {
     };
     format!(
         "hybrid: -m {} MB, flash {} MB, values {} B, spillfactor {} -> {} keys ({} MB of values); \
-         {} GETs ({dist}) by {} clients; miss penalty {} us then a fill; server -t {}, flash io {}",
+         {} GETs ({dist}) by {} clients; miss penalty {} us then a fill; server -t {}, flash io {} ({} engine)",
         cfg.maxmemory_mb,
         cfg.flash_mb,
         cfg.valsize,
@@ -241,6 +245,7 @@ fn settings(a: &HybridArgs, cfg: &HybridConfig) -> String {
         a.misspenalty,
         cfg.server_threads,
         cfg.flash_io,
+        cfg.flash_io_engine,
     )
 }
 
