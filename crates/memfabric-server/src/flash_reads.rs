@@ -145,8 +145,10 @@ impl FlashReads {
 
     /// Which engine runs (`stats extstore`).
     pub fn engine_name(&self) -> &'static str {
-        match self.engine {
+        match &self.engine {
             Engine::Threads { .. } => "psync",
+            // The ring failed at run time: its thread reads with pread since.
+            Engine::Uring(u) if u.failed() => "io_uring_failed_pread",
             Engine::Uring(_) => "io_uring",
         }
     }

@@ -36,7 +36,10 @@ use crate::item::{self, HDR};
 
 pub const PAGE_HDR: usize = 64;
 pub const MAGIC: u32 = 0x4C46_4D4D; // "MMFL"
-pub const VERSION: u16 = 1;
+/// Version 2 added chained items (kind CHAINED, pieces). A page of another version is
+/// not read: a tier written by another format version starts empty (and an older
+/// binary, which stops at an entry kind it does not know, never reads these pages).
+pub const VERSION: u16 = 2;
 /// Bytes of a summary entry before its key.
 pub const SUMMARY_FIXED: usize = 24;
 /// Summary entry kinds.
@@ -179,8 +182,10 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
 /// Parse piece `index` of the chained item (`key`, `cas`) at the start of `bytes`: its
 /// bytes of the value, `None` unless it is whole, its crc matches and it is that piece.
 pub fn parse_piece<'a>(bytes: &'a [u8], key: &[u8], cas: u64, index: u32) -> Option<&'a [u8]> {
+    // A piece's other header fields are always 0 (`put_piece`).
     parse_any(bytes, item::CHAINED)
         .filter(|r| r.key == key && r.h.cas == cas && r.h.flags == index)
+        .filter(|r| (r.h.class, r.h.iflags, r.h.exptime, r.h.time) == (0, 0, 0, 0))
         .map(|r| r.value)
 }
 

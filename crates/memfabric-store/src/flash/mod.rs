@@ -233,16 +233,20 @@ pub(crate) struct Flash {
     pub(crate) c: FlashCounters,
     last_error_log: Mutex<Option<Instant>>,
     /// The chained items on flash: head location -> bytes counted in `bytes_used` (a
-    /// slot cannot say how large a chained item is; there are at most two per page).
+    /// slot cannot say how large a chained item is; each is over half a page, so there
+    /// are fewer of them than pages in the tier).
     chained: Mutex<std::collections::HashMap<u64, u64>>,
 }
 
-/// The slot class of a chained item's head (slab classes are 0..62): read
+/// The slot class of a chained item's head (slab classes are 0..61): read
 /// `Flash::head_read_len` bytes there.
 pub(crate) const CHAINED_SLOT_CLASS: u8 = 63;
 /// A chained item's first piece goes into the page its head is in only if that page
 /// has room for at least this much of it.
 const MIN_FIRST_PIECE: usize = 4096;
+/// Pieces of a chained item a read accepts (whatever the write buffers of the run that
+/// wrote it): 1 GiB, memcached's largest `-I`, in 1 MiB pages.
+const MAX_READ_PIECES: usize = 1024;
 
 /// Memory for `len` bytes starting at a 4096-aligned address (for `O_DIRECT`), as the
 /// backing vector and the offset the aligned bytes start at.
@@ -380,25 +384,24 @@ impl Flash {
         self.chained.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Pieces a chained item has at most: one in its head's page, then one per fresh
-    /// page, and those pages must all be write buffers at once.
+    /// Pieces a chained item written now has at most: one in its head's page, then one
+    /// per fresh page, and those pages must all be write buffers at once.
     fn max_pieces(&self) -> usize {
         self.cfg.write_buffers
     }
 
     /// Bytes to read for a chained item's head (its key and chain table at their
-    /// largest).
+    /// largest). Bounded by `MAX_READ_PIECES`, not by this run's write buffers, so that
+    /// heads a previous run wrote with more buffers are read whole.
     pub(crate) fn head_read_len(&self) -> usize {
-        format::record_len(
-            crate::KEY_MAX_LEN,
-            format::chain_table_len(self.max_pieces()),
-        )
+        let pieces = self.max_pieces().max(MAX_READ_PIECES);
+        format::record_len(crate::KEY_MAX_LEN, format::chain_table_len(pieces))
     }
 
     /// The largest value a chained item on flash can have (what a read of one may
-    /// return).
+    /// return): any run's, as `head_read_len`.
     pub(crate) fn max_chained_value(&self) -> usize {
-        self.max_pieces() * self.page_size
+        self.max_pieces().max(MAX_READ_PIECES) * self.page_size
     }
 
     /// A chained item registered at `loc` counting `bytes` (restart).
@@ -557,15 +560,16 @@ impl Flash {
                 .iter()
                 .map(|&n| format::record_len(key.len(), n))
                 .sum::<usize>();
-        if !self.spend_budget(&mut st, bytes) {
-            return None;
-        }
-        // The pieces that need a fresh page: one buffer and one ready page apiece.
+        // The pieces that need a fresh page: one buffer and one ready page apiece
+        // (checked before the budget is spent on an item that cannot be written).
         let fresh_pages = plan.len() - usize::from(first_here);
         let free_buffers = st.spare.len() + (self.cfg.write_buffers - st.buffers);
         if free_buffers < fresh_pages || st.ready.len() < fresh_pages {
             self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
             self.wake.notify_all();
+            return None;
+        }
+        if !self.spend_budget(&mut st, bytes) {
             return None;
         }
         // The head's place, zeroed now: until it is written, nothing there may parse.

@@ -44,6 +44,8 @@ pub struct UringReads<T: Send + 'static> {
     notified: Arc<AtomicBool>,
     /// Lookups queued or in flight.
     pub queued: Arc<AtomicU64>,
+    /// The ring failed and the engine reads with `pread` instead (`fail_over`).
+    failed: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -88,14 +90,17 @@ impl<T: Send + 'static> UringReads<T> {
         let (tx, rx) = sync_channel::<Job<T>>(queue);
         let notified = Arc::new(AtomicBool::new(false));
         let queued = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
         let engine = Engine {
             reader,
             ring,
             rx,
             wake_rx,
             wake_buf: Box::new([0u8; 64]),
+            wake_armed: false,
             notified: Arc::clone(&notified),
             queued: Arc::clone(&queued),
+            failed: Arc::clone(&failed),
             ops: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
             done,
@@ -108,8 +113,14 @@ impl<T: Send + 'static> UringReads<T> {
             wake: Mutex::new(wake_tx),
             notified,
             queued,
+            failed,
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// Did the ring fail (the engine reads with `pread` since)?
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
     }
 
     /// Queue a lookup. `Err` gives the context back when the queue is full or the engine
@@ -165,16 +176,21 @@ struct Op<T> {
     d: DeviceRead,
     buf: Vec<u8>,
     start: usize,
+    /// Bytes read so far (a short read is continued).
+    got: usize,
 }
 
-struct Engine<T, F> {
+struct Engine<T, F: FnMut(T, Option<FlashHit>)> {
     reader: FlashReader,
     ring: IoUring,
     rx: Receiver<Job<T>>,
     wake_rx: std::io::PipeReader,
     wake_buf: Box<[u8; 64]>,
+    /// The pipe read into `wake_buf` is in flight.
+    wake_armed: bool,
     notified: Arc<AtomicBool>,
     queued: Arc<AtomicU64>,
+    failed: Arc<AtomicBool>,
     /// Lookups in flight, by slot (a completion's user data is its slot).
     ops: Vec<Option<Op<T>>>,
     free: Vec<usize>,
@@ -183,7 +199,6 @@ struct Engine<T, F> {
 
 impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
     fn run(mut self) {
-        let mut wake_armed = false;
         let mut closed = false;
         loop {
             while !closed && !self.free.is_empty() {
@@ -198,22 +213,27 @@ impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
             }
             // The pipe read is armed again only after the queue was looked at: a lookup
             // queued since then left a byte in the pipe, which this read takes at once.
-            if !wake_armed && !closed {
-                wake_armed = self.arm_wake();
+            if !self.wake_armed && !closed {
+                self.wake_armed = self.arm_wake();
             }
             let in_flight = self.ops.len() - self.free.len();
             // Closed: end once nothing is in flight, the pipe read included (the byte
             // `UringReads::drop` writes after closing the queue completes it).
-            if closed && in_flight == 0 && !wake_armed {
+            if closed && in_flight == 0 && !self.wake_armed {
                 return;
             }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+                // Interrupted, or the kernel short of resources for now: reap what
+                // completed and try again.
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {}
+                Err(e) => {
                     // The ring failed: what is in flight is finished with plain reads,
                     // and so is everything after (the memory of reads the kernel may
                     // still hold is leaked rather than freed under it).
+                    eprintln!("memfabric flash tier: io_uring failed ({e}); reading with pread");
                     self.fail_over();
                     return;
                 }
@@ -225,21 +245,36 @@ impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
                 .collect();
             for (ud, res) in cqes {
                 if ud == WAKE {
-                    wake_armed = false;
+                    self.wake_armed = false;
                     self.notified.store(false, Ordering::Release);
                     continue;
                 }
-                let Some(op) = self.ops.get_mut(ud as usize).and_then(Option::take) else {
+                let slot = ud as usize;
+                let Some(mut op) = self.ops.get_mut(slot).and_then(Option::take) else {
                     continue;
                 };
-                self.free.push(ud as usize);
                 let r = if res < 0 {
                     Err(io::Error::from_raw_os_error(-res))
-                } else if (res as usize) < op.d.len {
-                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"))
+                } else if res == 0 {
+                    Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "read past the end",
+                    ))
+                } else if op.got + (res as usize) < op.d.len {
+                    // A short read: read the rest into the same memory.
+                    op.got += res as usize;
+                    if self.submit_read(slot, &mut op) {
+                        self.ops[slot] = Some(op);
+                        continue;
+                    }
+                    let r = self.reader.device_read(&op.d);
+                    self.free.push(slot);
+                    self.finish_sync(op.lk, op.ctx, Some(r));
+                    continue;
                 } else {
                     Ok((op.buf, op.start))
                 };
+                self.free.push(slot);
                 self.step(op.lk, op.ctx, Some(r));
             }
         }
@@ -255,36 +290,51 @@ impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
             }
             LookupStep::Read(d) => d,
         };
-        let (Some(slot), Some(file)) = (self.free.pop(), self.reader.device_file(&d)) else {
+        let Some(slot) = self.free.pop() else {
             // Not expected (a lookup starts only with a free slot): read here.
             let r = self.reader.device_read(&d);
             return self.finish_sync(lk, ctx, Some(r));
         };
-        let fd = file.as_raw_fd();
-        let (mut buf, start) = aligned(d.len);
-        let read = opcode::Read::new(types::Fd(fd), buf[start..].as_mut_ptr(), d.len as u32)
-            .offset(d.pos)
-            .build()
-            .user_data(slot as u64);
-        // SAFETY: the memory the read fills (`buf[start..start + d.len]`, inside `buf`)
-        // moves with `buf` into `self.ops[slot]` below and is dropped only after the
-        // completion with user data `slot` is reaped (`run`); `run` ends only with
-        // nothing in flight, and a failed ring leaks what it may still hold
-        // (`fail_over`). The file is the tier's, open as long as `self.reader` holds
-        // the store.
-        let pushed = unsafe { self.ring.submission().push(&read) }.is_ok();
-        if !pushed {
-            self.free.push(slot);
-            let r = self.reader.device_read(&d);
-            return self.finish_sync(lk, ctx, Some(r));
-        }
-        self.ops[slot] = Some(Op {
+        let (buf, start) = aligned(d.len);
+        let mut op = Op {
             lk,
             ctx,
             d,
             buf,
             start,
-        });
+            got: 0,
+        };
+        if self.submit_read(slot, &mut op) {
+            self.ops[slot] = Some(op);
+        } else {
+            self.free.push(slot);
+            let r = self.reader.device_read(&op.d);
+            self.finish_sync(op.lk, op.ctx, Some(r));
+        }
+    }
+
+    /// Queue the read of `op` (what is still to read of it) as `slot`. The caller then
+    /// puts `op` into `self.ops[slot]`, where its memory stays until the completion.
+    /// False when it could not be queued.
+    fn submit_read(&mut self, slot: usize, op: &mut Op<T>) -> bool {
+        let Some(file) = self.reader.device_file(&op.d) else {
+            return false;
+        };
+        let fd = file.as_raw_fd();
+        let at = op.start + op.got;
+        let len = (op.d.len - op.got) as u32;
+        let read = opcode::Read::new(types::Fd(fd), op.buf[at..].as_mut_ptr(), len)
+            .offset(op.d.pos + op.got as u64)
+            .build()
+            .user_data(slot as u64);
+        // SAFETY: the memory the read fills (`op.buf[at..at + len]`) is the heap block of
+        // `op.buf`, which the caller moves into `self.ops[slot]` (moving the Vec does not
+        // move its block) and which is dropped only after the completion with user data
+        // `slot` is reaped (`run`); `run` ends only with nothing in flight, and if it
+        // unwinds or the ring fails, the blocks of reads in flight are leaked instead
+        // (`Drop`, `fail_over`). The file is the tier's, open as long as `self.reader`
+        // holds the store.
+        unsafe { self.ring.submission().push(&read) }.is_ok()
     }
 
     /// Finish a lookup here, with `pread`.
@@ -324,6 +374,7 @@ impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
     /// which the kernel may still write, are leaked), then every queued lookup is served
     /// the same way until the queue closes.
     fn fail_over(&mut self) {
+        self.failed.store(true, Ordering::Relaxed);
         for slot in 0..self.ops.len() {
             if let Some(op) = self.ops[slot].take() {
                 let Op {
@@ -334,10 +385,38 @@ impl<T: Send + 'static, F: FnMut(T, Option<FlashHit>)> Engine<T, F> {
                 self.finish_sync(lk, ctx, Some(r));
             }
         }
-        std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 64])));
+        if self.wake_armed {
+            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 64])));
+            self.wake_armed = false;
+        }
         while let Ok((key, cands, ctx)) = self.rx.recv() {
             let lk = self.reader.lookup(key, cands);
             self.finish_sync(lk, ctx, None);
+        }
+    }
+}
+
+impl<T, F: FnMut(T, Option<FlashHit>)> Drop for Engine<T, F> {
+    /// `run` ends with nothing in flight and nothing queued; this is for a panic on the
+    /// engine thread (the ring's fd closing does not wait for the kernel to stop
+    /// writing): the memory of every read in flight is leaked rather than freed, and
+    /// every lookup in flight or queued is answered as a miss, so that nobody waits for
+    /// an engine that is gone.
+    fn drop(&mut self) {
+        if self.wake_armed {
+            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 64])));
+        }
+        let mut unanswered = Vec::new();
+        for op in self.ops.iter_mut().filter_map(Option::take) {
+            std::mem::forget(op.buf);
+            unanswered.push(op.ctx);
+        }
+        while let Ok((_, _, ctx)) = self.rx.try_recv() {
+            unanswered.push(ctx);
+        }
+        for ctx in unanswered {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            (self.done)(ctx, None);
         }
     }
 }
