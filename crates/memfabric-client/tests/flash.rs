@@ -55,7 +55,12 @@ fn igets_in_flight_are_served_from_flash_exactly_and_onesided_falls_back() {
         .tempdir()
         .unwrap();
     let ext = format!("ext_path={}:128m", dir.path().join("f").display());
-    let s = Server::start(Kind::MemfabricdUcx, &["-m", "8", "-o", &ext]);
+    // Buffers for the whole load, so that a writer slowed by the disk drops nothing and
+    // the counts below do not depend on its speed.
+    let s = Server::start(
+        Kind::MemfabricdUcx,
+        &["-m", "8", "-o", &ext, "-o", "ext_wbuf_size=96"],
+    );
     let config = Config {
         get_mode: GetMode::TwoSided,
         timeout: TIMEOUT,

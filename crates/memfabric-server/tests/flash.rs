@@ -216,6 +216,11 @@ fn flash_hits_on_every_protocol_in_request_order() {
             &udp_port.to_string(),
             "-o",
             "ext_item_size=600",
+            // Buffers for the whole fill: a writer slowed by the disk then never drops
+            // evictions (flash_dropped_writer_behind), which would make the counts
+            // below depend on the disk's speed.
+            "-o",
+            "ext_wbuf_size=64",
             "--flash-io-engine",
             "io_uring",
         ],

@@ -236,6 +236,11 @@ pub(crate) struct Flash {
     /// slot cannot say how large a chained item is; each is over half a page, so there
     /// are fewer of them than pages in the tier).
     chained: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Per page, how many times it was reclaimed: a lock-free reader notes it before it
+    /// reads and checks it after, so a record read from a page that was reclaimed and
+    /// filled again meanwhile is never taken for what a slot names now (the same key can
+    /// land at the same place, making the slot word itself the same).
+    page_gen: Vec<AtomicU64>,
 }
 
 /// The slot class of a chained item's head (slab classes are 0..61): read
@@ -369,6 +374,7 @@ impl Flash {
             c: FlashCounters::default(),
             last_error_log: Mutex::new(None),
             chained: Mutex::new(Default::default()),
+            page_gen: (0..total).map(|_| AtomicU64::new(0)).collect(),
             cfg: FlashConfig {
                 write_buffers: buffers,
                 ..cfg
@@ -402,6 +408,13 @@ impl Flash {
     /// return): any run's, as `head_read_len`.
     pub(crate) fn max_chained_value(&self) -> usize {
         self.max_pieces().max(MAX_READ_PIECES) * self.page_size
+    }
+
+    /// How many times the page of `loc` was reclaimed (see `page_gen`).
+    pub(crate) fn page_gen(&self, loc: u64) -> u64 {
+        self.page_gen
+            .get((loc / self.page_size as u64) as usize)
+            .map_or(u64::MAX, |g| g.load(Ordering::SeqCst))
     }
 
     /// A chained item registered at `loc` counting `bytes` (restart).
@@ -1093,6 +1106,10 @@ impl Flash {
     pub(crate) fn reclaimed(&self, page: u32, erased: bool) {
         let mut st = self.lock();
         if erased {
+            // Before it can be filled again (it is not ready yet): see `page_gen`.
+            if let Some(g) = self.page_gen.get(page as usize) {
+                g.fetch_add(1, Ordering::SeqCst);
+            }
             self.c.page_reclaims.fetch_add(1, Ordering::Relaxed);
             st.ready.push_back(page);
         } else {

@@ -48,6 +48,8 @@ pub struct FlashHit {
     pub info: ItemInfo,
     pub value: Vec<u8>,
     slot: (usize, usize, u64),
+    /// Its page's reclaim count when it was read (`Flash::page_gen`).
+    gen: u64,
 }
 
 /// A record read through a flash slot.
@@ -125,7 +127,7 @@ impl Store {
     /// if nothing replaced or removed it meanwhile.)
     pub fn flash_hit_current(&self, hit: &FlashHit) -> bool {
         let (b, i, raw) = hit.slot;
-        self.index.raw_slot(b, i) & !FLASH_REFERENCED == raw & !FLASH_REFERENCED
+        self.slot_still_names(b, i, raw, hit.gen)
     }
 
     /// Change which items go to flash (`extstore item_size` / `extstore low_ttl`).
@@ -138,6 +140,46 @@ impl Store {
     /// The flash tier's counters, when there is one.
     pub fn flash_stats(&self) -> Option<FlashStats> {
         self.flash.as_ref().map(|f| f.stats())
+    }
+
+    /// For tests: the keys that more than one index slot names (RAM or flash), which must
+    /// never happen. Walks the whole index and reads every flash slot's record: slow, and
+    /// only meaningful while nothing writes.
+    #[doc(hidden)]
+    pub fn keys_named_twice(&self) -> Vec<Vec<u8>> {
+        let mut seen = std::collections::HashMap::<Vec<u8>, u32>::new();
+        for b in 0..self.index.buckets() {
+            for i in 0..index::SLOTS {
+                let raw = self.index.raw_slot(b, i);
+                let key = if let Some(s) = index::Slot::decode(raw) {
+                    let h = item::read_header(&self.arena, s.off);
+                    let mut k = vec![0u8; (h.key_len as usize).min(KEY_MAX_LEN)];
+                    self.arena.read(item::key_off(s.off), &mut k);
+                    k
+                } else if let Some(fs) = FlashSlot::decode(raw) {
+                    let (Some(fl), Some(len)) = (
+                        self.flash.as_ref(),
+                        match fs.class {
+                            CHAINED_SLOT_CLASS => self.flash.as_ref().map(|f| f.head_read_len()),
+                            c => self.slabs.classes.get(c as usize).map(|c| c.size),
+                        },
+                    ) else {
+                        continue;
+                    };
+                    match fl.read(fs.loc, len) {
+                        Fetch::Bytes(bytes) => match format::parse_record(&bytes) {
+                            Some(r) => r.key.to_vec(),
+                            None => continue,
+                        },
+                        Fetch::Failed => continue,
+                    }
+                } else {
+                    continue;
+                };
+                *seen.entry(key).or_default() += 1;
+            }
+        }
+        seen.into_iter().filter(|e| e.1 > 1).map(|e| e.0).collect()
     }
 }
 
@@ -213,6 +255,8 @@ pub enum LookupStep {
 struct RecordRead {
     fs: FlashSlot,
     stage: RecordStage,
+    /// The reclaim count of the record's page before it was read (`Flash::page_gen`).
+    gen: u64,
 }
 
 enum RecordStage {
@@ -277,6 +321,7 @@ impl Inner {
                         let rr = RecordRead {
                             fs,
                             stage: RecordStage::Head,
+                            gen: fl.page_gen(fs.loc),
                         };
                         lk.cur = Some((c, rr));
                     }
@@ -306,23 +351,28 @@ impl Inner {
                 continue;
             };
             let (b, i, raw) = *c;
+            let gen = rr.gen;
             lk.cur = None;
+            // Read through a slot that changed meanwhile (the item replaced, removed or
+            // moved; its page reclaimed, even if filled again with the same key at the
+            // same place): nothing to serve, nor to clear.
+            let current = self.slot_still_names(b, i, raw, gen);
             match rec {
                 FlashRecord::Other => continue,
                 FlashRecord::Bad => {
-                    self.clear_flash_slot(&lk.kh, b, i, raw);
+                    if current {
+                        self.clear_flash_slot(&lk.kh, b, i, raw);
+                    }
                     continue;
                 }
                 FlashRecord::Item(h, value) => {
+                    if !current {
+                        continue;
+                    }
                     if let Some(flushed) = self.dead(&h, self.clock.now()) {
                         self.count_dead_lookup(flushed);
                         self.clear_flash_slot(&lk.kh, b, i, raw);
                         return LookupStep::Done(None);
-                    }
-                    // Read through a slot that changed meanwhile (the item replaced,
-                    // removed or moved; its page reused): not a value to serve.
-                    if self.index.raw_slot(b, i) & !FLASH_REFERENCED != raw & !FLASH_REFERENCED {
-                        continue;
                     }
                     self.index.mark_flash_referenced(b, i, raw);
                     fl.c.objects_read.fetch_add(1, Ordering::Relaxed);
@@ -332,14 +382,30 @@ impl Inner {
                         info: self.info(&h),
                         value,
                         slot: (b, i, raw),
+                        gen,
                     }));
                 }
             }
         }
     }
 
+    /// Does flash slot (b, i) still hold `raw` (whatever its referenced bit), with its
+    /// page not reclaimed since its reclaim count was `gen`? (What was read through it
+    /// is then what it names.)
+    fn slot_still_names(&self, b: usize, i: usize, raw: u64, gen: u64) -> bool {
+        let now = self.index.raw_slot(b, i);
+        // The slot word is stored after a release fence (`Index::set_raw_slot`): seeing a
+        // slot stored after a reclaim means seeing that reclaim's count too.
+        std::sync::atomic::fence(Ordering::Acquire);
+        let page_gen = self.flash.as_ref().map_or(0, |f| {
+            FlashSlot::decode(raw).map_or(u64::MAX, |fs| f.page_gen(fs.loc))
+        });
+        now & !FLASH_REFERENCED == raw & !FLASH_REFERENCED && page_gen == gen
+    }
+
     /// Read and verify the record a flash slot names (doing the device reads here);
-    /// compare its key with `key`.
+    /// compare its key with `key`. For writers holding the key's bucket locks: the page
+    /// cannot be reclaimed meanwhile (its reclaim takes those locks).
     fn read_record(&self, raw: u64, key: &[u8]) -> FlashRecord {
         let (Some(fl), Some(fs)) = (self.flash.as_ref(), FlashSlot::decode(raw)) else {
             return FlashRecord::Bad;
@@ -347,6 +413,7 @@ impl Inner {
         let mut rr = RecordRead {
             fs,
             stage: RecordStage::Head,
+            gen: fl.page_gen(fs.loc),
         };
         loop {
             let Some((loc, len)) = self.record_need(&rr, key.len()) else {
