@@ -144,7 +144,10 @@ fn chained_items_on_flash_come_back_over_ucx_by_rendezvous() {
         .tempdir()
         .unwrap();
     let ext = format!("ext_path={}:128m", dir.path().join("f").display());
-    let s = Server::start(Kind::MemfabricdUcx, &["-m", "8", "-I", "2m", "-o", &ext]);
+    let s = Server::start(
+        Kind::MemfabricdUcx,
+        &["-m", "8", "-I", "2m", "-o", &ext, "-o", "ext_wbuf_size=32"],
+    );
     let config = Config {
         get_mode: GetMode::TwoSided,
         timeout: TIMEOUT,

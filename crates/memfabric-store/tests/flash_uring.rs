@@ -29,7 +29,9 @@ fn the_io_uring_engine_reads_what_pread_reads_with_many_in_flight() {
         background_sweeper: false,
         flash: Some(FlashConfig {
             files: vec![(dir.path().join("flash"), 128 << 20)],
-            write_buffers: 16,
+            // Buffers for the whole load: which items reach flash must not depend on
+            // how fast the disk takes the writer's pages.
+            write_buffers: 96,
             ..FlashConfig::default()
         }),
         ..StoreConfig::default()
