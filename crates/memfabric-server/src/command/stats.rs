@@ -103,6 +103,11 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             v.put("instance_id", shared.instance_id());
             v.put("poll_us", shared.settings.poll_us);
             v.put("ucx_poll_us", shared.settings.ucx_poll_us);
+            // Where a TCP client upgrades to UCX (libmemfabric asks for this line;
+            // docs/fabric-protocol.md §1.0): present only while the UCX listener runs.
+            if shared.fabric.is_some() && shared.settings.ucx_port != 0 {
+                v.put("ucx_port", shared.settings.ucx_port);
+            }
             v.0.extend(crate::ucx_context::fabric_stats(shared.fabric.as_ref()));
             let t = thread_totals(shared);
             v.put("ucx_wakeups_by_event", t.ucx_wakeups_by_event);
