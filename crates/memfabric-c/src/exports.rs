@@ -58,14 +58,88 @@ unsafe fn set<T>(out: *mut T, v: T) {
     }
 }
 
-/// A `malloc`ed, NUL-terminated copy (the caller frees it). NULL if out of memory.
-fn malloc_copy(data: &[u8]) -> *mut c_char {
-    // SAFETY: malloc of len + 1 bytes; the copy writes exactly that many.
-    unsafe {
-        let p = libc::malloc(data.len() + 1).cast::<u8>();
+pub type MallocFn = unsafe extern "C" fn(*const McSt, usize, *mut c_void) -> *mut c_void;
+pub type FreeFn = unsafe extern "C" fn(*const McSt, *mut c_void, *mut c_void);
+pub type ReallocFn =
+    unsafe extern "C" fn(*const McSt, *mut c_void, usize, *mut c_void) -> *mut c_void;
+pub type CallocFn = unsafe extern "C" fn(*const McSt, usize, usize, *mut c_void) -> *mut c_void;
+
+/// A caller's allocator (`memcached_set_memory_allocators`): what libmemcached hands out is
+/// allocated with it, so the caller can release it with its own free (PHP does).
+#[derive(Clone, Copy)]
+pub struct Allocators {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub realloc: ReallocFn,
+    pub calloc: CallocFn,
+    pub context: *mut c_void,
+}
+
+/// The allocator memory handed to callers of `mc` comes from: theirs, or the C library's.
+#[derive(Clone, Copy)]
+struct Alloc {
+    mc: *const McSt,
+    custom: Option<Allocators>,
+}
+
+impl Alloc {
+    /// `mc`'s allocator (the C library's for NULL or a freed struct).
+    unsafe fn of(mc: *const McSt) -> Alloc {
+        // SAFETY: NULL or a created memcached_st.
+        let custom = unsafe { pool(mc) }.and_then(|p| p.allocators);
+        Alloc { mc, custom }
+    }
+
+    fn malloc(self, size: usize) -> *mut c_void {
+        match self.custom {
+            // SAFETY: the caller's allocator, called as libmemcached calls it.
+            Some(a) => unsafe { (a.malloc)(self.mc, size, a.context) },
+            // SAFETY: plain malloc.
+            None => unsafe { libc::malloc(size) },
+        }
+    }
+
+    fn calloc(self, n: usize, size: usize) -> *mut c_void {
+        match self.custom {
+            // SAFETY: the caller's allocator, called as libmemcached calls it.
+            Some(a) => unsafe { (a.calloc)(self.mc, n, size, a.context) },
+            // SAFETY: plain calloc.
+            None => unsafe { libc::calloc(n, size) },
+        }
+    }
+
+    /// `p` is NULL or came from this allocator.
+    unsafe fn realloc(self, p: *mut c_void, size: usize) -> *mut c_void {
+        match self.custom {
+            // SAFETY: the caller's allocator, on its own memory.
+            Some(a) => unsafe { (a.realloc)(self.mc, p, size, a.context) },
+            // SAFETY: plain realloc of malloc'd memory.
+            None => unsafe { libc::realloc(p, size) },
+        }
+    }
+
+    /// `p` is NULL or came from this allocator.
+    unsafe fn free(self, p: *mut c_void) {
+        if p.is_null() {
+            return;
+        }
+        match self.custom {
+            // SAFETY: the caller's allocator, on its own memory.
+            Some(a) => unsafe { (a.free)(self.mc, p, a.context) },
+            // SAFETY: plain free of malloc'd memory.
+            None => unsafe { libc::free(p) },
+        }
+    }
+
+    /// A NUL-terminated copy the caller frees. NULL if out of memory.
+    fn copy(self, data: &[u8]) -> *mut c_char {
+        let p = self.malloc(data.len() + 1).cast::<u8>();
         if !p.is_null() {
-            ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
-            *p.add(data.len()) = 0;
+            // SAFETY: `p` has len + 1 bytes.
+            unsafe {
+                ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
+                *p.add(data.len()) = 0;
+            }
         }
         p.cast()
     }
@@ -289,7 +363,7 @@ pub unsafe extern "C" fn memcached_behavior_set(ptr: *mut McSt, flag: u32, data:
     };
     let rc = p.behaviors.set(flag, data);
     if rc == abi::SUCCESS {
-        p.settings_changed();
+        p.behavior_changed(flag);
         // SAFETY: `ptr` is valid (its pool was found).
         unsafe { sync_public(ptr) };
     }
@@ -1044,7 +1118,8 @@ pub unsafe extern "C" fn memcached_get_by_key(
             if v.data.is_empty() {
                 ptr::null_mut()
             } else {
-                malloc_copy(&v.data)
+                // SAFETY: `ptr` is a created memcached_st.
+                unsafe { Alloc::of(ptr) }.copy(&v.data)
             }
         }
         Err(rc) => {
@@ -1128,7 +1203,8 @@ unsafe fn fill_result(r: *mut McResult, root: *mut McSt, key: &[u8], v: &Value) 
     r.root = root;
     r.count += 1;
     // SAFETY: the buffer is NULL or ours (malloc); realloc keeps or moves it.
-    let buf = unsafe { libc::realloc(r.value.string.cast(), v.data.len() + 1) }.cast::<c_char>();
+    let buf = unsafe { Alloc::of(root).realloc(r.value.string.cast(), v.data.len() + 1) }
+        .cast::<c_char>();
     if buf.is_null() {
         return false;
     }
@@ -1157,9 +1233,10 @@ pub unsafe extern "C" fn memcached_fetch_result(
         unsafe { set(error, abi::INVALID_ARGUMENTS) };
         return ptr::null_mut();
     };
-    let Some(f) = p.results.pop_front() else {
+    let Some(f) = p.next_result() else {
+        let rc = p.end_of_results(!result.is_null());
         // SAFETY: out-parameter.
-        unsafe { set(error, abi::NOTFOUND) };
+        unsafe { set(error, rc) };
         return ptr::null_mut();
     };
     let r = if result.is_null() {
@@ -1204,11 +1281,12 @@ pub unsafe extern "C" fn memcached_fetch(
         unsafe { set(error, abi::INVALID_ARGUMENTS) };
         return ptr::null_mut();
     };
-    let Some(f) = p.results.pop_front() else {
+    let Some(f) = p.next_result() else {
+        let rc = p.end_of_results(true);
         // SAFETY: out-parameters.
         unsafe {
             set(value_length, 0);
-            set(error, abi::END);
+            set(error, rc);
         }
         return ptr::null_mut();
     };
@@ -1230,7 +1308,8 @@ pub unsafe extern "C" fn memcached_fetch(
     if f.value.data.is_empty() {
         ptr::null_mut()
     } else {
-        malloc_copy(&f.value.data)
+        // SAFETY: `ptr` is a created memcached_st.
+        unsafe { Alloc::of(ptr) }.copy(&f.value.data)
     }
 }
 
@@ -1259,7 +1338,7 @@ pub unsafe extern "C" fn memcached_fetch_execute(
             }
         }
         // SAFETY: the buffer was malloc'd by fill_result.
-        unsafe { libc::free(r.value.string.cast()) };
+        unsafe { Alloc::of(ptr).free(r.value.string.cast()) };
     }
     abi::SUCCESS
 }
@@ -1303,7 +1382,9 @@ pub unsafe extern "C" fn memcached_result_create(
 ) -> *mut McResult {
     let (r, allocated) = if result.is_null() {
         // SAFETY: calloc gives zeroed memory of the struct's size (freed by result_free).
-        let r = unsafe { libc::calloc(1, std::mem::size_of::<McResult>()) }.cast::<McResult>();
+        let r = unsafe { Alloc::of(ptr) }
+            .calloc(1, std::mem::size_of::<McResult>())
+            .cast::<McResult>();
         if r.is_null() {
             return r;
         }
@@ -1329,12 +1410,13 @@ pub unsafe extern "C" fn memcached_result_free(result: *mut McResult) {
     }
     // SAFETY: a result made by memcached_result_create; its buffer is ours.
     unsafe {
-        libc::free((*result).value.string.cast());
+        let alloc = Alloc::of((*result).root);
+        alloc.free((*result).value.string.cast());
         (*result).value.string = ptr::null_mut();
         (*result).value.end = ptr::null_mut();
         (*result).value.current_size = 0;
         if (*result).options & 1 != 0 {
-            libc::free(result.cast());
+            alloc.free(result.cast());
         } else {
             (*result).options = 0;
         }
@@ -1919,7 +2001,9 @@ pub unsafe extern "C" fn memcached_stat(
         return ptr::null_mut();
     }
     // SAFETY: calloc of n structs (zeroes are valid); the caller frees it.
-    let stats = unsafe { libc::calloc(n, std::mem::size_of::<McStat>()) }.cast::<McStat>();
+    let stats = unsafe { Alloc::of(ptr) }
+        .calloc(n, std::mem::size_of::<McStat>())
+        .cast::<McStat>();
     if stats.is_null() {
         // SAFETY: out-parameter.
         unsafe { set(error, abi::MEMORY_ALLOCATION_FAILURE) };
@@ -1943,20 +2027,22 @@ pub unsafe extern "C" fn memcached_stat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn memcached_stat_free(_ptr: *const McSt, stat: *mut McStat) {
-    // SAFETY: NULL or an array from memcached_stat (calloc).
-    unsafe { libc::free(stat.cast()) };
+pub unsafe extern "C" fn memcached_stat_free(ptr: *const McSt, stat: *mut McStat) {
+    // SAFETY: NULL or an array from memcached_stat, made with `ptr`'s allocator.
+    unsafe { Alloc::of(ptr).free(stat.cast()) };
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn memcached_stat_get_keys(
-    _ptr: *mut McSt,
+    ptr: *mut McSt,
     _stat: *mut McStat,
     error: *mut Rc,
 ) -> *mut *mut c_char {
     let n = STAT_KEYS.len() + 1;
     // SAFETY: calloc of n pointers; the strings are static (the caller frees the array only).
-    let list = unsafe { libc::calloc(n, std::mem::size_of::<*mut c_char>()) }.cast::<*mut c_char>();
+    let list = unsafe { Alloc::of(ptr) }
+        .calloc(n, std::mem::size_of::<*mut c_char>())
+        .cast::<*mut c_char>();
     if list.is_null() {
         // SAFETY: out-parameter.
         unsafe { set(error, abi::MEMORY_ALLOCATION_FAILURE) };
@@ -1973,7 +2059,7 @@ pub unsafe extern "C" fn memcached_stat_get_keys(
 
 #[no_mangle]
 pub unsafe extern "C" fn memcached_stat_get_value(
-    _ptr: *const McSt,
+    ptr: *const McSt,
     stat: *const McStat,
     key: *const c_char,
     error: *mut Rc,
@@ -2025,7 +2111,8 @@ pub unsafe extern "C" fn memcached_stat_get_value(
     };
     // SAFETY: out-parameter.
     unsafe { set(error, abi::SUCCESS) };
-    malloc_copy(v.as_bytes())
+    // SAFETY: NULL or a created memcached_st.
+    unsafe { Alloc::of(ptr) }.copy(v.as_bytes())
 }
 
 /// Which transport `memcached_st`'s server `i` uses: 1 UCX, 0 TCP, -1 not connected yet.
@@ -2048,5 +2135,267 @@ pub unsafe extern "C" fn memfabric_transport(ptr: *const McSt) -> c_int {
         Some(TransportChoice::Tcp) => 0,
         Some(TransportChoice::Ucx) => 1,
         _ => 2,
+    }
+}
+
+type StatFn = Option<
+    unsafe extern "C" fn(
+        InstancePtr,
+        *const c_char,
+        usize,
+        *const c_char,
+        usize,
+        *mut c_void,
+    ) -> Rc,
+>;
+
+/// Every statistic of every server (group `args`), one call of `func` per line.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_stat_execute(
+    ptr: *mut McSt,
+    args: *const c_char,
+    func: StatFn,
+    context: *mut c_void,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    let (Some(p), Some(func)) = (unsafe { pool(ptr) }, func) else {
+        return abi::INVALID_ARGUMENTS;
+    };
+    // SAFETY: C string or NULL.
+    let group = unsafe { cstr(args) }
+        .filter(|g| !g.is_empty())
+        .map(str::to_string);
+    let mut rc_cb = abi::SUCCESS;
+    let rc = p.each_server(&Op::Stats { group }, true, |p, i, reply| {
+        let (Reply::Stats(list), Some(inst)) = (reply, p.instance(i)) else {
+            return;
+        };
+        for (k, v) in list {
+            // SAFETY: a C callback with libmemcached's signature; the strings live across it.
+            let r = unsafe {
+                func(
+                    inst,
+                    k.as_ptr().cast(),
+                    k.len(),
+                    v.as_ptr().cast(),
+                    v.len(),
+                    context,
+                )
+            };
+            if r != abi::SUCCESS {
+                rc_cb = r;
+                return;
+            }
+        }
+    });
+    if rc == abi::SUCCESS {
+        rc_cb
+    } else {
+        rc
+    }
+}
+
+/// `memcached_analysis_st`.
+#[repr(C)]
+pub struct McAnalysis {
+    pub root: *mut McSt,
+    pub average_item_size: u32,
+    pub longest_uptime: u32,
+    pub least_free_server: u32,
+    pub most_consumed_server: u32,
+    pub oldest_server: u32,
+    pub pool_hit_ratio: f64,
+    pub most_used_bytes: u64,
+    pub least_remaining_bytes: u64,
+}
+
+/// libmemcached's summary of a `memcached_stat` array: the server with the fewest bytes
+/// left, the one using the most, the longest running, the average item size and the
+/// pool's hit ratio (in percent).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_analyze(
+    ptr: *mut McSt,
+    stat: *mut McStat,
+    error: *mut Rc,
+) -> *mut McAnalysis {
+    // SAFETY: NULL or a created memcached_st.
+    let Some(p) = (unsafe { pool(ptr) }) else {
+        // SAFETY: out-parameter.
+        unsafe { set(error, abi::INVALID_ARGUMENTS) };
+        return ptr::null_mut();
+    };
+    let n = p.server_count();
+    if stat.is_null() || n == 0 {
+        // SAFETY: out-parameter.
+        unsafe { set(error, abi::INVALID_ARGUMENTS) };
+        return ptr::null_mut();
+    }
+    // SAFETY: `stat` is memcached_stat's array of one struct per server.
+    let stats = unsafe { std::slice::from_raw_parts(stat, n) };
+    let mut a = McAnalysis {
+        root: ptr,
+        average_item_size: 0,
+        longest_uptime: 0,
+        least_free_server: 0,
+        most_consumed_server: 0,
+        oldest_server: 0,
+        pool_hit_ratio: 0.0,
+        most_used_bytes: 0,
+        least_remaining_bytes: u64::MAX,
+    };
+    let (mut items, mut bytes_total, mut hits, mut gets) = (0u64, 0u64, 0u64, 0u64);
+    for (i, s) in stats.iter().enumerate() {
+        if s.bytes > a.most_used_bytes {
+            a.most_used_bytes = s.bytes;
+            a.most_consumed_server = i as u32;
+        }
+        let remaining = s.limit_maxbytes.saturating_sub(s.bytes);
+        if remaining < a.least_remaining_bytes {
+            a.least_remaining_bytes = remaining;
+            a.least_free_server = i as u32;
+        }
+        if s.uptime > u64::from(a.longest_uptime) {
+            a.longest_uptime = s.uptime as u32;
+            a.oldest_server = i as u32;
+        }
+        items += s.curr_items;
+        bytes_total += s.bytes;
+        hits += s.get_hits;
+        gets += s.cmd_get;
+    }
+    if let Some(avg) = bytes_total.checked_div(items) {
+        a.average_item_size = avg as u32;
+    }
+    if gets > 0 {
+        a.pool_hit_ratio = hits as f64 / gets as f64 * 100.0;
+    }
+    // SAFETY: malloc of one struct, written whole; the caller frees it (memcached_analyze_free or free).
+    let out = unsafe { Alloc::of(ptr) }
+        .malloc(std::mem::size_of::<McAnalysis>())
+        .cast::<McAnalysis>();
+    if out.is_null() {
+        // SAFETY: out-parameter.
+        unsafe { set(error, abi::MEMORY_ALLOCATION_FAILURE) };
+        return out;
+    }
+    // SAFETY: `out` is valid for one struct.
+    unsafe {
+        out.write(a);
+        set(error, abi::SUCCESS);
+    }
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memcached_analyze_free(a: *mut McAnalysis) {
+    if a.is_null() {
+        return;
+    }
+    // SAFETY: from memcached_analyze, made with its root's allocator.
+    unsafe { Alloc::of((*a).root).free(a.cast()) };
+}
+
+/// `memcached_dump` walks a server's slabs with `stats cachedump`, which memfabricd does
+/// not serve: refused, so a caller knows rather than seeing an empty cache.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_dump(
+    ptr: *mut McSt,
+    _callbacks: *const c_void,
+    _context: *mut c_void,
+    _n: u32,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    match unsafe { pool(ptr) } {
+        Some(p) => p.fail(
+            abi::NOT_SUPPORTED,
+            "memcached_dump (stats cachedump) is not supported by libmemfabric",
+        ),
+        None => abi::INVALID_ARGUMENTS,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memcached_set_memory_allocators(
+    ptr: *mut McSt,
+    mem_malloc: Option<MallocFn>,
+    mem_free: Option<FreeFn>,
+    mem_realloc: Option<ReallocFn>,
+    mem_calloc: Option<CallocFn>,
+    context: *mut c_void,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    let Some(p) = (unsafe { pool(ptr) }) else {
+        return abi::INVALID_ARGUMENTS;
+    };
+    match (mem_malloc, mem_free, mem_realloc, mem_calloc) {
+        (None, None, None, None) => p.allocators = None,
+        (Some(malloc), Some(free), Some(realloc), Some(calloc)) => {
+            p.allocators = Some(Allocators {
+                malloc,
+                free,
+                realloc,
+                calloc,
+                context,
+            })
+        }
+        _ => return p.fail(abi::INVALID_ARGUMENTS, "all four allocators, or none"),
+    }
+    abi::SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memcached_get_memory_allocators(
+    ptr: *const McSt,
+    mem_malloc: *mut Option<MallocFn>,
+    mem_free: *mut Option<FreeFn>,
+    mem_realloc: *mut Option<ReallocFn>,
+    mem_calloc: *mut Option<CallocFn>,
+) {
+    // SAFETY: NULL or a created memcached_st.
+    let a = unsafe { pool(ptr) }.and_then(|p| p.allocators);
+    // SAFETY: out-parameters.
+    unsafe {
+        set(mem_malloc, a.map(|a| a.malloc));
+        set(mem_free, a.map(|a| a.free));
+        set(mem_realloc, a.map(|a| a.realloc));
+        set(mem_calloc, a.map(|a| a.calloc));
+    }
+}
+
+/// libmemcached's value encryption (AES with a key of the caller's): not implemented, so
+/// refused; storing values in clear while the caller believes them encrypted would be
+/// worse.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_set_encoding_key(
+    ptr: *mut McSt,
+    _key: *const c_char,
+    _len: usize,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    match unsafe { pool(ptr) } {
+        Some(p) => p.fail(
+            abi::NOT_SUPPORTED,
+            "memcached_set_encoding_key (value encryption) is not supported by libmemfabric",
+        ),
+        None => abi::INVALID_ARGUMENTS,
+    }
+}
+
+/// Virtual buckets (`memcached_bucket_set` maps): not implemented, refused.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_bucket_set(
+    ptr: *mut McSt,
+    _host_map: *const u32,
+    _forward_map: *const u32,
+    _buckets: u32,
+    _replicas: u32,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    match unsafe { pool(ptr) } {
+        Some(p) => p.fail(
+            abi::NOT_SUPPORTED,
+            "memcached_bucket_set (virtual buckets) is not supported by libmemfabric",
+        ),
+        None => abi::INVALID_ARGUMENTS,
     }
 }

@@ -15,6 +15,6 @@
 pub mod abi;
 pub mod behavior;
 pub mod config;
-mod exports;
+pub mod exports;
 pub mod hash;
 pub mod pool;

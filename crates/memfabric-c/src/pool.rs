@@ -89,11 +89,16 @@ pub struct Pool {
     pub transport: TransportChoice,
     pub credentials: Option<Credentials>,
     pub results: VecDeque<Fetched>,
+    /// Results of the last mget handed out so far, and whether its end was reported.
+    delivered: usize,
+    end_reported: bool,
     pub last_rc: Rc,
     pub last_message: CString,
     /// Callbacks the caller registered (function pointers kept as addresses).
     pub clone_fn: usize,
     pub cleanup_fn: usize,
+    /// The caller's allocator for what is handed out (`memcached_set_memory_allocators`).
+    pub allocators: Option<crate::exports::Allocators>,
     continuum: Option<Vec<(u32, usize)>>,
 }
 
@@ -106,10 +111,13 @@ impl Default for Pool {
             transport: TransportChoice::from_env(),
             credentials: None,
             results: VecDeque::new(),
+            delivered: 0,
+            end_reported: false,
             last_rc: abi::SUCCESS,
             last_message: CString::new("SUCCESS").unwrap(),
             clone_fn: 0,
             cleanup_fn: 0,
+            allocators: None,
             continuum: None,
         }
     }
@@ -130,6 +138,7 @@ impl Pool {
             credentials: self.credentials.clone(),
             clone_fn: self.clone_fn,
             cleanup_fn: self.cleanup_fn,
+            allocators: self.allocators,
             ..Pool::default()
         };
         for s in &self.servers {
@@ -210,10 +219,28 @@ impl Pool {
         self.results.clear();
     }
 
-    /// Settings that change how connections are made drop the connections made before.
+    /// Settings that change how connections are made (credentials, timeouts) drop the
+    /// connections made before; requests in flight and fetched results stay.
     pub fn settings_changed(&mut self) {
-        self.quit();
+        for s in &mut self.servers {
+            if !s.unanswered.is_empty() {
+                continue; // still has noreply requests to deliver: reconnects later
+            }
+            s.conn = None;
+        }
         self.continuum = None;
+    }
+
+    /// After `memcached_behavior_set(flag)`: placement is recomputed when it depends on
+    /// the flag, connections are remade when they do (others take effect per request).
+    pub fn behavior_changed(&mut self, flag: u32) {
+        match flag {
+            // POLL_TIMEOUT, CONNECT_TIMEOUT, RETRY_TIMEOUT, SND/RCV_TIMEOUT
+            8 | 14 | 15 | 19 | 20 => self.settings_changed(),
+            // HASH, KETAMA, DISTRIBUTION, KETAMA_WEIGHTED, KETAMA_HASH
+            2 | 3 | 9 | 16 | 17 => self.continuum = None,
+            _ => {}
+        }
     }
 
     /// Whether server `i` is reached over UCX (None: not connected yet).
@@ -611,9 +638,30 @@ impl Pool {
         }
     }
 
+    /// The next result of the last mget.
+    pub fn next_result(&mut self) -> Option<Fetched> {
+        let f = self.results.pop_front()?;
+        self.delivered += 1;
+        Some(f)
+    }
+
+    /// The code at the end of an mget's results, as libmemcached gives it: END the first
+    /// time, if the mget found anything and the end is read into a caller's result (or by
+    /// `memcached_fetch`); NOT FOUND otherwise.
+    pub fn end_of_results(&mut self, into_callers_result: bool) -> Rc {
+        let first = !std::mem::replace(&mut self.end_reported, true);
+        if first && self.delivered > 0 && into_callers_result {
+            abi::END
+        } else {
+            abi::NOTFOUND
+        }
+    }
+
     /// `memcached_mget_by_key`: fetches the keys and keeps the hits for `fetch`.
     pub fn mget(&mut self, group: Option<&[u8]>, keys: &[&[u8]]) -> Rc {
         self.results.clear();
+        self.delivered = 0;
+        self.end_reported = false;
         if self.servers.is_empty() {
             return self.fail(abi::NO_SERVERS, "");
         }
