@@ -36,12 +36,17 @@ quietly() {
 # Build: pkg-config, libucx-dev (the fabric's UCX), libclang-dev (bindgen), gcc.
 # The README's quick start talks to the server with nc (OpenBSD's: `-q1`) and telnet, so
 # both come with the server too.
-pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet)
+# libsasl2-2: libmemfabric links it as Debian's libmemcached does (applications built
+# against libmemcached reach Cyrus SASL through it).
+pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet libsasl2-2)
 if [[ $mode == all ]]; then
   # Reference server and conformance tools, pylibmc's C library, network namespaces,
   # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks),
   # saslpasswd2 (the SASL differential test's Cyrus sasldb), openssl (test certificates).
   pkgs+=(memcached libmemcached-tools libmemcached-dev iproute2 ucx-utils sasl2-bin openssl)
+  # Applications that load libmemcached.so.11 unchanged, run on libmemfabric by the tests:
+  # Debian's pylibmc and PHP's memcached extension.
+  pkgs+=(python3-pylibmc php8.2-cli php8.2-memcached)
 fi
 
 # Python for the interop suite: Debian's python3 when present (a fresh machine's), else

@@ -32,4 +32,18 @@ stage "cargo test --release, UCX crates (UCX_TLS=tcp,self)" \
 stage "fuzz every parser, decoder and the executor (20 s each)" scripts/fuzz.sh 20
 export MEMFABRICD=${MEMFABRICD:-target/release/memfabricd}
 stage "pytest tests/interop (MEMFABRICD=$MEMFABRICD)" .venv/bin/python -m pytest tests/interop
+# Debian's python3-pylibmc, unmodified, on libmemfabric in place of libmemcached.so.11
+# (installed under target/libmemfabric by the documented step): the pylibmc suite against
+# memcached (TCP) and memfabricd (UCX, over shared memory and over TCP).
+prefix=${CARGO_TARGET_DIR:-target}/libmemfabric
+stage "install libmemfabric under $prefix" scripts/libmemfabric-install.sh "$prefix"
+pylibmc_dir=$prefix/debian-pylibmc   # Debian's pylibmc alone, not all of dist-packages
+mkdir -p "$pylibmc_dir"
+ln -sfn /usr/lib/python3/dist-packages/pylibmc "$pylibmc_dir/pylibmc"
+ln -sf /usr/lib/python3/dist-packages/_pylibmc.cpython-*.so "$pylibmc_dir/"
+for tls in posix,cma,self tcp,self; do
+  stage "pytest test_pylibmc.py: Debian's pylibmc on libmemfabric (UCX_TLS=$tls)" \
+    env UCX_TLS=$tls LD_LIBRARY_PATH="$prefix/lib/libmemfabric" PYTHONPATH="$pylibmc_dir" \
+    MEMFABRIC_PYLIBMC=debian-on-libmemfabric .venv/bin/python -m pytest -q tests/interop/test_pylibmc.py
+done
 echo "==> all stages passed"

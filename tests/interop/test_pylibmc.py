@@ -7,8 +7,47 @@ what the most common C client library sends and expects.
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pylibmc
 import pytest
+
+# scripts/test.sh also runs this suite with Debian's python3-pylibmc on libmemfabric in
+# place of libmemcached.so.11 (MEMFABRIC_PYLIBMC=debian-on-libmemfabric): then memfabricd
+# must be reached over UCX.
+ON_LIBMEMFABRIC = os.environ.get("MEMFABRIC_PYLIBMC") == "debian-on-libmemfabric"
+if ON_LIBMEMFABRIC:
+    assert pylibmc.__file__.startswith("/usr/lib/python3/dist-packages/"), pylibmc.__file__
+    with open("/proc/self/maps") as maps:
+        mapped = maps.read()
+    assert "libmemfabric.so" in mapped, "libmemcached.so.11 is not libmemfabric here"
+    assert "libmemcached.so.11.0" not in mapped, "the real libmemcached is loaded too"
+
+
+def _ucx_sessions(server) -> int:
+    with socket.create_connection(server.addr, timeout=5) as s:
+        s.sendall(b"stats fabric\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    for line in data.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "ucx_total_sessions":
+            return int(parts[2])
+    raise AssertionError("no ucx_total_sessions in stats fabric")
+
+
+@pytest.fixture(autouse=True)
+def _memfabricd_is_reached_over_ucx(request):
+    yield
+    if ON_LIBMEMFABRIC and "server" in request.fixturenames:
+        server = request.getfixturevalue("server")
+        if server.kind == "memfabricd":
+            assert _ucx_sessions(server) > 0, "pylibmc on libmemfabric did not use UCX"
 
 
 @pytest.fixture(params=[False, True], ids=["ascii", "binary"])

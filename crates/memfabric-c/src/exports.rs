@@ -339,7 +339,7 @@ pub unsafe extern "C" fn memcached_last_error_message(ptr: *const McSt) -> *cons
     // SAFETY: NULL or a created memcached_st.
     match unsafe { pool(ptr) } {
         Some(p) => p.last_message.as_ptr(),
-        None => c"Invalid memcached_st".as_ptr(),
+        None => abi::strerror(abi::INVALID_ARGUMENTS).as_ptr().cast(),
     }
 }
 
@@ -373,7 +373,8 @@ pub unsafe extern "C" fn memcached_behavior_set(ptr: *mut McSt, flag: u32, data:
 #[no_mangle]
 pub unsafe extern "C" fn memcached_behavior_get(ptr: *mut McSt, flag: u32) -> u64 {
     // SAFETY: NULL or a created memcached_st.
-    unsafe { pool(ptr) }.map_or(0, |p| p.behaviors.get(flag))
+    // libmemcached answers a NULL struct with the code INVALID_ARGUMENTS as the value.
+    unsafe { pool(ptr) }.map_or(abi::INVALID_ARGUMENTS as u64, |p| p.behaviors.get(flag))
 }
 
 #[no_mangle]
@@ -1168,7 +1169,13 @@ pub unsafe extern "C" fn memcached_mget_by_key(
         return abi::INVALID_ARGUMENTS;
     };
     if number_of_keys > 0 && (keys.is_null() || key_length.is_null()) {
-        return p.fail(abi::INVALID_ARGUMENTS, "NULL keys");
+        // libmemcached checks for servers first, then finds no key it can send.
+        let rc = if p.server_count() == 0 {
+            abi::NO_SERVERS
+        } else {
+            abi::BAD_KEY_PROVIDED
+        };
+        return p.fail(rc, "NULL keys");
     }
     let list: Vec<&[u8]> = (0..number_of_keys)
         // SAFETY: the caller passes `number_of_keys` keys and lengths.

@@ -823,7 +823,10 @@ impl Pool {
             match self.call(i, op.clone()) {
                 Ok(reply) => f(self, i, reply),
                 Err((e, m)) => {
-                    rc = self.fail(if some_errors { abi::SOME_ERRORS } else { e }, &m);
+                    // The server's own error is the one remembered (what
+                    // memcached_last_error_message shows); the call says SOME ERRORS.
+                    self.fail(e, &m);
+                    rc = if some_errors { abi::SOME_ERRORS } else { e };
                 }
             }
         }

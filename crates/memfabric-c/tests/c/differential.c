@@ -255,6 +255,91 @@ static void layout(void) {
   printf("\n");
 }
 
+/* Misuse libmemcached survives (NULL where it accepts NULL, a second free of a struct on
+ * the stack): libmemfabric must survive it too and answer the same. */
+static void misuse(void) {
+  printf("== misuse\n");
+  size_t l; uint32_t f; memcached_return_t rc;
+  memcached_free(NULL);
+  memcached_result_free(NULL);
+  memcached_server_list_free(NULL);
+  printf("strerror(999) %s\n", memcached_strerror(NULL, 999));
+  printf("server_count(NULL) %u\n", memcached_server_count(NULL));
+  RC(memcached_set(NULL, "a", 1, "v", 1, 0, 0));
+  char *v = memcached_get(NULL, "a", 1, &l, &f, &rc);
+  printf("get(NULL) %s %s\n", v ? "value" : "null", memcached_strerror(NULL, rc));
+  printf("behavior_get(NULL) %llu\n", (unsigned long long)memcached_behavior_get(NULL, 1));
+  RC(memcached_behavior_set(NULL, 1, 1));
+  printf("last_error(NULL) %s [%s]\n", memcached_strerror(NULL, memcached_last_error(NULL)), memcached_last_error_message(NULL));
+  memcached_st *m = memcached_create(NULL);
+  v = memcached_get(m, NULL, 0, NULL, NULL, &rc);
+  printf("get NULL key, no servers %s %s\n", v ? "value" : "null", memcached_strerror(NULL, rc));
+  RC(memcached_mget(m, NULL, NULL, 3));
+  RC(memcached_delete(m, "a", 1, 0));
+  RC(memcached_flush(m, 0));
+  memcached_stat_st *st = memcached_stat(m, NULL, &rc);
+  printf("stat, no servers %s %s\n", st ? "array" : "null", memcached_strerror(NULL, rc));
+  memcached_result_st *r = memcached_fetch_result(m, NULL, &rc);
+  printf("fetch_result without mget %s %s\n", r ? "result" : "null", memcached_strerror(NULL, rc));
+  RC(memcached_callback_set(m, MEMCACHED_CALLBACK_NAMESPACE, NULL));
+  RC(memcached_server_add(m, NULL, 0));
+  printf("server_add(NULL) count %u\n", memcached_server_count(m));
+  memcached_free(m);
+  m = pool(0, port);
+  v = memcached_get(m, "a", 1, NULL, NULL, &rc);
+  printf("get with NULL out-parameters %s %s\n", v ? "value" : "null", memcached_strerror(NULL, rc));
+  free(v);
+  RC(memcached_set(m, NULL, 0, NULL, 0, 0, 0));
+  RC(memcached_set(m, "k", 1, NULL, 0, 0, 0));
+  RC(memcached_mget(m, NULL, NULL, 3));
+  RC(memcached_increment(m, "nokey", 5, 1, NULL));
+  memcached_free(m);
+  m = memcached_clone(NULL, NULL);
+  printf("clone(NULL, NULL) servers %u\n", memcached_server_count(m));
+  memcached_free(m);
+  memcached_st on_stack;
+  memcached_create(&on_stack);
+  memcached_free(&on_stack);
+  memcached_free(&on_stack);
+  printf("second free of a struct on the stack: survived\n");
+}
+
+/* The codes at the end of an mget's results: END once into a caller's result after hits,
+ * NOT FOUND otherwise; memcached_fetch likewise. */
+static void fetch_ends(int binary) {
+  printf("== fetch ends, %s\n", binary ? "binary" : "ascii");
+  memcached_st *m = pool(binary, port);
+  memcached_set(m, "p1", 2, "v", 1, 0, 0);
+  memcached_set(m, "p2", 2, "v", 1, 0, 0);
+  const char *sets[][2] = {{"p1", NULL}, {"p1", "p2"}, {"p1", "zz"}, {"zz", NULL}, {"zz", "yy"}};
+  for (int i = 0; i < 5; i++) {
+    const char *keys[2] = {sets[i][0], sets[i][1]};
+    size_t lens[2] = {2, 2};
+    size_t n = sets[i][1] ? 2 : 1;
+    memcached_result_st res;
+    memcached_result_create(m, &res);
+    memcached_return_t rc = memcached_mget(m, keys, lens, n);
+    int c = 0;
+    while (memcached_fetch_result(m, &res, &rc) != NULL) c++;
+    printf("%s,%s: %d into caller's result, end %s", keys[0], n > 1 ? keys[1] : "-", c, memcached_strerror(NULL, rc));
+    memcached_result_st *r = memcached_fetch_result(m, &res, &rc);
+    printf("; again %s %s", r ? "result" : "null", memcached_strerror(NULL, rc));
+    memcached_result_free(&res);
+    memcached_mget(m, keys, lens, n);
+    c = 0;
+    while ((r = memcached_fetch_result(m, NULL, &rc)) != NULL) { c++; memcached_result_free(r); }
+    printf("; %d allocated, end %s", c, memcached_strerror(NULL, rc));
+    char k[MEMCACHED_MAX_KEY]; size_t kl, vl; uint32_t f; char *v;
+    memcached_mget(m, keys, lens, n);
+    c = 0;
+    while ((v = memcached_fetch(m, k, &kl, &vl, &f, &rc)) != NULL) { c++; free(v); }
+    printf("; fetch %d, end %s", c, memcached_strerror(NULL, rc));
+    v = memcached_fetch(m, k, &kl, &vl, &f, &rc);
+    printf("; again %s\n", memcached_strerror(NULL, rc));
+  }
+  memcached_free(m);
+}
+
 int main(int argc, char **argv) {
   if (argc < 5) { fprintf(stderr, "usage: %s HOST PORT DEADPORT SILENTPORT\n", argv[0]); return 2; }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -265,6 +350,9 @@ int main(int argc, char **argv) {
   servers_and_config();
   commands(0);
   commands(1);
+  fetch_ends(0);
+  fetch_ends(1);
+  misuse();
   failures(0);
   failures(1);
   return 0;

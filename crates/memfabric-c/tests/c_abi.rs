@@ -1,0 +1,202 @@
+//! The C ABI against the real thing: `tests/c/differential.c`, compiled against Debian's
+//! `libmemcached-dev` headers, runs once linked to the real `libmemcached.so.11` and once
+//! with libmemfabric loaded in its place (`LD_LIBRARY_PATH` with the SONAME); every line
+//! (struct layout, behaviours, placement under every hash, configuration strings, commands
+//! in both protocols, the end codes of fetches, misuse, servers down and silent) must be the
+//! same, but for the one documented difference: keys with whitespace or control
+//! characters, which libmemcached's binary protocol carries and memfabric's transports
+//! refuse (docs/c-api.md).
+//!
+//! Needs gcc and libmemcached-dev (scripts/setup.sh installs both) and the cdylib, which
+//! cargo builds with this test.
+
+#[path = "../../memfabric-client/tests/common/mod.rs"]
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Kind, Server};
+
+/// The lines where libmemfabric differs from libmemcached on purpose.
+const KNOWN_DIFFERENCES: [&str; 3] = [
+    "memcached_set(m, \"with space\", 10,",
+    "memcached_set(m, \"ctl\\x01key\", 7,",
+    "get key with space",
+];
+
+fn cdylib() -> PathBuf {
+    // The test binary is target/<profile>/deps/c_abi-<hash>; cargo puts the cdylib in
+    // target/<profile>/ (and in deps/).
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    for dir in [deps.parent().unwrap(), deps] {
+        let p = dir.join("libmemfabric.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libmemfabric.so not found next to {}", deps.display());
+}
+
+/// A directory holding libmemfabric under libmemcached's SONAME.
+fn soname_dir(tmp: &Path) -> PathBuf {
+    let dir = tmp.join("lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(cdylib(), dir.join("libmemcached.so.11")).unwrap();
+    dir
+}
+
+fn compile(tmp: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/differential.c");
+    let exe = tmp.join("differential");
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lmemcached")
+        .output()
+        .expect("gcc (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "compiling differential.c against libmemcached-dev failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// A port nothing listens on (connections are refused).
+fn dead_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn run(exe: &Path, lib: Option<&Path>, transport: &str, args: &[String]) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env_remove("LD_PRELOAD");
+    match lib {
+        Some(dir) => cmd.env("LD_LIBRARY_PATH", dir),
+        None => cmd.env_remove("LD_LIBRARY_PATH"),
+    };
+    cmd.env("MEMFABRIC_TRANSPORT", transport);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "differential ({}) failed: {}\n{}",
+        if lib.is_some() {
+            "libmemfabric"
+        } else {
+            "libmemcached"
+        },
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn compare(reference: &str, ours: &str) {
+    let r: Vec<&str> = reference.lines().collect();
+    let o: Vec<&str> = ours.lines().collect();
+    assert_eq!(
+        r.len(),
+        o.len(),
+        "different number of lines:\n--- libmemcached\n{reference}\n--- libmemfabric\n{ours}"
+    );
+    let mut known = 0;
+    let mut wrong = Vec::new();
+    for (a, b) in r.iter().zip(&o) {
+        if a == b {
+            continue;
+        }
+        if KNOWN_DIFFERENCES
+            .iter()
+            .any(|k| a.starts_with(k) && b.starts_with(k))
+        {
+            known += 1;
+            continue;
+        }
+        wrong.push(format!("libmemcached: {a}\nlibmemfabric: {b}"));
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} lines differ:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    // The known differences are in the binary-protocol section only, and all present.
+    assert_eq!(
+        known,
+        KNOWN_DIFFERENCES.len(),
+        "the known differences changed"
+    );
+    assert!(
+        r.len() > 400,
+        "the program stopped early ({} lines)",
+        r.len()
+    );
+}
+
+fn stat(server: &Server, group: &str, name: &str) -> u64 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+    write!(s, "stats {group}\r\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap() == 0 || line.starts_with("END") {
+            panic!("no {name} in stats {group}");
+        }
+        let mut parts = line.split_whitespace();
+        if parts.nth(1) == Some(name) {
+            return parts.next().unwrap().parse().unwrap();
+        }
+    }
+}
+
+#[test]
+fn libmemfabric_answers_as_libmemcached_against_memcached() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = compile(tmp.path());
+    let lib = soname_dir(tmp.path());
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap(); // accepts (backlog), never answers
+    let silent_port = silent.local_addr().unwrap().port();
+    let server = Server::start(Kind::Memcached, &[]);
+    let args = [
+        "127.0.0.1".to_string(),
+        server.port.to_string(),
+        dead_port().to_string(),
+        silent_port.to_string(),
+    ];
+    let reference = run(&exe, None, "tcp", &args);
+    let ours = run(&exe, Some(&lib), "auto", &args);
+    compare(&reference, &ours);
+}
+
+#[test]
+fn libmemfabric_over_ucx_answers_as_libmemcached_over_tcp_against_memfabricd() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = compile(tmp.path());
+    let lib = soname_dir(tmp.path());
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let server = Server::start(Kind::MemfabricdUcx, &[]);
+    let args = [
+        "127.0.0.1".to_string(),
+        server.port.to_string(),
+        dead_port().to_string(),
+        silent_port.to_string(),
+    ];
+    let reference = run(&exe, None, "tcp", &args);
+    let before = stat(&server, "fabric", "ucx_total_sessions");
+    assert_eq!(before, 0, "libmemcached came over UCX?");
+    // MEMFABRIC_TRANSPORT=ucx: a server without UCX would be a connection failure, so
+    // equal output means every command went over UCX.
+    let ours = run(&exe, Some(&lib), "ucx", &args);
+    compare(&reference, &ours);
+    assert!(
+        stat(&server, "fabric", "ucx_total_sessions") > 0,
+        "no UCX session reached memfabricd"
+    );
+}
