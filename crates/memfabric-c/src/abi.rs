@@ -2,7 +2,7 @@
 //! the fields callers read (checked against Debian's headers by `tests/c/differential.c`),
 //! its return codes and their `memcached_strerror` texts.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::mem::{offset_of, size_of};
 
 /// `memcached_return_t`, numbered as in `libmemcached-1.0/types/return.h`.
@@ -167,8 +167,9 @@ pub struct McSt {
     _pad1: u32,
     pub result: McResult,
     _ketama_to_callbacks: [u8; 112],
-    /// memfabric's state (`Box<Pool>`), in the slot of libmemcached's `callbacks`.
-    pub pool: *mut crate::pool::Pool,
+    /// memfabric's state (a `Box<pool::Pool>`, owned by this struct), in the slot of
+    /// libmemcached's `callbacks`. Untyped here so the C layout depends on nothing above it.
+    pub pool: *mut libc::c_void,
     _sasl_to_configure: [u8; 56],
     /// Bit 0 `is_allocated`: `memcached_free` frees the struct itself.
     pub options: u8,
@@ -230,3 +231,20 @@ const _: () = {
     assert!(offset_of!(McStat, version) == 184);
     assert!(offset_of!(McStat, root) == 216);
 };
+
+pub type MallocFn = unsafe extern "C" fn(*const McSt, usize, *mut c_void) -> *mut c_void;
+pub type FreeFn = unsafe extern "C" fn(*const McSt, *mut c_void, *mut c_void);
+pub type ReallocFn =
+    unsafe extern "C" fn(*const McSt, *mut c_void, usize, *mut c_void) -> *mut c_void;
+pub type CallocFn = unsafe extern "C" fn(*const McSt, usize, usize, *mut c_void) -> *mut c_void;
+
+/// A caller's allocator (`memcached_set_memory_allocators`): what libmemcached hands out is
+/// allocated with it, so the caller can release it with its own free (PHP does).
+#[derive(Clone, Copy)]
+pub struct Allocators {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub realloc: ReallocFn,
+    pub calloc: CallocFn,
+    pub context: *mut c_void,
+}

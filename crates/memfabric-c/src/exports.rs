@@ -11,7 +11,9 @@ use std::ptr;
 
 use memfabric_client::{Op, Reply, StoreMode, Value};
 
-use crate::abi::{self, McResult, McSt, McStat, Rc};
+use crate::abi::{
+    self, Allocators, CallocFn, FreeFn, MallocFn, McResult, McSt, McStat, Rc, ReallocFn,
+};
 use crate::config;
 use crate::hash::Hash;
 use crate::pool::{Pool, TransportChoice};
@@ -30,8 +32,8 @@ unsafe fn pool<'a>(mc: *const McSt) -> Option<&'a mut Pool> {
         return None;
     }
     // SAFETY: the caller passes a memcached_st it created (libmemcached's contract); its
-    // `pool` is NULL or the Box made by memcached_create, owned by this struct.
-    unsafe { (*mc).pool.as_mut() }
+    // `pool` is NULL or the Box<Pool> made by memcached_create, owned by this struct.
+    unsafe { (*mc).pool.cast::<Pool>().as_mut() }
 }
 
 /// The bytes of a (pointer, length) argument; NULL is empty.
@@ -56,23 +58,6 @@ unsafe fn set<T>(out: *mut T, v: T) {
         // SAFETY: a non-NULL out-parameter points at writable memory of its type.
         unsafe { out.write(v) };
     }
-}
-
-pub type MallocFn = unsafe extern "C" fn(*const McSt, usize, *mut c_void) -> *mut c_void;
-pub type FreeFn = unsafe extern "C" fn(*const McSt, *mut c_void, *mut c_void);
-pub type ReallocFn =
-    unsafe extern "C" fn(*const McSt, *mut c_void, usize, *mut c_void) -> *mut c_void;
-pub type CallocFn = unsafe extern "C" fn(*const McSt, usize, usize, *mut c_void) -> *mut c_void;
-
-/// A caller's allocator (`memcached_set_memory_allocators`): what libmemcached hands out is
-/// allocated with it, so the caller can release it with its own free (PHP does).
-#[derive(Clone, Copy)]
-pub struct Allocators {
-    pub malloc: MallocFn,
-    pub free: FreeFn,
-    pub realloc: ReallocFn,
-    pub calloc: CallocFn,
-    pub context: *mut c_void,
 }
 
 /// The allocator memory handed to callers of `mc` comes from: theirs, or the C library's.
@@ -151,7 +136,7 @@ unsafe fn sync_public(mc: *mut McSt) {
     // SAFETY: `mc` is a created memcached_st (checked by the callers through `pool`).
     let m = unsafe { &mut *mc };
     // SAFETY: as above, the pool belongs to `m`.
-    let Some(p) = (unsafe { m.pool.as_ref() }) else {
+    let Some(p) = (unsafe { m.pool.cast::<Pool>().as_ref() }) else {
         return;
     };
     let b = &p.behaviors;
@@ -206,7 +191,7 @@ pub unsafe extern "C" fn memcached_create(ptr: *mut McSt) -> *mut McSt {
     };
     // SAFETY: `mc` is valid and zeroed above.
     unsafe {
-        (*mc).pool = Box::into_raw(Box::default());
+        (*mc).pool = Box::into_raw(Box::<Pool>::default()).cast();
         sync_public(mc);
     }
     mc
@@ -219,7 +204,7 @@ pub unsafe extern "C" fn memcached_free(ptr: *mut McSt) {
     }
     // SAFETY: a created memcached_st; its pool pointer is ours (or NULL after a free).
     unsafe {
-        let p = (*ptr).pool;
+        let p = (*ptr).pool.cast::<Pool>();
         if p.is_null() {
             return;
         }
@@ -245,8 +230,8 @@ pub unsafe extern "C" fn memcached_clone(dst: *mut McSt, src: *const McSt) -> *m
         let clone_fn = cloned.clone_fn;
         // SAFETY: `mc` was just created; its pool is replaced by the clone.
         unsafe {
-            drop(Box::from_raw((*mc).pool));
-            (*mc).pool = Box::into_raw(Box::new(cloned));
+            drop(Box::from_raw((*mc).pool.cast::<Pool>()));
+            (*mc).pool = Box::into_raw(Box::new(cloned)).cast();
             (*mc).user_data = (*src).user_data;
             sync_public(mc);
             if clone_fn != 0 {

@@ -98,7 +98,7 @@ pub struct Pool {
     pub clone_fn: usize,
     pub cleanup_fn: usize,
     /// The caller's allocator for what is handed out (`memcached_set_memory_allocators`).
-    pub allocators: Option<crate::exports::Allocators>,
+    pub allocators: Option<crate::abi::Allocators>,
     continuum: Option<Vec<(u32, usize)>>,
 }
 
