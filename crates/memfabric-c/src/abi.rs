@@ -33,6 +33,7 @@ pub const KEY_TOO_BIG: Rc = 39;
 pub const AUTH_FAILURE: Rc = 41;
 pub const PARSE_ERROR: Rc = 43;
 pub const DEPRECATED: Rc = 45;
+pub const IN_PROGRESS: Rc = 46;
 pub const SERVER_TEMPORARILY_DISABLED: Rc = 47;
 pub const SERVER_MEMORY_ALLOCATION_FAILURE: Rc = 48;
 pub const MAXIMUM_RETURN: Rc = 49;

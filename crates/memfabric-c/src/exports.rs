@@ -2391,3 +2391,335 @@ pub unsafe extern "C" fn memcached_bucket_set(
         None => abi::INVALID_ARGUMENTS,
     }
 }
+
+// ----- memfabric.h: non-blocking requests ----------------------------------------------------
+
+use crate::commands::{Command, Outcome, Request, RequestState};
+
+/// A request object for the non-blocking calls, tied to `ptr` (NULL if `ptr` is NULL).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_request_create(ptr: *mut McSt) -> *mut Request {
+    // SAFETY: NULL or a created memcached_st.
+    if unsafe { pool(ptr) }.is_none() {
+        return ptr::null_mut();
+    }
+    Box::into_raw(Box::new(Request {
+        owner: ptr as usize,
+        state: RequestState::Idle,
+    }))
+}
+
+/// Frees a request; one still in flight is abandoned first (its pool must still exist).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_request_free(req: *mut Request) {
+    if req.is_null() {
+        return;
+    }
+    // SAFETY: a request made by memcached_request_create, freed once.
+    let r = unsafe { Box::from_raw(req) };
+    if let RequestState::InFlight {
+        server,
+        handle,
+        kind,
+    } = r.state
+    {
+        // SAFETY: the owner outlives its requests (memfabric.h's contract).
+        if let Some(p) = unsafe { pool(r.owner as *const McSt) } {
+            let _ = p.poll(server, handle, kind, Some(std::time::Duration::ZERO));
+        }
+    }
+}
+
+/// The request behind `req` if it belongs to `ptr`'s pool and is not in flight.
+unsafe fn idle_request<'a>(
+    ptr: *mut McSt,
+    req: *mut Request,
+) -> Result<(&'a mut Pool, &'a mut Request), Rc> {
+    // SAFETY: NULL or a created memcached_st; NULL or one of our requests.
+    let (Some(p), Some(r)) = (unsafe { pool(ptr) }, unsafe { req.as_mut() }) else {
+        return Err(abi::INVALID_ARGUMENTS);
+    };
+    if r.owner != ptr as usize {
+        return Err(p.fail(
+            abi::INVALID_ARGUMENTS,
+            "the request belongs to another memcached_st",
+        ));
+    }
+    if matches!(r.state, RequestState::InFlight { .. }) {
+        return Err(p.fail(abi::IN_PROGRESS, "the request is still in flight"));
+    }
+    Ok((p, r))
+}
+
+unsafe fn start(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    cmd: Command<'_>,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: forwarded.
+    let (p, r) = match unsafe { idle_request(ptr, req) } {
+        Ok(x) => x,
+        Err(rc) => return rc,
+    };
+    // SAFETY: (pointer, length).
+    let k = unsafe { bytes(key, key_length) };
+    match p.start(None, k, cmd) {
+        Ok((server, handle, kind)) => {
+            r.state = RequestState::InFlight {
+                server,
+                handle,
+                kind,
+            };
+            abi::SUCCESS
+        }
+        Err(rc) => {
+            r.state = RequestState::Done(Outcome::rc(rc));
+            rc
+        }
+    }
+}
+
+/// Stores `value` under `key` without waiting for the answer (`memcached_test`/`wait`
+/// give it). The value is copied before this returns, so the buffer may be reused at once
+/// (the same as `memcached_bset`).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_iset(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    value: *const c_char,
+    value_length: usize,
+    expiration: libc::time_t,
+    flags: u32,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: (pointer, length) of the caller's value.
+    let v = unsafe { bytes(value, value_length) };
+    let cmd = Command::Store {
+        mode: StoreMode::Set,
+        value: v,
+        exptime: expiration,
+        flags,
+        cas: 0,
+    };
+    // SAFETY: forwarded.
+    unsafe { start(ptr, key, key_length, cmd, req) }
+}
+
+/// `memcached_iset` that returns once the caller's buffer may be reused.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_bset(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    value: *const c_char,
+    value_length: usize,
+    expiration: libc::time_t,
+    flags: u32,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: forwarded.
+    unsafe {
+        memcached_iset(
+            ptr,
+            key,
+            key_length,
+            value,
+            value_length,
+            expiration,
+            flags,
+            req,
+        )
+    }
+}
+
+/// Fetches `key` without waiting; the value is read from the request once it completes
+/// (`memcached_request_value`).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_iget(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: forwarded.
+    unsafe { start(ptr, key, key_length, Command::Get, req) }
+}
+
+/// `memcached_iget` that returns once the key buffer may be reused (the key is copied by
+/// both).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_bget(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: forwarded.
+    unsafe { start(ptr, key, key_length, Command::Get, req) }
+}
+
+/// Deletes `key` without waiting.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_idelete(
+    ptr: *mut McSt,
+    key: *const c_char,
+    key_length: usize,
+    req: *mut Request,
+) -> Rc {
+    // SAFETY: forwarded.
+    unsafe { start(ptr, key, key_length, Command::Delete { expiration: 0 }, req) }
+}
+
+/// Progress: a request in flight after `wait` (None: without waiting) is finished if it
+/// can be. Its code, or IN_PROGRESS.
+unsafe fn progress(ptr: *mut McSt, req: *mut Request, wait: Option<std::time::Duration>) -> Rc {
+    // SAFETY: NULL or a created memcached_st; NULL or one of our requests.
+    let (Some(p), Some(r)) = (unsafe { pool(ptr) }, unsafe { req.as_mut() }) else {
+        return abi::INVALID_ARGUMENTS;
+    };
+    if r.owner != ptr as usize {
+        return abi::INVALID_ARGUMENTS;
+    }
+    match &r.state {
+        RequestState::Idle => abi::INVALID_ARGUMENTS,
+        RequestState::Done(o) => o.rc,
+        &RequestState::InFlight {
+            server,
+            handle,
+            kind,
+        } => match p.poll(server, handle, kind, wait) {
+            Some(o) => {
+                let rc = o.rc;
+                r.state = RequestState::Done(o);
+                rc
+            }
+            None => abi::IN_PROGRESS,
+        },
+    }
+}
+
+/// The request's code if it has completed (SUCCESS, NOTFOUND, ...), IN_PROGRESS if not;
+/// never waits.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_test(ptr: *mut McSt, req: *mut Request) -> Rc {
+    // SAFETY: forwarded.
+    unsafe { progress(ptr, req, None) }
+}
+
+/// Waits for the request at most `timeout_ms` milliseconds (negative: the pool's poll
+/// timeout). TIMEOUT if it did not complete in time: it is then abandoned.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_wait_for(
+    ptr: *mut McSt,
+    req: *mut Request,
+    timeout_ms: i32,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    let Some(p) = (unsafe { pool(ptr) }) else {
+        return abi::INVALID_ARGUMENTS;
+    };
+    let t = if timeout_ms < 0 {
+        p.client_config().timeout
+    } else {
+        std::time::Duration::from_millis(timeout_ms as u64)
+    };
+    // SAFETY: forwarded.
+    unsafe { progress(ptr, req, Some(t)) }
+}
+
+/// Waits for the request at most the pool's poll timeout (MEMCACHED_BEHAVIOR_POLL_TIMEOUT).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_wait(ptr: *mut McSt, req: *mut Request) -> Rc {
+    // SAFETY: forwarded.
+    unsafe { memcached_wait_for(ptr, req, -1) }
+}
+
+/// Waits for `n` requests, at most `timeout_ms` in all (negative: the pool's poll
+/// timeout). SUCCESS once every one has completed (each has its own code), TIMEOUT if some
+/// did not in time (those are abandoned).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_wait_all(
+    ptr: *mut McSt,
+    reqs: *const *mut Request,
+    n: usize,
+    timeout_ms: i32,
+) -> Rc {
+    // SAFETY: NULL or a created memcached_st.
+    let Some(p) = (unsafe { pool(ptr) }) else {
+        return abi::INVALID_ARGUMENTS;
+    };
+    if n > 0 && reqs.is_null() {
+        return abi::INVALID_ARGUMENTS;
+    }
+    let total = if timeout_ms < 0 {
+        p.client_config().timeout
+    } else {
+        std::time::Duration::from_millis(timeout_ms as u64)
+    };
+    let deadline = std::time::Instant::now() + total;
+    let mut rc = abi::SUCCESS;
+    for i in 0..n {
+        // SAFETY: the caller passes `n` request pointers.
+        let req = unsafe { *reqs.add(i) };
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: forwarded.
+        match unsafe { progress(ptr, req, Some(left)) } {
+            abi::TIMEOUT => rc = abi::TIMEOUT,
+            abi::INVALID_ARGUMENTS => return abi::INVALID_ARGUMENTS,
+            _ => {}
+        }
+    }
+    rc
+}
+
+/// The request's code: IN_PROGRESS while in flight, INVALID_ARGUMENTS if never issued.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_request_status(req: *const Request) -> Rc {
+    // SAFETY: NULL or one of our requests.
+    match unsafe { req.as_ref() }.map(|r| &r.state) {
+        Some(RequestState::Done(o)) => o.rc,
+        Some(RequestState::InFlight { .. }) => abi::IN_PROGRESS,
+        _ => abi::INVALID_ARGUMENTS,
+    }
+}
+
+/// A completed get's value (not NUL-terminated; NULL on a miss or before completion),
+/// valid until the request is reused or freed.
+#[no_mangle]
+pub unsafe extern "C" fn memcached_request_value(
+    req: *const Request,
+    value_length: *mut usize,
+    flags: *mut u32,
+) -> *const c_char {
+    // SAFETY: NULL or one of our requests.
+    let v = match unsafe { req.as_ref() }.map(|r| &r.state) {
+        Some(RequestState::Done(Outcome { value: Some(v), .. })) => v,
+        _ => {
+            // SAFETY: out-parameters.
+            unsafe {
+                set(value_length, 0);
+                set(flags, 0);
+            }
+            return ptr::null();
+        }
+    };
+    // SAFETY: out-parameters.
+    unsafe {
+        set(value_length, v.data.len());
+        set(flags, v.flags);
+    }
+    v.data.as_ptr().cast()
+}
+
+/// A completed get's CAS value (0 otherwise).
+#[no_mangle]
+pub unsafe extern "C" fn memcached_request_cas(req: *const Request) -> u64 {
+    // SAFETY: NULL or one of our requests.
+    match unsafe { req.as_ref() }.map(|r| &r.state) {
+        Some(RequestState::Done(Outcome { value: Some(v), .. })) => v.cas,
+        _ => 0,
+    }
+}

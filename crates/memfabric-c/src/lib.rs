@@ -14,6 +14,7 @@
 
 pub mod abi;
 pub mod behavior;
+pub mod commands;
 pub mod config;
 pub mod exports;
 pub mod hash;

@@ -9,10 +9,8 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use memfabric_client::{
-    ketama, Client, Config, Credentials, Error, Handle, Op, Reply, Scheme, ServerAddr, StoreMode,
-    StoreStatus, Value,
+    ketama, Client, Config, Credentials, Error, Handle, Op, Reply, Scheme, ServerAddr, Value,
 };
 
 use crate::abi::{self, Rc};
@@ -68,6 +66,8 @@ struct Server {
     down_by_timeout: bool,
     /// Requests sent with noreply whose outcome nobody asks for; reaped as they finish.
     unanswered: VecDeque<Handle>,
+    /// Non-blocking requests issued and not yet completed (`hold`).
+    in_flight: usize,
 }
 
 /// One fetched item waiting for `memcached_fetch_result`.
@@ -188,6 +188,7 @@ impl Pool {
             down_until: None,
             down_by_timeout: false,
             unanswered: VecDeque::new(),
+            in_flight: 0,
         });
         self.continuum = None;
     }
@@ -215,6 +216,7 @@ impl Pool {
         for s in &mut self.servers {
             s.conn = None;
             s.unanswered.clear();
+            s.in_flight = 0;
         }
         self.results.clear();
     }
@@ -223,8 +225,8 @@ impl Pool {
     /// connections made before; requests in flight and fetched results stay.
     pub fn settings_changed(&mut self) {
         for s in &mut self.servers {
-            if !s.unanswered.is_empty() {
-                continue; // still has noreply requests to deliver: reconnects later
+            if !s.unanswered.is_empty() || s.in_flight > 0 {
+                continue; // still has requests to deliver: reconnects later
             }
             s.conn = None;
         }
@@ -348,7 +350,7 @@ impl Pool {
 
     // ----- connections -----------------------------------------------------------------
 
-    fn client_config(&self) -> Config {
+    pub fn client_config(&self) -> Config {
         let b = &self.behaviors;
         let ms = |v: i32, default: u64| {
             Duration::from_millis(if v < 0 {
@@ -496,16 +498,31 @@ impl Pool {
         Ok(Some(h))
     }
 
-    /// Waits for a request issued to server `i`.
+    /// Waits for a request issued to server `i`, at most the pool's request timeout.
     pub fn complete(&mut self, i: usize, h: Handle) -> Result<Reply, (Rc, String)> {
         let timeout = self.client_config().timeout + Duration::from_millis(50);
+        self.finish(i, h, Some(timeout))
+            .expect("a wait always finishes the request")
+    }
+
+    /// The outcome of request `h` on server `i`: after waiting at most `wait` (then
+    /// abandoned as a timeout), or, with `None`, only if it has already finished.
+    pub fn finish(
+        &mut self,
+        i: usize,
+        h: Handle,
+        wait: Option<Duration>,
+    ) -> Option<Result<Reply, (Rc, String)>> {
         let binary = self.behaviors.binary;
         let s = &mut self.servers[i];
         let Some(conn) = s.conn.as_mut() else {
-            return Err((abi::CONNECTION_FAILURE, "connection closed".into()));
+            return Some(Err((abi::CONNECTION_FAILURE, "connection closed".into())));
         };
-        let r = conn.client.wait(h, timeout);
-        match r {
+        let r = match wait {
+            Some(t) => conn.client.wait(h, t),
+            None => conn.client.test(h)?,
+        };
+        Some(match r {
             Ok(reply) => Ok(reply),
             Err(e) => {
                 let rc = error_rc(&e, binary);
@@ -517,17 +534,26 @@ impl Pool {
                         | Error::Closed
                 );
                 let msg = e.to_string();
-                if failed_server {
+                if failed_server && s.in_flight == 0 {
                     s.conn = None;
                     s.unanswered.clear();
+                }
+                if failed_server {
                     let out = self.mark_down(i, rc, msg);
                     self.servers[i].instance.last_rc = out.0;
-                    return Err(out);
+                    return Some(Err(out));
                 }
                 self.servers[i].instance.last_rc = rc;
                 Err((rc, msg))
             }
-        }
+        })
+    }
+
+    /// Non-blocking requests (memfabric.h) in flight on server `i`: its connection is kept
+    /// while there are any, whatever else happens.
+    pub fn hold(&mut self, i: usize, delta: isize) {
+        let s = &mut self.servers[i];
+        s.in_flight = s.in_flight.saturating_add_signed(delta);
     }
 
     /// Issue and wait.
@@ -539,104 +565,6 @@ impl Pool {
     }
 
     // ----- commands --------------------------------------------------------------------
-
-    #[allow(clippy::too_many_arguments)] // libmemcached's storage call, field by field
-    pub fn store(
-        &mut self,
-        group: Option<&[u8]>,
-        key: &[u8],
-        value: &[u8],
-        exptime: i64,
-        flags: u32,
-        mode: StoreMode,
-        cas: u64,
-    ) -> Rc {
-        if self.servers.is_empty() {
-            return self.fail(abi::NO_SERVERS, "");
-        }
-        let k = match self.key(key) {
-            Ok(k) => k,
-            Err(rc) => return self.fail(rc, ""),
-        };
-        let i = self.place(self.placement_key(group, &k).to_vec().as_slice());
-        let op = Op::Store {
-            mode,
-            key: k.full,
-            value: Bytes::copy_from_slice(value),
-            flags,
-            exptime: match self.exptime(exptime) {
-                Ok(t) => t,
-                Err(rc) => return self.fail(rc, "bad command line format"),
-            },
-            cas,
-        };
-        let noreply = self.behaviors.noreply;
-        if noreply {
-            return match self.issue(i, op, true) {
-                Ok(_) => abi::SUCCESS,
-                Err((rc, m)) => self.fail(rc, &m),
-            };
-        }
-        let binary = self.behaviors.binary;
-        match self.call(i, op) {
-            Ok(Reply::Stored(st)) => match st {
-                StoreStatus::Stored { .. } => abi::SUCCESS,
-                StoreStatus::Exists => self.fail(abi::DATA_EXISTS, ""),
-                StoreStatus::NotFound => self.fail(abi::NOTFOUND, ""),
-                StoreStatus::NotStored => {
-                    let rc = match (binary, mode) {
-                        (true, StoreMode::Add) => abi::DATA_EXISTS,
-                        (true, StoreMode::Replace) => abi::NOTFOUND,
-                        _ => abi::NOTSTORED,
-                    };
-                    self.fail(rc, "")
-                }
-            },
-            Ok(_) => self.fail(abi::PROTOCOL_ERROR, "unexpected reply"),
-            Err((rc, m)) => self.fail(rc, &m),
-        }
-    }
-
-    /// The expiry time as the server would take it from libmemcached, which sends its low
-    /// 32 bits, unsigned, in both protocols (`set k 0 4294967295 1` for -1). memcached reads
-    /// the text protocol's number as a signed 32-bit one (so that is -1 again: expired at
-    /// once) and the binary protocol's as unsigned (an absolute time past 2038). memfabric's
-    /// transports carry a time read as signed 32 bits: "past 2038" becomes the latest time
-    /// that can say (both mean "not for a long time"), and "expired at once" an absolute
-    /// time before any server started.
-    fn exptime(&self, t: i64) -> Result<u32, Rc> {
-        let wire = t as u32;
-        if self.behaviors.binary {
-            return Ok(wire.min(i32::MAX as u32));
-        }
-        if (wire as i32) < 0 {
-            // Absolute (more than 30 days) and long past: expired on arrival.
-            return Ok(2_592_001);
-        }
-        Ok(wire)
-    }
-
-    /// `memcached_get_by_key`: the value, or None with the code.
-    pub fn get(&mut self, group: Option<&[u8]>, key: &[u8]) -> Result<Value, Rc> {
-        if self.servers.is_empty() {
-            return Err(self.fail(abi::NO_SERVERS, ""));
-        }
-        if self.behaviors.use_udp {
-            return Err(self.fail(abi::NOT_SUPPORTED, "reads over UDP"));
-        }
-        let k = self.key(key).map_err(|rc| self.fail(rc, ""))?;
-        let i = self.place(self.placement_key(group, &k).to_vec().as_slice());
-        let op = Op::Get {
-            key: k.full,
-            cas: true,
-        };
-        match self.call(i, op) {
-            Ok(Reply::Value(Some(v))) => Ok(v),
-            Ok(Reply::Value(None)) => Err(self.fail(abi::NOTFOUND, "")),
-            Ok(_) => Err(self.fail(abi::PROTOCOL_ERROR, "unexpected reply")),
-            Err((rc, m)) => Err(self.fail(rc, &m)),
-        }
-    }
 
     /// The next result of the last mget.
     pub fn next_result(&mut self) -> Option<Fetched> {
@@ -716,94 +644,6 @@ impl Pool {
             None => abi::SUCCESS,
             Some(_) if ok > 0 => self.fail(abi::SOME_ERRORS, ""),
             Some((rc, m)) => self.fail(rc, &m),
-        }
-    }
-
-    pub fn delete(&mut self, group: Option<&[u8]>, key: &[u8], expiration: i64) -> Rc {
-        if self.servers.is_empty() {
-            return self.fail(abi::NO_SERVERS, "");
-        }
-        let k = match self.key(key) {
-            Ok(k) => k,
-            Err(rc) => return self.fail(rc, ""),
-        };
-        if expiration != 0 {
-            return self.fail(abi::INVALID_ARGUMENTS, "delete with an expiration time");
-        }
-        let i = self.place(self.placement_key(group, &k).to_vec().as_slice());
-        let op = Op::Delete { key: k.full };
-        if self.behaviors.noreply {
-            return match self.issue(i, op, true) {
-                Ok(_) => abi::SUCCESS,
-                Err((rc, m)) => self.fail(rc, &m),
-            };
-        }
-        match self.call(i, op) {
-            Ok(Reply::Deleted(true)) => abi::SUCCESS,
-            Ok(Reply::Deleted(false)) => self.fail(abi::NOTFOUND, ""),
-            Ok(_) => self.fail(abi::PROTOCOL_ERROR, "unexpected reply"),
-            Err((rc, m)) => self.fail(rc, &m),
-        }
-    }
-
-    pub fn touch(&mut self, group: Option<&[u8]>, key: &[u8], exptime: i64) -> Rc {
-        if self.servers.is_empty() {
-            return self.fail(abi::NO_SERVERS, "");
-        }
-        let k = match self.key(key) {
-            Ok(k) => k,
-            Err(rc) => return self.fail(rc, ""),
-        };
-        let i = self.place(self.placement_key(group, &k).to_vec().as_slice());
-        let exptime = match self.exptime(exptime) {
-            Ok(t) => t,
-            Err(rc) => return self.fail(rc, "bad command line format"),
-        };
-        let op = Op::Touch {
-            key: k.full,
-            exptime,
-        };
-        match self.call(i, op) {
-            Ok(Reply::Touched(true)) => abi::SUCCESS,
-            Ok(Reply::Touched(false)) => self.fail(abi::NOTFOUND, ""),
-            Ok(_) => self.fail(abi::PROTOCOL_ERROR, "unexpected reply"),
-            Err((rc, m)) => self.fail(rc, &m),
-        }
-    }
-
-    /// incr/decr: the new value.
-    pub fn arith(
-        &mut self,
-        group: Option<&[u8]>,
-        key: &[u8],
-        delta: u64,
-        incr: bool,
-    ) -> Result<Option<u64>, Rc> {
-        if self.servers.is_empty() {
-            return Err(self.fail(abi::NO_SERVERS, ""));
-        }
-        let k = self.key(key).map_err(|rc| self.fail(rc, ""))?;
-        let i = self.place(self.placement_key(group, &k).to_vec().as_slice());
-        let op = Op::Arith {
-            key: k.full,
-            delta,
-            incr,
-        };
-        if self.behaviors.noreply {
-            return match self.issue(i, op, true) {
-                Ok(_) => Ok(None),
-                Err((rc, m)) => Err(self.fail(rc, &m)),
-            };
-        }
-        let binary = self.behaviors.binary;
-        match self.call(i, op) {
-            Ok(Reply::Counter(Some(v))) => Ok(Some(v)),
-            Ok(Reply::Counter(None)) => Err(self.fail(abi::NOTFOUND, "")),
-            Ok(_) => Err(self.fail(abi::PROTOCOL_ERROR, "unexpected reply")),
-            // The binary protocol's "non-numeric value" status reaches libmemcached as an
-            // unknown read failure.
-            Err((abi::CLIENT_ERROR, m)) if binary => Err(self.fail(abi::UNKNOWN_READ_FAILURE, &m)),
-            Err((rc, m)) => Err(self.fail(rc, &m)),
         }
     }
 

@@ -200,3 +200,51 @@ fn libmemfabric_over_ucx_answers_as_libmemcached_over_tcp_against_memfabricd() {
         "no UCX session reached memfabricd"
     );
 }
+
+/// memfabric.h's example program (examples/nonblocking.c), built as a user would build it
+/// (the header, -lmemfabric), against memfabricd over UCX and memcached over TCP.
+#[test]
+fn the_nonblocking_example_builds_and_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = cdylib();
+    let exe = tmp.path().join("nonblocking");
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("examples/nonblocking.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(lib.parent().unwrap())
+        .arg("-lmemfabric")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "building the example failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (kind, transport) in [(Kind::MemfabricdUcx, "UCX"), (Kind::Memcached, "TCP")] {
+        let server = Server::start(kind, &[]);
+        let out = Command::new(&exe)
+            .args(["127.0.0.1", &server.port.to_string()])
+            .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+            .env_remove("MEMFABRIC_TRANSPORT")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{kind:?}: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("missing key: NOT FOUND"), "{stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "64 of 64 values fetched as stored, server reached over {transport}"
+            )),
+            "{kind:?}: {stdout}"
+        );
+    }
+}
