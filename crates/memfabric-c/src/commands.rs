@@ -62,6 +62,20 @@ impl Outcome {
     }
 }
 
+/// A code that says the server failed (rather than answered).
+pub fn is_server_failure(rc: Rc) -> bool {
+    matches!(
+        rc,
+        abi::CONNECTION_FAILURE
+            | abi::TIMEOUT
+            | abi::SERVER_TEMPORARILY_DISABLED
+            | abi::WRITE_FAILURE
+            | abi::UNKNOWN_READ_FAILURE
+            | abi::PROTOCOL_ERROR
+            | abi::NO_SERVERS
+    )
+}
+
 impl Pool {
     /// The expiry time as the server would take it from libmemcached, which sends its low
     /// 32 bits, unsigned, in both protocols (`set k 0 4294967295 1` for -1). memcached reads
@@ -199,6 +213,14 @@ impl Pool {
             Ok(p) => p,
             Err(rc) => return Outcome::rc(rc),
         };
+        let replicas = self.replica_servers(i);
+        if matches!(kind, Kind::Store(_) | Kind::Delete) {
+            // libmemcached's replication: the write goes to the key's server and, without
+            // waiting for their answers, to the next NUMBER_OF_REPLICAS servers.
+            for &r in &replicas {
+                let _ = self.issue(r, op.clone(), true);
+            }
+        }
         let fire_and_forget =
             self.behaviors.noreply && matches!(kind, Kind::Store(_) | Kind::Delete | Kind::Arith);
         if fire_and_forget {
@@ -207,8 +229,41 @@ impl Pool {
                 Err((rc, m)) => Outcome::rc(self.fail(rc, &m)),
             };
         }
-        let result = self.call(i, op);
-        self.outcome(kind, result)
+        let result = self.call(i, op.clone());
+        let server_failed = result.as_ref().is_err_and(|(rc, _)| is_server_failure(*rc));
+        let first = self.outcome(kind, result);
+        if kind != Kind::Get || !server_failed {
+            return first;
+        }
+        // A read whose server failed (not a miss: libmemcached does the same) is asked of
+        // the replicas, in order, until one answers.
+        for r in replicas {
+            let result = self.call(r, op.clone());
+            if result.as_ref().is_err_and(|(rc, _)| is_server_failure(*rc)) {
+                continue;
+            }
+            return self.outcome(kind, result);
+        }
+        first
+    }
+
+    /// The servers holding replicas of keys placed on server `i`: libmemcached's next
+    /// NUMBER_OF_REPLICAS servers by index (binary protocol only, as there), in order, or
+    /// starting at a random one with RANDOMIZE_REPLICA_READ.
+    pub fn replica_servers(&self, i: usize) -> Vec<usize> {
+        let n = self.server_count();
+        if !self.behaviors.binary || self.behaviors.replicas == 0 || n < 2 {
+            return Vec::new();
+        }
+        let count = (self.behaviors.replicas as usize).min(n - 1);
+        let mut list: Vec<usize> = (1..=count).map(|r| (i + r) % n).collect();
+        if self.behaviors.randomize_replica_read {
+            let start = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as usize);
+            list.rotate_left(start % count);
+        }
+        list
     }
 
     /// A command, non-blocking: issued now, its outcome read later with [`Pool::poll`].

@@ -1872,12 +1872,9 @@ pub unsafe extern "C" fn memcached_flush_buffers(ptr: *mut McSt) -> Rc {
     let Some(p) = (unsafe { pool(ptr) }) else {
         return abi::INVALID_ARGUMENTS;
     };
-    // A noop after the buffered (noreply) requests returns once they are all written
-    // and answered by the server, in order.
-    if p.server_count() == 0 || !p.behaviors.noreply {
-        return abi::SUCCESS;
-    }
-    p.each_server(&Op::Noop, false, |_, _, _| {})
+    // Requests sent without waiting (NOREPLY, replicas' copies) are answered by now.
+    p.drain_unanswered();
+    abi::SUCCESS
 }
 
 #[no_mangle]

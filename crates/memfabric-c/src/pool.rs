@@ -102,6 +102,12 @@ pub struct Pool {
     continuum: Option<Vec<(u32, usize)>>,
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.drain_unanswered();
+    }
+}
+
 impl Default for Pool {
     fn default() -> Self {
         Pool {
@@ -131,16 +137,14 @@ pub struct Key {
 impl Pool {
     /// A new pool with `self`'s servers and settings and no connections (`memcached_clone`).
     pub fn clone_settings(&self) -> Pool {
-        let mut p = Pool {
-            behaviors: self.behaviors.clone(),
-            namespace: self.namespace.clone(),
-            transport: self.transport,
-            credentials: self.credentials.clone(),
-            clone_fn: self.clone_fn,
-            cleanup_fn: self.cleanup_fn,
-            allocators: self.allocators,
-            ..Pool::default()
-        };
+        let mut p = Pool::default();
+        p.behaviors = self.behaviors.clone();
+        p.namespace = self.namespace.clone();
+        p.transport = self.transport;
+        p.credentials = self.credentials.clone();
+        p.clone_fn = self.clone_fn;
+        p.cleanup_fn = self.cleanup_fn;
+        p.allocators = self.allocators;
         for s in &self.servers {
             let i = &s.instance;
             p.add_server(&i.hostname.to_string_lossy(), i.port, i.weight);
@@ -492,10 +496,33 @@ impl Pool {
         let conn = s.conn.as_mut().expect("connected above");
         let h = conn.client.submit(op);
         if noreply {
-            s.unanswered.push_back(h);
+            // One round of progress puts the request on the wire now: nothing else may
+            // ask this server anything for a while (a replica's copy, a last write).
+            if conn.client.test(h).is_none() {
+                s.unanswered.push_back(h);
+            }
             return Ok(None);
         }
         Ok(Some(h))
+    }
+
+    /// Waits (each at most the request timeout) until every noreply request sent so far
+    /// has been answered: `memcached_flush_buffers`, and before the pool is freed, so that
+    /// writes libmemcached would have flushed are not lost.
+    pub fn drain_unanswered(&mut self) {
+        let timeout = self.client_config().timeout;
+        for s in &mut self.servers {
+            let Some(conn) = s.conn.as_mut() else {
+                s.unanswered.clear();
+                continue;
+            };
+            while let Some(h) = s.unanswered.pop_front() {
+                if conn.client.wait(h, timeout).is_err() {
+                    // A server that does not answer gets no more waiting.
+                    s.unanswered.clear();
+                }
+            }
+        }
     }
 
     /// Waits for a request issued to server `i`, at most the pool's request timeout.
@@ -608,6 +635,7 @@ impl Pool {
         }
         let ns = self.namespace.as_ref().map_or(0, |n| n.as_bytes().len());
         let mut issued = Vec::with_capacity(checked.len());
+        let mut missed = Vec::new();
         let mut first_error = None;
         let mut ok = 0usize;
         for k in checked {
@@ -624,6 +652,7 @@ impl Pool {
                 Ok(Some(h)) => issued.push((i, h, user_key)),
                 Ok(None) => {}
                 Err(e) => {
+                    missed.push((i, user_key));
                     first_error.get_or_insert(e);
                 }
             }
@@ -636,14 +665,59 @@ impl Pool {
                 }
                 Ok(_) => ok += 1,
                 Err(e) => {
+                    // Its server failed: the replicas may have it (a miss is a miss).
+                    missed.push((i, key));
                     first_error.get_or_insert(e);
                 }
             }
         }
+        self.mget_from_replicas(missed, ns);
         match first_error {
             None => abi::SUCCESS,
             Some(_) if ok > 0 => self.fail(abi::SOME_ERRORS, ""),
             Some((rc, m)) => self.fail(rc, &m),
+        }
+    }
+
+    /// With libmemcached's replicas (binary protocol, NUMBER_OF_REPLICAS), the keys whose
+    /// server failed during an mget are asked of its replicas, one after the other.
+    fn mget_from_replicas(&mut self, mut missed: Vec<(usize, Vec<u8>)>, ns: usize) {
+        let n = self.servers.len();
+        if !self.behaviors.binary || self.behaviors.replicas == 0 || n < 2 {
+            return;
+        }
+        let prefix = self
+            .namespace
+            .as_ref()
+            .map_or(Vec::new(), |p| p.as_bytes().to_vec());
+        debug_assert_eq!(prefix.len(), ns);
+        for r in 1..=(self.behaviors.replicas as usize).min(n - 1) {
+            if missed.is_empty() {
+                break;
+            }
+            let mut issued = Vec::new();
+            for (i, key) in std::mem::take(&mut missed) {
+                let mut full = prefix.clone();
+                full.extend_from_slice(&key);
+                match self.issue(
+                    (i + r) % n,
+                    Op::Get {
+                        key: full,
+                        cas: true,
+                    },
+                    false,
+                ) {
+                    Ok(Some(h)) => issued.push((i, h, key)),
+                    _ => missed.push((i, key)),
+                }
+            }
+            for (i, h, key) in issued {
+                match self.complete((i + r) % n, h) {
+                    Ok(Reply::Value(Some(value))) => self.results.push_back(Fetched { key, value }),
+                    Ok(_) => {}
+                    Err(_) => missed.push((i, key)),
+                }
+            }
         }
     }
 

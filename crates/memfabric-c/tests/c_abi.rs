@@ -248,3 +248,70 @@ fn the_nonblocking_example_builds_and_runs() {
         );
     }
 }
+
+fn compile_named(tmp: &Path, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = tmp.join(name);
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lmemcached")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// libmemcached's replicas: the same servers hold each key's copies (modula and weighted
+/// ketama, 0-3 replicas, both protocol modes: only the binary one replicates), deletes
+/// reach every copy, a miss on the key's own server stays a miss; and with a server dead,
+/// its keys are read from the replicas (every one of them, where libmemcached loses the
+/// read that finds the server dead), or not at all without replicas, as libmemcached.
+#[test]
+fn replicas_are_where_libmemcached_puts_them_and_serve_a_dead_servers_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = compile_named(tmp.path(), "replicas");
+    let lib = soname_dir(tmp.path());
+    let mut servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Kind::Memcached, &[]))
+        .collect();
+    let ports: Vec<String> = servers.iter().map(|s| s.port.to_string()).collect();
+    let mut args = vec!["placement".to_string()];
+    args.extend(ports.iter().cloned());
+    let reference = run(&exe, None, "tcp", &args);
+    let ours = run(&exe, Some(&lib), "auto", &args);
+    assert_eq!(reference, ours);
+    assert!(
+        reference.contains("ketama binary=1 replicas=2: [111]"),
+        "{reference}"
+    );
+    for (dist, reps) in [("0", "1"), ("1", "1"), ("1", "2"), ("1", "0")] {
+        let phase = |which: &str| {
+            let mut a = vec![which.to_string(), dist.to_string(), reps.to_string()];
+            a.extend(ports.iter().cloned());
+            a
+        };
+        let mut outputs = Vec::new();
+        for l in [None, Some(lib.as_path())] {
+            servers[0].restart();
+            run(&exe, l, "auto", &phase("write"));
+            servers[0].kill();
+            outputs.push(run(&exe, l, "auto", &phase("read")));
+        }
+        let (reference, ours) = (&outputs[0], &outputs[1]);
+        if reps == "0" {
+            assert_eq!(reference, ours);
+            assert!(!ours.contains("mget finds 12"), "{ours}");
+        } else {
+            assert!(
+                ours.ends_with(": 1 1 1 1 1 1 1 1 1 1 1 1 | mget finds 12\n"),
+                "dist {dist} replicas {reps}: {ours}\n(libmemcached: {reference})"
+            );
+        }
+    }
+}
