@@ -37,8 +37,9 @@ quietly() {
 # The README's quick start talks to the server with nc (OpenBSD's: `-q1`) and telnet, so
 # both come with the server too.
 # libsasl2-2: libmemfabric links it as Debian's libmemcached does (applications built
-# against libmemcached reach Cyrus SASL through it).
-pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet libsasl2-2)
+# against libmemcached reach Cyrus SASL through it). libmemcached-tools: the README's
+# libmemfabric example (memccp, memccat).
+pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet libsasl2-2 libmemcached-tools)
 if [[ $mode == all ]]; then
   # Reference server and conformance tools, pylibmc's C library, network namespaces,
   # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks),
