@@ -4,6 +4,7 @@
 //! file output in `output`.
 
 mod args;
+mod clients_cmd;
 mod compare_cmd;
 mod hybrid_cmd;
 mod latency_cmd;
@@ -15,6 +16,7 @@ mod ycsb_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+use clients_cmd::{clients_cmd, ClientsArgs};
 use compare_cmd::{compare_cmd, CompareArgs};
 use hybrid_cmd::{hybrid_cmd, HybridArgs};
 use latency_cmd::{latency_cmd, LatencyArgs};
@@ -51,6 +53,10 @@ enum Cmd {
     /// a working set larger than both (ohb_memhybrid style): hits, misses, total time with
     /// a penalty per miss.
     Hybrid(Box<HybridArgs>),
+    /// Existing client libraries unmodified on libmemfabric (pylibmc, C through
+    /// libmemcached's API and memfabric.h's iget) against memfabricd over UCX, and on
+    /// libmemcached against memcached over TCP, in one run.
+    Clients(Box<ClientsArgs>),
 }
 
 /// What a subcommand returns: its error is printed on stderr and exits with status 2.
@@ -64,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Ycsb(a) => ycsb_cmd(a).map(|()| true),
         Cmd::Resilience(a) => resilience_cmd(*a).map(|()| true),
         Cmd::Hybrid(a) => hybrid_cmd(*a).map(|()| true),
+        Cmd::Clients(a) => clients_cmd(*a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
             compare_cmd(*a).map(|pass| pass || !check)
