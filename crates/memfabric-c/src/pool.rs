@@ -10,7 +10,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use memfabric_client::{
-    ketama, Client, Config, Credentials, Error, Handle, Op, Reply, Scheme, ServerAddr, Value,
+    ketama, Client, Config, Credentials, Error, GetMode, Handle, Op, Reply, Scheme, ServerAddr,
+    Value,
 };
 
 use crate::abi::{self, Rc};
@@ -87,6 +88,8 @@ pub struct Pool {
     pub behaviors: Behaviors,
     pub namespace: Option<CString>,
     pub transport: TransportChoice,
+    /// How GETs reach UCX servers (`MEMFABRIC_GET_MODE`: auto, one-sided, two-sided).
+    pub get_mode: GetMode,
     pub credentials: Option<Credentials>,
     pub results: VecDeque<Fetched>,
     /// Results of the last mget handed out so far, and whether its end was reported.
@@ -115,6 +118,10 @@ impl Default for Pool {
             behaviors: Behaviors::default(),
             namespace: None,
             transport: TransportChoice::from_env(),
+            get_mode: std::env::var("MEMFABRIC_GET_MODE")
+                .ok()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or_default(),
             credentials: None,
             results: VecDeque::new(),
             delivered: 0,
@@ -141,6 +148,7 @@ impl Pool {
         p.behaviors = self.behaviors.clone();
         p.namespace = self.namespace.clone();
         p.transport = self.transport;
+        p.get_mode = self.get_mode;
         p.credentials = self.credentials.clone();
         p.clone_fn = self.clone_fn;
         p.cleanup_fn = self.cleanup_fn;
@@ -370,6 +378,7 @@ impl Pool {
             connect_timeout: ms(b.connect_timeout, 4000),
             retry_timeout: Duration::from_secs(b.retry_timeout.max(0) as u64),
             background_repair: false,
+            get_mode: self.get_mode,
             credentials: self.credentials.clone(),
             ..Config::default()
         }
