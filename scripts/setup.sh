@@ -113,3 +113,16 @@ if [[ ! -x $VENV/bin/python ]] || [[ $(cat "$STAMP" 2>/dev/null) != "$want" ]] \
     || { cat "$LOG" >&2; die "the venv at .venv cannot import pytest, pymemcache and pylibmc"; }
   echo "$want" >"$STAMP"
 fi
+
+# --- memfabric's Python package (crates/memfabric-py), built into the venv ------------------
+# maturin builds the extension with cargo (in the workspace's target directory, so the
+# later `cargo build` reuses what it compiled) and pip installs the wheel. The wheel links
+# the system's UCX, so it is not "repaired" for other machines (--auditwheel skip).
+WHEELS=${CARGO_TARGET_DIR:-$REPO/target}/wheels
+rm -rf "$WHEELS"
+quietly "$VENV/bin/maturin" build --release --auditwheel skip \
+  -m "$REPO/crates/memfabric-py/Cargo.toml" -o "$WHEELS"
+quietly "$VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall \
+  --no-deps "$WHEELS"/memfabric-*.whl
+"$VENV/bin/python" -c 'import memfabric' >"$LOG" 2>&1 \
+  || { cat "$LOG" >&2; die "the venv cannot import memfabric (crates/memfabric-py)"; }

@@ -53,7 +53,7 @@ fn clients_tiny_run_measures_every_library_it_names() {
     let v: serde_json::Value = serde_json::from_str(&text.expect("json written")).unwrap();
     let python_rows = v["python"].as_array().unwrap();
     let c_rows = v["c"].as_array().unwrap();
-    assert_eq!(python_rows.len(), 4, "{v}");
+    assert_eq!(python_rows.len(), 6, "{v}");
     assert_eq!(c_rows.len(), 4, "{v}");
     for r in python_rows.iter().chain(c_rows) {
         assert!(r["p50_us"].as_f64().is_some_and(|x| x > 0.0), "{r}");

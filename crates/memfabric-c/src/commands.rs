@@ -22,6 +22,10 @@ pub enum Command<'a> {
         cas: u64,
     },
     Get,
+    /// Get and touch: the item, its expiry time set.
+    Gat {
+        exptime: i64,
+    },
     Delete {
         expiration: i64,
     },
@@ -108,7 +112,7 @@ impl Pool {
         if self.server_count() == 0 {
             return Err(self.fail(abi::NO_SERVERS, ""));
         }
-        if matches!(cmd, Command::Get) && self.behaviors.use_udp {
+        if matches!(cmd, Command::Get | Command::Gat { .. }) && self.behaviors.use_udp {
             return Err(self.fail(abi::NOT_SUPPORTED, "reads over UDP"));
         }
         let k = self.key(key).map_err(|rc| self.fail(rc, ""))?;
@@ -138,6 +142,13 @@ impl Pool {
                 Kind::Store(mode),
             ),
             Command::Get => (Op::Get { key, cas: true }, Kind::Get),
+            Command::Gat { exptime } => (
+                Op::Gat {
+                    key,
+                    exptime: self.exptime(exptime),
+                },
+                Kind::Get,
+            ),
             Command::Delete { .. } => (Op::Delete { key }, Kind::Delete),
             Command::Touch { exptime } => (
                 Op::Touch {

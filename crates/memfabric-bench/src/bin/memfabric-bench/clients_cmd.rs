@@ -80,6 +80,8 @@ struct Results {
     c: Vec<Row>,
     /// pylibmc on libmemfabric over UCX / pylibmc on libmemcached over TCP (p50).
     pylibmc_ucx_vs_tcp_p50: f64,
+    /// memfabric's Python package over UCX / pymemcache over TCP to memcached (p50).
+    memfabric_ucx_vs_pymemcache_tcp_p50: f64,
     /// memcached_iget x N in flight over UCX / libmemcached mget of N over TCP (GETs per s).
     iget_ucx_vs_mget_tcp_throughput: f64,
 }
@@ -242,6 +244,20 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
             server: &fabric,
             transport: "ucx",
         },
+        Case {
+            name: "memfabric -> memcached",
+            library: "memfabric",
+            ours: false,
+            server: &memcached,
+            transport: "tcp",
+        },
+        Case {
+            name: "memfabric -> memfabricd",
+            library: "memfabric",
+            ours: false,
+            server: &fabric,
+            transport: "ucx",
+        },
     ];
     let total = cases.len() + 4;
     let mut step = 0;
@@ -270,22 +286,21 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
         }
         let v = run_json(&mut cmd, c.name)?;
         let loaded = v.get("loaded").and_then(|l| l.as_str()).unwrap_or("");
-        let want = if c.library == "pymemcache" {
-            "none"
-        } else if c.ours {
-            "libmemfabric"
-        } else {
-            "libmemcached"
+        let want = match (c.library, c.ours) {
+            ("pymemcache", _) => "none",
+            ("memfabric", _) if c.transport == "ucx" => "memfabric-ucx",
+            ("memfabric", _) => "memfabric-tcp",
+            (_, true) => "libmemfabric",
+            _ => "libmemcached",
         };
         if loaded != want {
             return Err(format!("{}: loaded {loaded}, expected {want}", c.name).into());
         }
         python_rows.push(Row {
             name: c.name.into(),
-            library: if c.library == "pymemcache" {
-                "pymemcache".into()
-            } else {
-                format!("pylibmc + {want}")
+            library: match c.library {
+                "pylibmc" => format!("pylibmc + {want}"),
+                other => other.to_string(),
             },
             server: c.server.name.clone(),
             transport: c.transport.into(),
@@ -376,6 +391,7 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
         valsize: a.valsize,
         in_flight: a.in_flight,
         pylibmc_ucx_vs_tcp_p50: python_rows[3].p50_us / python_rows[1].p50_us,
+        memfabric_ucx_vs_pymemcache_tcp_p50: python_rows[5].p50_us / python_rows[0].p50_us,
         iget_ucx_vs_mget_tcp_throughput: c_rows[3].gets_per_s.unwrap_or(0.0)
             / c_rows[0].gets_per_s.unwrap_or(f64::NAN),
         python: python_rows,
@@ -447,8 +463,11 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
         )
     );
     println!(
-        "\npylibmc on libmemfabric over UCX: {:.2}x the GET p50 of pylibmc on libmemcached over TCP; memcached_iget x {} over UCX: {:.2}x the GETs/s of libmemcached's mget over TCP",
-        results.pylibmc_ucx_vs_tcp_p50, a.in_flight, results.iget_ucx_vs_mget_tcp_throughput
+        "\nmemfabric (Python) over UCX: {:.2}x the GET p50 of pymemcache over TCP; pylibmc on libmemfabric over UCX: {:.2}x the GET p50 of pylibmc on libmemcached over TCP; memcached_iget x {} over UCX: {:.2}x the GETs/s of libmemcached's mget over TCP",
+        results.memfabric_ucx_vs_pymemcache_tcp_p50,
+        results.pylibmc_ucx_vs_tcp_p50,
+        a.in_flight,
+        results.iget_ucx_vs_mget_tcp_throughput
     );
     if let Some(p) = &a.json {
         write_json(p, &results)?;
@@ -482,11 +501,13 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
     Ok(())
 }
 
-/// A bar's label: "pylibmc/libmemfabric -> memfabricd" is "pylibmc+lmf/mfd".
+/// A bar's label: "pylibmc/libmemfabric -> memfabricd" is "pylibmc+lmf/mfd",
+/// "memfabric -> memcached" "mf.py/mc".
 fn short(name: &str) -> String {
-    name.replace("pylibmc/", "pylibmc+")
-        .replace("libmemcached", "lmc")
+    name.replace("libmemcached", "lmc")
         .replace("libmemfabric", "lmf")
+        .replace("pylibmc/", "pylibmc+")
+        .replace("memfabric -> ", "mf.py -> ")
         .replace(" -> memfabricd", "/mfd")
         .replace(" -> memcached", "/mc")
         .replace(": ", " ")

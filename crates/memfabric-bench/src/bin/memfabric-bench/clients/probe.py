@@ -2,7 +2,8 @@
 
 argv: LIBRARY HOST PORT GETS VALUE_SIZE KEYS BINARY(0|1)
 LIBRARY is pylibmc (whatever libmemcached.so.11 the loader finds: Debian's, or
-libmemfabric under that name) or pymemcache. Prints one JSON object: microseconds per
+libmemfabric under that name), pymemcache, or memfabric (memfabric's own package; UCX
+where the server offers it). Prints one JSON object: microseconds per
 GET (p50, p90, p99, mean), the transport libmemfabric chose (when it is loaded), and the
 library actually loaded, so a row can never silently measure the wrong thing.
 """
@@ -29,6 +30,13 @@ elif lib == "pymemcache":
     for k in keys:
         c.set(k, value)
     get = c.get
+elif lib == "memfabric":
+    import memfabric
+
+    c = memfabric.Client((host, port), default_noreply=False)
+    for k in keys:
+        c.set(k, value)
+    get = c.get
 else:
     raise SystemExit(f"unknown library {lib}")
 
@@ -36,6 +44,8 @@ with open("/proc/self/maps") as f:
     maps = f.read()
 loaded = "libmemfabric" if "libmemfabric.so" in maps else (
     "libmemcached" if "libmemcached" in maps else "none")
+if lib == "memfabric":
+    loaded = "memfabric-ucx" if c.over_ucx() else "memfabric-tcp"
 
 for k in keys[: min(nkeys, 1000)]:  # warm up: connections, caches
     assert get(k) == value
