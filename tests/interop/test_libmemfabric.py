@@ -45,13 +45,16 @@ def soname_dir(tmp_path_factory) -> Path:
     return d
 
 
-def run(argv, *, lib: Path | None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(argv, *, lib: Path | None, cwd: Path | None = None,
+        preload: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     if lib is None:
         env.pop("LD_LIBRARY_PATH", None)
     else:
         env["LD_LIBRARY_PATH"] = str(lib)
+    if preload is not None:
+        env["LD_PRELOAD"] = str(preload)
     return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
@@ -151,3 +154,17 @@ def test_php_memcached_works_the_same(server, soname_dir, binary):
     assert "bool(true)" in ours.stdout
     if server.kind == "memfabricd":
         assert ucx_sessions(server) > before, "libmemfabric did not reach memfabricd over UCX"
+
+
+def test_ld_preload_works_too(server):
+    """LD_PRELOAD=libmemfabric.so: the real libmemcached is loaded as well, and every
+    function PHP's extension calls must resolve to libmemfabric's."""
+    argv = ["php", str(PHP_SCRIPT), str(server.port), "0", str(dead_port())]
+    flush(server)
+    real = run(argv, lib=None)
+    flush(server)
+    before = ucx_sessions(server) if server.kind == "memfabricd" else 0
+    ours = run(argv, lib=None, preload=libmemfabric_path())
+    assert (ours.returncode, ours.stdout, ours.stderr) == (real.returncode, real.stdout, real.stderr)
+    if server.kind == "memfabricd":
+        assert ucx_sessions(server) > before, "LD_PRELOAD did not bring libmemfabric in"
