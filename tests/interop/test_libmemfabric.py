@@ -156,15 +156,41 @@ def test_php_memcached_works_the_same(server, soname_dir, binary):
         assert ucx_sessions(server) > before, "libmemfabric did not reach memfabricd over UCX"
 
 
-def test_ld_preload_works_too(server):
-    """LD_PRELOAD=libmemfabric.so: the real libmemcached is loaded as well, and every
-    function PHP's extension calls must resolve to libmemfabric's."""
-    argv = ["php", str(PHP_SCRIPT), str(server.port), "0", str(dead_port())]
+PRELOAD_SCRIPT = """
+import sys
+import pylibmc
+c = pylibmc.Client(["127.0.0.1:%s" % sys.argv[1]], binary=sys.argv[2] == "1")
+print(c.set("p1", "one"), c.get("p1"), c.get("nope"), c.add("p1", "x"))
+print(sorted(c.get_multi(["p1", "nope"]).items()))
+c.set("n", 5)
+print(c.incr("n", 3), c.decr("n", 10), c.delete("n"), c.delete("n"))
+with open("/proc/self/maps") as maps:
+    print("libmemfabric mapped:", "libmemfabric.so" in maps.read())
+"""
+
+
+@pytest.mark.parametrize("binary", ["0", "1"], ids=["ascii", "binary"])
+def test_ld_preload_works_for_pylibmc(server, binary, tmp_path):
+    """LD_PRELOAD=libmemfabric.so with Debian's pylibmc: the real libmemcached is loaded as
+    well, and every function pylibmc calls resolves to libmemfabric's. (PHP loads its
+    extensions with RTLD_DEEPBIND, which puts an extension's own libraries before preloaded
+    ones: PHP needs LD_LIBRARY_PATH; docs/c-api.md.)"""
+    pyl = tmp_path / "pylibmc"
+    pyl.mkdir()
+    for entry in Path("/usr/lib/python3/dist-packages").iterdir():
+        if entry.name == "pylibmc" or entry.name.startswith("_pylibmc"):
+            (pyl / entry.name).symlink_to(entry)
+    argv = ["/usr/bin/python3", "-c", PRELOAD_SCRIPT, str(server.port), binary]
+    env = {"PYTHONPATH": str(pyl)}
     flush(server)
-    real = run(argv, lib=None)
+    real = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
     flush(server)
     before = ucx_sessions(server) if server.kind == "memfabricd" else 0
-    ours = run(argv, lib=None, preload=libmemfabric_path())
-    assert (ours.returncode, ours.stdout, ours.stderr) == (real.returncode, real.stdout, real.stderr)
+    ours = subprocess.run(argv, env={**os.environ, **env, "LD_PRELOAD": str(libmemfabric_path())},
+                          capture_output=True, text=True, timeout=60)
+    assert real.returncode == 0, real.stderr
+    assert ours.returncode == 0, ours.stderr
+    assert real.stdout.replace("mapped: False", "") == ours.stdout.replace("mapped: True", "")
+    assert "libmemfabric mapped: True" in ours.stdout
     if server.kind == "memfabricd":
         assert ucx_sessions(server) > before, "LD_PRELOAD did not bring libmemfabric in"
