@@ -138,6 +138,10 @@ def start_server(kind: str, *, udp: bool = False, unix: bool = False,
             argv += ["-p", str(srv.port), "-U", str(srv.udp_port), "-l", "127.0.0.1"]
         if kind == "memcached" and os.geteuid() == 0:
             argv += ["-u", "root"]  # memcached refuses to run as root without it
+        if kind == "memfabricd" and "--ucx-port" not in args:
+            # Its UCX listener on a free port of its own (the default, 11311, is one port
+            # for every server on the machine): clients find it with `stats fabric`.
+            argv += ["--ucx-port", str(free_port())]
         argv += list(args)
         srv.argv = argv
         with open(srv.log_path, "wb") as log:

@@ -102,7 +102,9 @@ def test_pymemcache_calls_answer_the_same(server, pair):
 def test_serde_is_pymemcaches(server):
     host, port = server.addr
     ours = memfabric.Client((host, port), serde=memfabric.pickle_serde, default_noreply=False)
-    theirs = PymemcacheClient((host, port), serde=pymemcache_serde.pickle_serde)
+    # Both wait for their writes: the other client reads them on another connection.
+    theirs = PymemcacheClient((host, port), serde=pymemcache_serde.pickle_serde,
+                              default_noreply=False)
     values = {"b": b"bytes", "s": "text", "i": 42, "o": {"a": [1, 2]}, "t": (1, "x")}
     for k, v in values.items():
         assert ours.set("o:" + k, v) is True
