@@ -132,13 +132,12 @@ impl Alloc {
 
 /// Mirrors the pool's settings into the public fields of the struct (callers may read
 /// them, as the header shows them).
-unsafe fn sync_public(mc: *mut McSt) {
-    // SAFETY: `mc` is a created memcached_st (checked by the callers through `pool`).
+/// `p` is the struct's pool, passed by the caller that holds it (a second reference made
+/// here from the struct's pointer would alias the caller's).
+unsafe fn sync_public(mc: *mut McSt, p: &Pool) {
+    // SAFETY: `mc` is a created memcached_st; the pool is a separate allocation, so this
+    // reference does not overlap `p`.
     let m = unsafe { &mut *mc };
-    // SAFETY: as above, the pool belongs to `m`.
-    let Some(p) = (unsafe { m.pool.cast::<Pool>().as_ref() }) else {
-        return;
-    };
     let b = &p.behaviors;
     m.number_of_hosts = p.server_count() as u32;
     m.distribution = b.distribution as u32;
@@ -192,7 +191,7 @@ pub unsafe extern "C" fn memcached_create(ptr: *mut McSt) -> *mut McSt {
     // SAFETY: `mc` is valid and zeroed above.
     unsafe {
         (*mc).pool = Box::into_raw(Box::<Pool>::default()).cast();
-        sync_public(mc);
+        sync_public(mc, &*(*mc).pool.cast::<Pool>());
     }
     mc
 }
@@ -233,7 +232,7 @@ pub unsafe extern "C" fn memcached_clone(dst: *mut McSt, src: *const McSt) -> *m
             drop(Box::from_raw((*mc).pool.cast::<Pool>()));
             (*mc).pool = Box::into_raw(Box::new(cloned)).cast();
             (*mc).user_data = (*src).user_data;
-            sync_public(mc);
+            sync_public(mc, &*(*mc).pool.cast::<Pool>());
             if clone_fn != 0 {
                 let f: CloneFn = std::mem::transmute::<usize, CloneFn>(clone_fn);
                 f(mc, src);
@@ -274,7 +273,7 @@ pub unsafe extern "C" fn memcached(string: *const c_char, length: usize) -> *mut
         p.namespace = CString::new(ns).ok();
     }
     // SAFETY: `mc` is valid.
-    unsafe { sync_public(mc) };
+    unsafe { sync_public(mc, p) };
     mc
 }
 
@@ -350,7 +349,7 @@ pub unsafe extern "C" fn memcached_behavior_set(ptr: *mut McSt, flag: u32, data:
     if rc == abi::SUCCESS {
         p.behavior_changed(flag);
         // SAFETY: `ptr` is valid (its pool was found).
-        unsafe { sync_public(ptr) };
+        unsafe { sync_public(ptr, p) };
     }
     p.note(rc)
 }
@@ -552,7 +551,7 @@ pub unsafe extern "C" fn memcached_server_add_with_weight(
     }
     p.add_server(host, port, weight);
     // SAFETY: valid.
-    unsafe { sync_public(ptr) };
+    unsafe { sync_public(ptr, p) };
     abi::SUCCESS
 }
 
@@ -630,7 +629,7 @@ pub unsafe extern "C" fn memcached_servers_reset(ptr: *mut McSt) {
     if let Some(p) = unsafe { pool(ptr) } {
         p.reset_servers();
         // SAFETY: valid.
-        unsafe { sync_public(ptr) };
+        unsafe { sync_public(ptr, p) };
     }
 }
 
@@ -721,7 +720,7 @@ pub unsafe extern "C" fn memcached_server_push(ptr: *mut McSt, list: *const Serv
         p.add_server(&s.host, s.port, s.weight);
     }
     // SAFETY: valid.
-    unsafe { sync_public(ptr) };
+    unsafe { sync_public(ptr, p) };
     abi::SUCCESS
 }
 
@@ -736,9 +735,15 @@ pub unsafe extern "C" fn memcached_server_cursor(
     let Some(p) = (unsafe { pool(ptr) }) else {
         return abi::INVALID_ARGUMENTS;
     };
+    if p.server_count() == 0 {
+        return abi::NO_SERVERS;
+    }
     let instances: Vec<InstancePtr> = (0..p.server_count())
         .filter_map(|i| p.instance(i).map(|x| x as *const _))
         .collect();
+    // As libmemcached: a failing callback skips the rest of that server's callbacks, the
+    // other servers are still visited, and the call says SOME ERRORS.
+    let mut rc = abi::SUCCESS;
     for inst in instances {
         for k in 0..n as usize {
             // SAFETY: the caller passes `n` callbacks.
@@ -746,13 +751,13 @@ pub unsafe extern "C" fn memcached_server_cursor(
                 continue;
             };
             // SAFETY: a C callback with libmemcached's signature.
-            let rc = unsafe { f(ptr, inst, context) };
-            if rc != abi::SUCCESS {
-                return rc;
+            if unsafe { f(ptr, inst, context) } != abi::SUCCESS {
+                rc = abi::SOME_ERRORS;
+                break;
             }
         }
     }
-    abi::SUCCESS
+    rc
 }
 
 #[no_mangle]
@@ -1227,8 +1232,15 @@ pub unsafe extern "C" fn memcached_fetch_result(
     };
     let Some(f) = p.next_result() else {
         let rc = p.end_of_results(!result.is_null());
-        // SAFETY: out-parameter.
-        unsafe { set(error, rc) };
+        // SAFETY: NULL or a result of the caller's; libmemcached frees one it allocated
+        // (`memcached_result_create(memc, NULL)`) at the end, since the loop that passed it
+        // gets NULL back and cannot.
+        unsafe {
+            if !result.is_null() && (*result).options & 1 != 0 {
+                memcached_result_free(result);
+            }
+            set(error, rc);
+        }
         return ptr::null_mut();
     };
     let r = if result.is_null() {
@@ -1316,7 +1328,17 @@ pub unsafe extern "C" fn memcached_fetch_execute(
     let Some(p) = (unsafe { pool(ptr) }) else {
         return abi::INVALID_ARGUMENTS;
     };
-    let items: Vec<_> = p.results.drain(..).collect();
+    let mut items = Vec::new();
+    while let Some(f) = p.next_result() {
+        items.push(f);
+    }
+    p.end_of_results(true);
+    if items.is_empty() {
+        return abi::NOTFOUND;
+    }
+    // As libmemcached: a failing callback skips the rest of that item's callbacks, the
+    // other items are still handed over, and the call says SOME ERRORS.
+    let mut rc = abi::SUCCESS;
     for f in items {
         // SAFETY: a result on our stack, freed below.
         let mut r: McResult = unsafe { std::mem::zeroed() };
@@ -1326,13 +1348,16 @@ pub unsafe extern "C" fn memcached_fetch_execute(
             // SAFETY: the caller passes `n` callbacks.
             if let Some(cb) = unsafe { *callbacks.add(k) } {
                 // SAFETY: a C callback with libmemcached's signature.
-                unsafe { cb(ptr, &mut r, context) };
+                if unsafe { cb(ptr, &mut r, context) } != abi::SUCCESS {
+                    rc = abi::SOME_ERRORS;
+                    break;
+                }
             }
         }
-        // SAFETY: the buffer was malloc'd by fill_result.
+        // SAFETY: the buffer was allocated by fill_result with `ptr`'s allocator.
         unsafe { Alloc::of(ptr).free(r.value.string.cast()) };
     }
-    abi::SUCCESS
+    rc
 }
 
 #[no_mangle]
@@ -1521,8 +1546,20 @@ pub unsafe extern "C" fn memcached_result_set_value(
     };
     // SAFETY: (pointer, length).
     let data = unsafe { bytes(value, length) };
+    // libmemcached appends to the value (a GET_FAILURE callback may build it in pieces).
+    let mut whole = Vec::with_capacity(length + 64);
+    if !r.value.string.is_null() {
+        // SAFETY: the result's value buffer, `end - string` bytes.
+        whole.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                r.value.string.cast::<u8>(),
+                r.value.end.offset_from(r.value.string) as usize,
+            )
+        });
+    }
+    whole.extend_from_slice(data);
     let v = Value {
-        data: bytes::Bytes::copy_from_slice(data),
+        data: bytes::Bytes::from(whole),
         flags: r.item_flags,
         cas: r.item_cas,
     };
@@ -1613,13 +1650,18 @@ unsafe fn arith(
     };
     // SAFETY: (pointer, length) arguments.
     let (g, k) = unsafe { (bytes(group_key, group_key_length), bytes(key, key_length)) };
+    // libmemcached's value when there is none (a failure, or NOREPLY): UINT64_MAX.
     match p.arith((!g.is_empty()).then_some(g), k, offset, incr) {
         Ok(v) => {
             // SAFETY: out-parameter.
-            unsafe { set(value, v.unwrap_or(0)) };
+            unsafe { set(value, v.unwrap_or(u64::MAX)) };
             abi::SUCCESS
         }
-        Err(rc) => rc,
+        Err(rc) => {
+            // SAFETY: out-parameter.
+            unsafe { set(value, u64::MAX) };
+            rc
+        }
     }
 }
 
@@ -1696,9 +1738,13 @@ unsafe fn arith_initial(
     let Some(p) = (unsafe { pool(ptr) }) else {
         return abi::INVALID_ARGUMENTS;
     };
+    if p.server_count() == 0 {
+        return p.fail(abi::NO_SERVERS, "");
+    }
     if !p.behaviors.binary {
+        // libmemcached's answer in the text protocol.
         return p.fail(
-            abi::NOT_SUPPORTED,
+            abi::INVALID_ARGUMENTS,
             "increment with an initial value needs the binary protocol",
         );
     }
@@ -1998,6 +2044,10 @@ pub unsafe extern "C" fn memcached_stat(
         unsafe { set(error, abi::MEMORY_ALLOCATION_FAILURE) };
         return stats;
     }
+    for i in 0..n {
+        // SAFETY: within the array just allocated.
+        unsafe { (*stats.add(i)).root = ptr };
+    }
     // SAFETY: C string or NULL.
     let group = unsafe { cstr(args) }
         .filter(|g| !g.is_empty())
@@ -2016,9 +2066,13 @@ pub unsafe extern "C" fn memcached_stat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn memcached_stat_free(ptr: *const McSt, stat: *mut McStat) {
-    // SAFETY: NULL or an array from memcached_stat, made with `ptr`'s allocator.
-    unsafe { Alloc::of(ptr).free(stat.cast()) };
+pub unsafe extern "C" fn memcached_stat_free(_ptr: *const McSt, stat: *mut McStat) {
+    if stat.is_null() {
+        return;
+    }
+    // SAFETY: an array from memcached_stat, made with its `root`'s allocator (libmemcached
+    // ignores the first argument, which callers often pass as NULL).
+    unsafe { Alloc::of((*stat).root).free(stat.cast()) };
 }
 
 #[no_mangle]
@@ -2100,8 +2154,10 @@ pub unsafe extern "C" fn memcached_stat_get_value(
     };
     // SAFETY: out-parameter.
     unsafe { set(error, abi::SUCCESS) };
-    // SAFETY: NULL or a created memcached_st.
-    unsafe { Alloc::of(ptr) }.copy(v.as_bytes())
+    // libmemcached hands this one out with plain malloc ("the caller free()s it").
+    let _ = ptr;
+    // SAFETY: NULL: the C library's allocator.
+    unsafe { Alloc::of(ptr::null()) }.copy(v.as_bytes())
 }
 
 /// Which transport `memcached_st`'s server `i` uses: 1 UCX, 0 TCP, -1 not connected yet.
@@ -2154,14 +2210,14 @@ pub unsafe extern "C" fn memcached_stat_execute(
     let group = unsafe { cstr(args) }
         .filter(|g| !g.is_empty())
         .map(str::to_string);
-    let mut rc_cb = abi::SUCCESS;
     let rc = p.each_server(&Op::Stats { group }, true, |p, i, reply| {
         let (Reply::Stats(list), Some(inst)) = (reply, p.instance(i)) else {
             return;
         };
         for (k, v) in list {
             // SAFETY: a C callback with libmemcached's signature; the strings live across it.
-            let r = unsafe {
+            // libmemcached hands every line over whatever the callback answers.
+            let _ = unsafe {
                 func(
                     inst,
                     k.as_ptr().cast(),
@@ -2171,17 +2227,9 @@ pub unsafe extern "C" fn memcached_stat_execute(
                     context,
                 )
             };
-            if r != abi::SUCCESS {
-                rc_cb = r;
-                return;
-            }
         }
     });
-    if rc == abi::SUCCESS {
-        rc_cb
-    } else {
-        rc
-    }
+    rc
 }
 
 /// `memcached_analysis_st`.
@@ -2342,13 +2390,53 @@ pub unsafe extern "C" fn memcached_get_memory_allocators(
 ) {
     // SAFETY: NULL or a created memcached_st.
     let a = unsafe { pool(ptr) }.and_then(|p| p.allocators);
+    // Without the caller's, the C library's (as libmemcached answers: callers wrap them).
     // SAFETY: out-parameters.
     unsafe {
-        set(mem_malloc, a.map(|a| a.malloc));
-        set(mem_free, a.map(|a| a.free));
-        set(mem_realloc, a.map(|a| a.realloc));
-        set(mem_calloc, a.map(|a| a.calloc));
+        set(
+            mem_malloc,
+            Some(a.map_or(default_malloc as MallocFn, |a| a.malloc)),
+        );
+        set(mem_free, Some(a.map_or(default_free as FreeFn, |a| a.free)));
+        set(
+            mem_realloc,
+            Some(a.map_or(default_realloc as ReallocFn, |a| a.realloc)),
+        );
+        set(
+            mem_calloc,
+            Some(a.map_or(default_calloc as CallocFn, |a| a.calloc)),
+        );
     }
+}
+
+unsafe extern "C" fn default_malloc(_: *const McSt, size: usize, _: *mut c_void) -> *mut c_void {
+    // SAFETY: plain malloc.
+    unsafe { libc::malloc(size) }
+}
+
+unsafe extern "C" fn default_free(_: *const McSt, mem: *mut c_void, _: *mut c_void) {
+    // SAFETY: the caller frees memory of the C library's allocator.
+    unsafe { libc::free(mem) }
+}
+
+unsafe extern "C" fn default_realloc(
+    _: *const McSt,
+    mem: *mut c_void,
+    size: usize,
+    _: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: realloc of the C library's memory.
+    unsafe { libc::realloc(mem, size) }
+}
+
+unsafe extern "C" fn default_calloc(
+    _: *const McSt,
+    n: usize,
+    size: usize,
+    _: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: plain calloc.
+    unsafe { libc::calloc(n, size) }
 }
 
 /// libmemcached's value encryption (AES with a key of the caller's): not implemented, so

@@ -550,7 +550,10 @@ impl Pool {
         wait: Option<Duration>,
     ) -> Option<Result<Reply, (Rc, String)>> {
         let binary = self.behaviors.binary;
-        let s = &mut self.servers[i];
+        // The server list may have been reset since the request was issued.
+        let Some(s) = self.servers.get_mut(i) else {
+            return Some(Err((abi::CONNECTION_FAILURE, "server removed".into())));
+        };
         let Some(conn) = s.conn.as_mut() else {
             return Some(Err((abi::CONNECTION_FAILURE, "connection closed".into())));
         };
@@ -588,8 +591,9 @@ impl Pool {
     /// Non-blocking requests (memfabric.h) in flight on server `i`: its connection is kept
     /// while there are any, whatever else happens.
     pub fn hold(&mut self, i: usize, delta: isize) {
-        let s = &mut self.servers[i];
-        s.in_flight = s.in_flight.saturating_add_signed(delta);
+        if let Some(s) = self.servers.get_mut(i) {
+            s.in_flight = s.in_flight.saturating_add_signed(delta);
+        }
     }
 
     /// Issue and wait.

@@ -251,7 +251,8 @@ impl NativePool {
             }
             (rc, found)
         });
-        if rc != abi::SUCCESS {
+        // SOME ERRORS: a server failed, the others' hits are still answers.
+        if rc != abi::SUCCESS && (rc != abi::SOME_ERRORS || found.is_empty()) {
             return Err(self.fail(rc));
         }
         for f in found {
@@ -483,6 +484,15 @@ impl NativePool {
             });
         }
         Ok(out)
+    }
+
+    /// Forgets request `id` (its Python object is gone): one in flight is abandoned.
+    fn discard(&mut self, py: Python<'_>, id: u64) {
+        if let Some(Pending::InFlight(server, handle, kind)) = self.requests.remove(&id) {
+            self.call(py, move |p| {
+                let _ = p.poll(server, handle, kind, Some(Duration::ZERO));
+            });
+        }
     }
 
     /// Whether server `index` is reached over UCX (None: not connected yet).

@@ -134,17 +134,34 @@ def _ms(seconds) -> int:
 
 
 class Request:
-    """A request issued without waiting (``iset``, ``iget``)."""
+    """A request issued without waiting (``iset``, ``iget``), completed on the thread that
+    issued it."""
 
-    __slots__ = ("_client", "_id", "_key", "_kind", "_done", "_result")
+    __slots__ = ("_client", "_pool", "_id", "_key", "_kind", "_done", "_result")
 
     def __init__(self, client, rid, key, kind):
         self._client, self._id, self._key, self._kind = client, rid, key, kind
+        self._pool = client._native  # this thread's pool, which holds the request
         self._done, self._result = False, None
+
+    def _check_thread(self):
+        if self._client._native is not self._pool:
+            raise MemcacheIllegalInputError("a request is completed on the thread that issued it")
 
     def test(self) -> bool:
         """Whether it has completed (never blocks)."""
-        return self._done or self._client._native.test(self._id)
+        if self._done:
+            return True
+        self._check_thread()
+        return self._pool.test(self._id)
+
+    def __del__(self):
+        # A request nobody waits for is forgotten (abandoned if still in flight).
+        try:
+            if not self._done and self._client._native is self._pool:
+                self._pool.discard(self._id)
+        except Exception:  # noqa: BLE001 - interpreter shutdown, another thread
+            pass
 
     def wait(self, timeout=None):
         """Its result (see ``Client.wait``); raises its error."""
@@ -264,8 +281,13 @@ class Client:
 
     def set_many(self, values: dict, expire=0, noreply=None, flags=None) -> list:
         """Stores all, pipelined; the keys that were not stored."""
-        reqs = [(key, self.iset(key, value, expire=expire, flags=flags)) for key, value in values.items()]
-        results = self.wait([r for _, r in reqs])
+        reqs = []
+        try:
+            for key, value in values.items():
+                reqs.append((key, self.iset(key, value, expire=expire, flags=flags)))
+        finally:
+            # Issued ones are completed even if a later key or value was refused.
+            results = self.wait([r for _, r in reqs])
         return [key for (key, _), ok in zip(reqs, results) if ok is not True]
 
     set_multi = set_many
@@ -362,6 +384,8 @@ class Client:
         timeout): a get's value (deserialized) or None, a set's True/False. A request's
         error is returned in its place (raised with ``raise_errors``)."""
         pending = [r for r in requests if not r._done]
+        for r in pending:
+            r._check_thread()
         if pending:
             ms = None if timeout is None else max(0, int(timeout * 1000))
             for r, res in zip(pending, self._native.wait([r._id for r in pending], ms)):
