@@ -1,0 +1,774 @@
+//! The flush to the backing directory: a journal in the cache, leases, and a copy that
+//! puts a file at its destination whole and verified or not at all.
+//!
+//! Protocol (docs/burst-buffer.md has its crash cases):
+//! 1. **Enqueue**: a flush record (`bb:F:f:<id>`: generation, version, size, destination
+//!    path) is written as `Queued` and the file's id is added to the journal's queue
+//!    (`bb:F:j`), under the journal lock. Both are ordinary items of the pool, so they
+//!    are replicated like everything else.
+//! 2. **Claim**: a flusher takes a queued record, or one whose lease has run out (its
+//!    flusher died), and writes itself in as owner with a lease.
+//! 3. **Copy**: chunk by chunk (each checked by its crc) into a temporary file beside the
+//!    destination (`.<name>.mfbb-<id>.tmp`); every few MiB the record gets the bytes done
+//!    and the crc of every chunk-sized window written, and the lease is renewed — if the
+//!    record has another owner by then, this flusher stops.
+//! 4. **Finish**: fsync, then the whole temporary file is read back and every window's
+//!    crc (and the file's sha256, when the inode knows it) compared; only then is it
+//!    renamed to its final name and the directory fsynced. The record becomes `Done` with
+//!    the sha256, the inode's `flushed_version` is set, the id leaves the queue.
+//!
+//! A flusher that resumes someone else's copy cuts the temporary file to the recorded
+//! bytes and goes on from there; the final check covers what the dead flusher wrote.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
+
+use crate::fs::{bytes_path, Fs, FsError, Result};
+use crate::layout::{now_ms, FlushRecord, FlushState, Inode, Journal, Kind, FLAG_STUB, ROOT};
+
+/// How a flusher works.
+#[derive(Debug, Clone)]
+pub struct FlushOptions {
+    /// How long a claim lasts without renewal: a dead flusher's files are taken over after
+    /// this.
+    pub lease: Duration,
+    /// Bytes per second written to the backing directory (None: as fast as it takes).
+    pub bandwidth: Option<u64>,
+    /// Bytes between two progress records (and lease renewals).
+    pub checkpoint_bytes: u64,
+    /// Tries of one file before it is marked failed (a copy that does not verify).
+    pub attempts: u32,
+}
+
+impl Default for FlushOptions {
+    fn default() -> FlushOptions {
+        FlushOptions {
+            lease: Duration::from_secs(30),
+            bandwidth: None,
+            checkpoint_bytes: 8 << 20,
+            attempts: 3,
+        }
+    }
+}
+
+/// What a flusher reports as it goes.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Started {
+        path: Vec<u8>,
+        size: u64,
+        resumed_at: u64,
+    },
+    Progress {
+        path: Vec<u8>,
+        done: u64,
+        size: u64,
+    },
+    Finished {
+        path: Vec<u8>,
+        size: u64,
+        sha256: [u8; 32],
+    },
+    Failed {
+        path: Vec<u8>,
+        error: String,
+    },
+}
+
+/// What a run of the flusher did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub files: usize,
+    pub bytes: u64,
+    pub failed: Vec<(Vec<u8>, String)>,
+    /// Queued but left for later: open for writing (flushed once their writers close).
+    pub open_for_writing: Vec<Vec<u8>>,
+}
+
+fn get_journal(fs: &mut Fs) -> Result<Journal> {
+    let key = fs.keys().journal();
+    match fs.client().get(&key)? {
+        Some(v) => Ok(Journal::decode(&v.data)?),
+        None => Ok(Journal::default()),
+    }
+}
+
+fn put_journal(fs: &mut Fs, j: &Journal) -> Result<()> {
+    let key = fs.keys().journal();
+    Ok(fs.client().set(&key, &j.encode(), 0, 0)?)
+}
+
+pub fn get_record(fs: &mut Fs, id: u64) -> Result<Option<FlushRecord>> {
+    let key = fs.keys().flush_record(id);
+    match fs.client().get(&key)? {
+        Some(v) => Ok(Some(FlushRecord::decode(&v.data)?)),
+        None => Ok(None),
+    }
+}
+
+fn put_record(fs: &mut Fs, r: &FlushRecord) -> Result<()> {
+    let key = fs.keys().flush_record(r.id);
+    Ok(fs.client().set(&key, &r.encode(), 0, 0)?)
+}
+
+/// Whether an inode has content the backing directory does not have yet.
+pub fn is_dirty(i: &Inode) -> bool {
+    i.flags & FLAG_STUB == 0 && i.version > i.flushed_version
+}
+
+/// Queues file (or directory, or link) `id` for flushing to its current path, if the
+/// backing directory does not have it (there) yet; whether it was queued.
+pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
+    let inode = fs.get_inode(id)?;
+    let path = fs.path_of(id)?;
+    if !is_dirty(&inode) {
+        // Clean, but renamed since its flush: the backing copy moves too.
+        match get_record(fs, id)? {
+            Some(r) if r.state == FlushState::Done && r.path != path => {}
+            _ => return Ok(false),
+        }
+    }
+    fs.with_lock("j", |fs| {
+        let old = get_record(fs, id)?;
+        let (mut prev_path, mut prev_sha256) = (Vec::new(), None);
+        if let Some(r) = &old {
+            let same = r.version == inode.version && r.gen == inode.gen && r.path == path;
+            let leased = r.state == FlushState::Copying && r.lease_until_ms > now_ms();
+            if same && (r.state == FlushState::Queued || leased) {
+                let mut j = get_journal(fs)?;
+                if !j.queued.contains(&id) {
+                    j.queued.push(id);
+                    put_journal(fs, &j)?;
+                }
+                return Ok(true);
+            }
+            if r.state == FlushState::Done {
+                prev_path = r.path.clone();
+                prev_sha256 = r.sha256;
+            } else {
+                prev_path = r.prev_path.clone();
+                prev_sha256 = r.prev_sha256;
+            }
+        }
+        let rec = FlushRecord {
+            id,
+            gen: inode.gen,
+            version: inode.version,
+            size: inode.size,
+            path: path.clone(),
+            state: FlushState::Queued,
+            owner: 0,
+            lease_until_ms: 0,
+            done: 0,
+            crcs: Vec::new(),
+            sha256: None,
+            error: Vec::new(),
+            prev_path,
+            prev_sha256,
+        };
+        put_record(fs, &rec)?;
+        let mut j = get_journal(fs)?;
+        if !j.queued.contains(&id) {
+            j.queued.push(id);
+            put_journal(fs, &j)?;
+        }
+        Ok(true)
+    })
+}
+
+/// Queues `top` and everything under it that the backing directory does not have yet
+/// (or has under an older name); the number queued.
+pub fn enqueue_dirty(fs: &mut Fs, top: u64) -> Result<usize> {
+    let mut n = 0;
+    if top != ROOT && enqueue(fs, top)? {
+        n += 1;
+    }
+    if fs.get_inode(top)?.kind != Kind::Dir {
+        return Ok(n);
+    }
+    let mut stack = vec![top];
+    while let Some(d) = stack.pop() {
+        for e in fs.readdir(d)? {
+            if enqueue(fs, e.id)? {
+                n += 1;
+            }
+            if e.kind == Kind::Dir {
+                stack.push(e.id);
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// After `id` was removed from the cache: if an earlier flush put it in the backing
+/// directory, its copy there is removed too (by the flusher, in journal order, and only
+/// if it is still what was flushed: see [`remove_previous_copy`]).
+pub fn note_removed(fs: &mut Fs, id: u64) -> Result<bool> {
+    fs.with_lock("j", |fs| {
+        let Some(r) = get_record(fs, id)? else {
+            return Ok(false);
+        };
+        let (prev_path, prev_sha256) = if r.state == FlushState::Done {
+            (r.path.clone(), r.sha256)
+        } else {
+            (r.prev_path.clone(), r.prev_sha256)
+        };
+        if prev_path.is_empty() {
+            return Ok(false);
+        }
+        let rec = FlushRecord {
+            id,
+            gen: 0,
+            version: 0,
+            size: 0,
+            path: Vec::new(),
+            state: FlushState::Queued,
+            owner: 0,
+            lease_until_ms: 0,
+            done: 0,
+            crcs: Vec::new(),
+            sha256: None,
+            error: Vec::new(),
+            prev_path,
+            prev_sha256,
+        };
+        put_record(fs, &rec)?;
+        let mut j = get_journal(fs)?;
+        j.queued.retain(|&q| q != id);
+        j.queued.push(id);
+        put_journal(fs, &j)?;
+        Ok(true)
+    })
+}
+
+/// The journal's queue with each record (for `bb status`).
+pub fn queued(fs: &mut Fs) -> Result<Vec<FlushRecord>> {
+    let j = get_journal(fs)?;
+    let mut out = Vec::new();
+    for id in j.queued {
+        if let Some(r) = get_record(fs, id)? {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+enum Claim {
+    Got(FlushRecord),
+    /// Others hold leases on everything left.
+    Wait,
+    /// Nothing left but files open for writing (their paths).
+    Empty(Vec<Vec<u8>>),
+}
+
+fn claim(fs: &mut Fs, owner: u64, opts: &FlushOptions) -> Result<Claim> {
+    fs.with_lock("j", |fs| {
+        let mut j = get_journal(fs)?;
+        let before = j.queued.len();
+        let mut keep = Vec::new();
+        let mut got = None;
+        let mut others = false;
+        let mut busy = Vec::new();
+        for id in j.queued.drain(..) {
+            let Some(mut r) = get_record(fs, id)? else {
+                continue;
+            };
+            match r.state {
+                FlushState::Done | FlushState::Failed => continue,
+                FlushState::Copying if r.lease_until_ms > now_ms() && r.owner != owner => {
+                    others = true;
+                }
+                _ if got.is_none() => {
+                    // Open for writing somewhere: its chunks change in place; wait for
+                    // the close.
+                    let writing = !r.path.is_empty()
+                        && fs
+                            .get_inode(id)
+                            .is_ok_and(|i| i.writing_until_ms > now_ms());
+                    if writing {
+                        busy.push(r.path.clone());
+                        keep.push(id);
+                        continue;
+                    }
+                    r.state = FlushState::Copying;
+                    r.owner = owner;
+                    r.lease_until_ms = now_ms() + opts.lease.as_millis() as u64;
+                    put_record(fs, &r)?;
+                    got = Some(r);
+                }
+                _ => {}
+            }
+            keep.push(id);
+        }
+        j.queued = keep;
+        if j.queued.len() != before {
+            put_journal(fs, &j)?;
+        }
+        Ok(match got {
+            Some(r) => Claim::Got(r),
+            None if others => Claim::Wait,
+            None => Claim::Empty(busy),
+        })
+    })
+}
+
+/// Saves progress and renews the lease; false if another flusher owns the record now.
+fn checkpoint(fs: &mut Fs, rec: &mut FlushRecord, opts: &FlushOptions) -> Result<bool> {
+    fs.with_lock("j", |fs| {
+        match get_record(fs, rec.id)? {
+            Some(cur) if cur.owner == rec.owner && cur.state == FlushState::Copying => {}
+            _ => return Ok(false),
+        }
+        rec.lease_until_ms = now_ms() + opts.lease.as_millis() as u64;
+        put_record(fs, rec)?;
+        Ok(true)
+    })
+}
+
+/// Gives a claimed record back to the queue (its file is being written).
+fn requeue(fs: &mut Fs, rec: &mut FlushRecord) -> Result<()> {
+    fs.with_lock("j", |fs| {
+        match get_record(fs, rec.id)? {
+            Some(cur) if cur.owner == rec.owner => {}
+            _ => return Ok(()),
+        }
+        rec.state = FlushState::Queued;
+        rec.owner = 0;
+        rec.lease_until_ms = 0;
+        put_record(fs, rec)
+    })
+}
+
+fn finish(fs: &mut Fs, rec: &mut FlushRecord, state: FlushState) -> Result<()> {
+    let id = rec.id;
+    rec.state = state;
+    fs.with_lock("j", |fs| {
+        match get_record(fs, id)? {
+            Some(cur) if cur.owner == rec.owner => {}
+            _ => return Ok(()),
+        }
+        put_record(fs, rec)?;
+        let mut j = get_journal(fs)?;
+        j.queued.retain(|&q| q != id);
+        put_journal(fs, &j)
+    })
+}
+
+/// A flusher: claims queued files and copies them until the journal is empty.
+pub struct Flusher {
+    pub opts: FlushOptions,
+    owner: u64,
+}
+
+impl Flusher {
+    pub fn new(opts: FlushOptions) -> Flusher {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&(std::process::id(), Instant::now(), now_ms()), &mut h);
+        Flusher {
+            opts,
+            owner: std::hash::Hasher::finish(&h) | 1,
+        }
+    }
+
+    /// Flushes until nothing is queued (waiting for files other flushers hold until their
+    /// leases end or they finish), or until `stop` is set.
+    pub fn run(
+        &mut self,
+        fs: &mut Fs,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Summary> {
+        let mut sum = Summary::default();
+        while !stop.load(Ordering::Relaxed) {
+            match claim(fs, self.owner, &self.opts)? {
+                Claim::Empty(busy) => {
+                    sum.open_for_writing = busy;
+                    break;
+                }
+                Claim::Wait => std::thread::sleep(Duration::from_millis(100)),
+                Claim::Got(mut rec) => match self.copy(fs, &mut rec, stop, on_event) {
+                    Ok(Some(size)) => {
+                        sum.files += 1;
+                        sum.bytes += size;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let msg = e.to_string();
+                        on_event(&Event::Failed {
+                            path: rec.path.clone(),
+                            error: msg.clone(),
+                        });
+                        sum.failed.push((rec.path.clone(), msg.clone()));
+                        rec.error = msg.into_bytes();
+                        // A cache that does not answer: leave it queued for the next try.
+                        if matches!(e, FsError::Cache(_) | FsError::Locked(_)) {
+                            return Err(e);
+                        }
+                        finish(fs, &mut rec, FlushState::Failed)?;
+                    }
+                },
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Copies one claimed file; its size when it was flushed, None when another flusher
+    /// took it over.
+    fn copy(
+        &mut self,
+        fs: &mut Fs,
+        rec: &mut FlushRecord,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Option<u64>> {
+        let Some(root) = fs.backing().map(Path::to_path_buf) else {
+            return Err(FsError::Invalid("no backing directory to flush to".into()));
+        };
+        let inode = match fs.get_inode(rec.id) {
+            Ok(i) if !rec.path.is_empty() => i,
+            // Removed from the cache: so is the copy an earlier flush made.
+            Ok(_) | Err(FsError::NotFound) => {
+                remove_previous_copy(fs, &root, rec);
+                finish(fs, rec, FlushState::Done)?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        // Where the file is now (renamed since it was queued: there).
+        if let Ok(cur) = fs.path_of(rec.id) {
+            if cur != rec.path {
+                let old_tmp = tmp_path(&root.join(bytes_path(&rec.path)), rec.id);
+                let _ = std::fs::remove_file(old_tmp);
+                rec.path = cur;
+                rec.done = 0;
+                rec.crcs.clear();
+            }
+        }
+        if inode.gen != rec.gen || inode.version != rec.version || inode.size != rec.size {
+            // Written again since it was queued: flush what it is now.
+            rec.gen = inode.gen;
+            rec.version = inode.version;
+            rec.size = inode.size;
+            rec.done = 0;
+            rec.crcs.clear();
+        }
+        let dest = root.join(bytes_path(&rec.path));
+        let parent = dest.parent().unwrap_or(&root).to_path_buf();
+        std::fs::create_dir_all(&parent).map_err(|e| io_err(e, &parent))?;
+        match inode.kind {
+            Kind::Dir => {
+                std::fs::create_dir_all(&dest).map_err(|e| io_err(e, &dest))?;
+                set_mode(&dest, inode.mode)?;
+                remove_previous_copy(fs, &root, rec);
+                self.mark_flushed(fs, &inode)?;
+                finish(fs, rec, FlushState::Done)?;
+                return Ok(Some(0));
+            }
+            Kind::Symlink => {
+                let tmp = tmp_path(&dest, rec.id);
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(bytes_path(&inode.target), &tmp)
+                    .map_err(|e| io_err(e, &tmp))?;
+                std::fs::rename(&tmp, &dest).map_err(|e| io_err(e, &dest))?;
+                sync_dir(&parent)?;
+                remove_previous_copy(fs, &root, rec);
+                self.mark_flushed(fs, &inode)?;
+                finish(fs, rec, FlushState::Done)?;
+                return Ok(Some(0));
+            }
+            Kind::File => {}
+        }
+        let mut inode = inode;
+        let mut mismatches = 0;
+        loop {
+            match self.copy_file(fs, rec, &inode, &dest, stop, on_event)? {
+                Copied::Verified(sha) => {
+                    rec.sha256 = Some(sha);
+                    remove_previous_copy(fs, &root, rec);
+                    self.mark_flushed(fs, &inode)?;
+                    finish(fs, rec, FlushState::Done)?;
+                    on_event(&Event::Finished {
+                        path: rec.path.clone(),
+                        size: rec.size,
+                        sha256: sha,
+                    });
+                    return Ok(Some(rec.size));
+                }
+                Copied::LostLease | Copied::Stopped => return Ok(None),
+                Copied::Mismatch | Copied::Changed => {
+                    let now = match fs.get_inode(rec.id) {
+                        Ok(i) => i,
+                        Err(FsError::NotFound) => {
+                            let _ = std::fs::remove_file(tmp_path(&dest, rec.id));
+                            finish(fs, rec, FlushState::Done)?;
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if now.writing_until_ms > now_ms() {
+                        // Opened for writing meanwhile: back in the queue for its close.
+                        requeue(fs, rec)?;
+                        return Ok(None);
+                    }
+                    let changed =
+                        now.gen != rec.gen || now.version != rec.version || now.size != rec.size;
+                    if !changed {
+                        mismatches += 1;
+                        if mismatches >= self.opts.attempts.max(1) {
+                            return Err(FsError::Corrupt(format!(
+                                "{}: the copy did not verify in {} tries",
+                                dest.display(),
+                                mismatches
+                            )));
+                        }
+                    }
+                    rec.gen = now.gen;
+                    rec.version = now.version;
+                    rec.size = now.size;
+                    rec.done = 0;
+                    rec.crcs.clear();
+                    inode = now;
+                }
+            }
+        }
+    }
+
+    fn mark_flushed(&self, fs: &mut Fs, flushed: &Inode) -> Result<()> {
+        let id = flushed.id;
+        fs.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            if i.version == flushed.version && i.gen == flushed.gen {
+                i.flushed_version = i.version;
+                fs.put_inode(&i)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn copy_file(
+        &mut self,
+        fs: &mut Fs,
+        rec: &mut FlushRecord,
+        inode: &Inode,
+        dest: &Path,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Copied> {
+        let cs = inode.chunk_size as u64;
+        let tmp = tmp_path(dest, rec.id);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .map_err(|e| io_err(e, &tmp))?;
+        // What a previous flusher recorded must still be there; otherwise start over.
+        let have = f.metadata().map_err(|e| io_err(e, &tmp))?.len();
+        if rec.done % cs != 0 || rec.done > have || rec.crcs.len() as u64 != rec.done / cs {
+            rec.done = 0;
+            rec.crcs.clear();
+        }
+        f.set_len(rec.done).map_err(|e| io_err(e, &tmp))?;
+        on_event(&Event::Started {
+            path: rec.path.clone(),
+            size: rec.size,
+            resumed_at: rec.done,
+        });
+        let started = Instant::now();
+        let mut written_here = 0u64;
+        let mut since_checkpoint = 0u64;
+        let mut last_checkpoint = Instant::now();
+        let mut window = Vec::with_capacity(cs as usize);
+        while rec.done < rec.size {
+            if stop.load(Ordering::Relaxed) {
+                let _ = checkpoint(fs, rec, &self.opts)?;
+                return Ok(Copied::Stopped);
+            }
+            let n = rec.done / cs;
+            let len = (rec.size - rec.done).min(cs) as usize;
+            let data = fs.chunk_content(inode, n)?;
+            window.clear();
+            window.extend_from_slice(&data[..data.len().min(len)]);
+            window.resize(len, 0);
+            f.write_all_at(&window, rec.done)
+                .map_err(|e| io_err(e, &tmp))?;
+            rec.crcs.push(crc32c::crc32c(&window));
+            rec.done += len as u64;
+            written_here += len as u64;
+            since_checkpoint += len as u64;
+            if let Some(bw) = self.opts.bandwidth.filter(|&b| b > 0) {
+                let due = Duration::from_secs_f64(written_here as f64 / bw as f64);
+                let spent = started.elapsed();
+                if due > spent {
+                    std::thread::sleep(due - spent);
+                }
+            }
+            if since_checkpoint >= self.opts.checkpoint_bytes
+                || last_checkpoint.elapsed() >= self.opts.lease / 4
+            {
+                if !checkpoint(fs, rec, &self.opts)? {
+                    return Ok(Copied::LostLease);
+                }
+                since_checkpoint = 0;
+                last_checkpoint = Instant::now();
+                on_event(&Event::Progress {
+                    path: rec.path.clone(),
+                    done: rec.done,
+                    size: rec.size,
+                });
+            }
+        }
+        f.sync_all().map_err(|e| io_err(e, &tmp))?;
+        drop(f);
+        // Read back what is on the backing store, window by window.
+        let mut f = File::open(&tmp).map_err(|e| io_err(e, &tmp))?;
+        let mut sha = sha2::Sha256::new();
+        let mut buf = vec![0u8; cs as usize];
+        let mut i = 0usize;
+        let mut total = 0u64;
+        loop {
+            let mut got = 0;
+            while got < buf.len() {
+                match f.read(&mut buf[got..]) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io_err(e, &tmp)),
+                }
+            }
+            if got == 0 {
+                break;
+            }
+            if rec.crcs.get(i) != Some(&crc32c::crc32c(&buf[..got])) {
+                return Ok(Copied::Mismatch);
+            }
+            sha.update(&buf[..got]);
+            total += got as u64;
+            i += 1;
+        }
+        let digest: [u8; 32] = sha.finalize().into();
+        if total != rec.size || i != rec.crcs.len() {
+            return Ok(Copied::Mismatch);
+        }
+        if inode.sha256.is_some_and(|s| s != digest) {
+            return Ok(Copied::Mismatch);
+        }
+        // Still the content that was copied (no publication, no writer since)?
+        let now = fs.get_inode(rec.id)?;
+        if now.gen != inode.gen || now.version != inode.version || now.writing_until_ms > now_ms() {
+            return Ok(Copied::Changed);
+        }
+        // The lease must still be ours before the rename makes the file visible.
+        if !checkpoint(fs, rec, &self.opts)? {
+            return Ok(Copied::LostLease);
+        }
+        set_mode(&tmp, inode.mode)?;
+        let f = File::options()
+            .write(true)
+            .open(&tmp)
+            .map_err(|e| io_err(e, &tmp))?;
+        let times = std::fs::FileTimes::new()
+            .set_modified(inode.mtime.to_system())
+            .set_accessed(inode.atime.to_system());
+        let _ = f.set_times(times);
+        f.sync_all().map_err(|e| io_err(e, &tmp))?;
+        std::fs::rename(&tmp, dest).map_err(|e| io_err(e, dest))?;
+        sync_dir(dest.parent().unwrap_or(Path::new("/")))?;
+        Ok(Copied::Verified(digest))
+    }
+}
+
+/// The copy an earlier flush made under a name the file no longer has (renamed or
+/// removed in the cache) goes: a file only if it is still exactly what that flush wrote
+/// (its sha256), a directory only if it is empty and its path is not in the cache's
+/// namespace. Then the parent directories that became empty and are not in the cache's
+/// namespace go too. Nothing the burst buffer did not write is ever removed.
+fn remove_previous_copy(fs: &mut Fs, root: &Path, rec: &FlushRecord) {
+    if rec.prev_path.is_empty() || rec.prev_path == rec.path {
+        return;
+    }
+    let old = root.join(bytes_path(&rec.prev_path));
+    let Ok(m) = std::fs::symlink_metadata(&old) else {
+        return;
+    };
+    let in_cache = |fs: &mut Fs, rel: &[u8]| !matches!(fs.resolve(rel), Err(FsError::NotFound));
+    let removed = match rec.prev_sha256 {
+        Some(sha) if m.is_file() => {
+            std::fs::read(&old).is_ok_and(|b| crate::layout::sha256(&b) == sha)
+                && std::fs::remove_file(&old).is_ok()
+        }
+        None if m.is_dir() => !in_cache(fs, &rec.prev_path) && std::fs::remove_dir(&old).is_ok(),
+        None if m.file_type().is_symlink() => {
+            !in_cache(fs, &rec.prev_path) && std::fs::remove_file(&old).is_ok()
+        }
+        _ => false,
+    };
+    if !removed {
+        return;
+    }
+    let mut dir = old.parent().map(Path::to_path_buf);
+    while let Some(d) = dir {
+        let _ = sync_dir(&d);
+        let Ok(rel) = d.strip_prefix(root) else {
+            break;
+        };
+        if rel.as_os_str().is_empty() || in_cache(fs, rel.as_os_str().as_encoded_bytes()) {
+            break;
+        }
+        if std::fs::remove_dir(&d).is_err() {
+            break;
+        }
+        dir = d.parent().map(Path::to_path_buf);
+    }
+}
+
+enum Copied {
+    Verified([u8; 32]),
+    Mismatch,
+    /// The file changed (published, or opened for writing) while it was copied.
+    Changed,
+    LostLease,
+    Stopped,
+}
+
+/// `.<name>.mfbb-<id>.tmp` beside the destination: the same name for every flusher of
+/// that file, so a resumer finds it; never the final name.
+pub fn tmp_path(dest: &Path, id: u64) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.as_encoded_bytes().to_vec())
+        .unwrap_or_default();
+    let suffix = format!(".mfbb-{id}.tmp");
+    // Keep the temporary name within NAME_MAX.
+    let keep = name.len().min(255 - 1 - suffix.len());
+    let mut t = b".".to_vec();
+    t.extend_from_slice(&name[..keep]);
+    t.extend_from_slice(suffix.as_bytes());
+    dest.with_file_name(bytes_path(&t))
+}
+
+fn io_err(e: std::io::Error, p: &Path) -> FsError {
+    FsError::Backing(
+        format!("{}: {e}", p.display()),
+        e.raw_os_error().unwrap_or(libc::EIO),
+    )
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o7777))
+        .map_err(|e| io_err(e, p))
+}
+
+fn sync_dir(p: &Path) -> Result<()> {
+    File::open(p)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(e, p))
+}

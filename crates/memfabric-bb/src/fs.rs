@@ -1,0 +1,1556 @@
+//! The file system over a pool: namespace operations, pipelined chunk writes and reads,
+//! close-to-open publication, truncation, and read-through from a backing directory.
+//!
+//! One [`Fs`] is one client's view (it owns a [`Client`]; it is not shared between
+//! threads). Several clients — processes, mounts, flushers — may use the same file system
+//! at once: namespace changes take a lock in the cache (an `add` with an expiry) around
+//! their read-modify-write, and file contents follow close-to-open consistency
+//! (docs/burst-buffer.md): what a writer wrote is visible to an `open` that starts after
+//! the writer's `close` or `fsync` returned.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use memfabric_client::{Client, Error as CacheError, Handle, Reply, StoreStatus};
+use sha2::Digest;
+
+use crate::layout::{
+    chunk_decode, chunk_encode, now_ms, valid_name, Dir, Entry, Inode, Keys, Kind, LayoutError,
+    Superblock, Time, CHUNK_HEADER, FLAG_LISTED, FLAG_STUB, NAME_MAX, ROOT, WHITEOUT,
+};
+
+/// Every way a file-system operation fails, each with the errno a local file system gives.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("no space left in the cache: {0}")]
+    NoSpace(String),
+    #[error("file too large")]
+    TooBig,
+    #[error("operation not supported: {0}")]
+    NotSupported(&'static str),
+    #[error("{0} is locked by another client")]
+    Locked(String),
+    #[error("damaged or lost object: {0}")]
+    Corrupt(String),
+    #[error("cache: {0}")]
+    Cache(CacheError),
+    #[error("backing directory: {0}")]
+    Backing(String, i32),
+}
+
+impl FsError {
+    /// The errno a local file system would answer.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NoSpace(_) => libc::ENOSPC,
+            FsError::TooBig => libc::EFBIG,
+            FsError::NotSupported(_) => libc::EOPNOTSUPP,
+            FsError::Locked(_) => libc::EAGAIN,
+            FsError::Corrupt(_) | FsError::Cache(_) => libc::EIO,
+            FsError::Backing(_, e) => *e,
+        }
+    }
+    fn backing(e: std::io::Error, what: &Path) -> FsError {
+        FsError::Backing(
+            format!("{}: {e}", what.display()),
+            e.raw_os_error().unwrap_or(libc::EIO),
+        )
+    }
+}
+
+impl From<CacheError> for FsError {
+    fn from(e: CacheError) -> FsError {
+        // memcached's answer to a set that needs memory it may not evict for (`-M`) or
+        // cannot find: the cache is full, as a disk is.
+        let full = |s: &str| s.contains("out of memory");
+        match &e {
+            CacheError::Server(s) if full(s) => FsError::NoSpace(s.clone()),
+            CacheError::NotEnoughCopies { cause, .. } if full(cause) => {
+                FsError::NoSpace(cause.clone())
+            }
+            _ => FsError::Cache(e),
+        }
+    }
+}
+
+impl From<LayoutError> for FsError {
+    fn from(e: LayoutError) -> FsError {
+        FsError::Corrupt(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;
+
+/// How to open a file system.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The file system's name: its keys are `bb:<name>:...` (several share a pool).
+    pub name: String,
+    /// Chunk size of a new file system (0: the largest power of two up to 512 KiB that
+    /// fits the servers' item size limit). An existing one keeps its own.
+    pub chunk_size: u32,
+    /// Chunk writes and reads in flight per file.
+    pub depth: usize,
+    /// The backing directory (the parallel file system): read-through of paths not in the
+    /// cache, and where flushes go.
+    pub backing: Option<PathBuf>,
+    /// How long a lock in the cache lives if its holder dies (seconds).
+    pub lock_ttl: u32,
+    /// How long to wait for a lock another client holds.
+    pub lock_wait: Duration,
+    /// Deadline of each cache request this layer waits for.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            name: "default".into(),
+            chunk_size: 0,
+            depth: 16,
+            backing: None,
+            lock_ttl: 10,
+            lock_wait: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long an open for writing keeps flushers away without a publication (a writer that
+/// died stops holding its file after this).
+pub const WRITE_LEASE_MS: u64 = 120_000;
+
+/// The largest chunk (data and header) the servers' item size limit leaves room for: an
+/// item also holds its header and key.
+fn chunk_fits(chunk: u32, item_max: usize) -> bool {
+    chunk as usize + CHUNK_HEADER + 256 <= item_max
+}
+
+/// What a writer of one file has not published yet.
+struct WriteState {
+    /// The inode as it was when writing started (generation, chunk bitmap).
+    base: Inode,
+    /// Chunks being filled (their whole content: existing bytes were read in first).
+    bufs: BTreeMap<u64, Vec<u8>>,
+    /// Chunk writes in flight, oldest first.
+    inflight: VecDeque<(Handle, u64)>,
+    /// Chunks written by this writer (sent or being filled).
+    written: BTreeSet<u64>,
+    /// The size after this writer's writes.
+    size: u64,
+    /// sha256 of bytes [0, next) while every write so far continued the previous one from
+    /// an empty file.
+    sha: Option<(sha2::Sha256, u64)>,
+    /// The first failure of a write in flight, reported at publication.
+    error: Option<FsError>,
+    /// Open handles writing this file.
+    writers: usize,
+}
+
+/// Decoded chunks kept for readers, and reads in flight (read-ahead).
+#[derive(Default)]
+struct ReadCache {
+    /// (id, gen, chunk) → (the inode version it was read at, data).
+    chunks: HashMap<(u64, u64, u64), (u64, Bytes)>,
+    order: VecDeque<(u64, u64, u64)>,
+    pending: HashMap<(u64, u64, u64), (u64, Handle)>,
+}
+
+/// Attributes a caller may change (`setattr`).
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Time>,
+    pub mtime: Option<Time>,
+}
+
+/// A file system in the cache, as one client sees it.
+pub struct Fs {
+    client: Client,
+    keys: Keys,
+    opts: Options,
+    chunk_size: u32,
+    item_max: usize,
+    writes: HashMap<u64, WriteState>,
+    cache: ReadCache,
+    lock_owner: u64,
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish() | 1
+}
+
+impl Fs {
+    /// Opens the file system `opts.name` on the pool, creating it (superblock, root) if
+    /// the pool has none.
+    pub fn open(mut client: Client, opts: Options) -> Result<Fs> {
+        let keys = Keys::new(&opts.name).ok_or_else(|| {
+            FsError::Invalid(format!(
+                "file system name {:?}: 1 to 64 of A-Z a-z 0-9 _ . -",
+                opts.name
+            ))
+        })?;
+        let item_max = item_size_max(&mut client)?;
+        let mut fs = Fs {
+            client,
+            keys,
+            chunk_size: 0,
+            item_max,
+            writes: HashMap::new(),
+            cache: ReadCache::default(),
+            lock_owner: random_u64(),
+            opts,
+        };
+        let sb = match fs.client.get(&fs.keys.superblock())? {
+            Some(v) => Superblock::decode(&v.data)?,
+            None => {
+                let chunk_size = match fs.opts.chunk_size {
+                    0 => {
+                        let mut c = 512 * 1024u32;
+                        while c > 4096 && !chunk_fits(c, item_max) {
+                            c /= 2;
+                        }
+                        c
+                    }
+                    c => c,
+                };
+                let sb = Superblock { chunk_size };
+                if !chunk_fits(chunk_size, item_max) {
+                    return Err(too_large_chunk(chunk_size, item_max));
+                }
+                if !fs.client.add(&fs.keys.superblock(), &sb.encode(), 0, 0)? {
+                    // Another client created it first: use theirs.
+                    let v = fs
+                        .client
+                        .get(&fs.keys.superblock())?
+                        .ok_or_else(|| FsError::Corrupt("superblock vanished".into()))?;
+                    Superblock::decode(&v.data)?
+                } else {
+                    sb
+                }
+            }
+        };
+        if !chunk_fits(sb.chunk_size, item_max) {
+            return Err(too_large_chunk(sb.chunk_size, item_max));
+        }
+        fs.chunk_size = sb.chunk_size;
+        if fs.client.get(&fs.keys.inode(ROOT))?.is_none() {
+            let mut root = Inode::new(ROOT, Kind::Dir, 0o755, ROOT, sb.chunk_size);
+            // The creator owns the root, as mkfs makes it.
+            root.uid = current_uid();
+            root.gid = current_gid();
+            fs.client
+                .add(&fs.keys.dir(ROOT), &Dir::default().encode(), 0, 0)?;
+            fs.client.add(&fs.keys.inode(ROOT), &root.encode(), 0, 0)?;
+            fs.client.add(&fs.keys.next_id(), b"1", 0, 0)?;
+        }
+        Ok(fs)
+    }
+
+    pub fn chunk_size(&self) -> u32 {
+        self.chunk_size
+    }
+    pub fn backing(&self) -> Option<&Path> {
+        self.opts.backing.as_deref()
+    }
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+    pub(crate) fn keys(&self) -> &Keys {
+        &self.keys
+    }
+    pub fn item_size_max(&self) -> usize {
+        self.item_max
+    }
+
+    // ---- objects ----
+
+    pub fn get_inode(&mut self, id: u64) -> Result<Inode> {
+        match self.client.get(&self.keys.inode(id))? {
+            Some(v) => {
+                let i = Inode::decode(&v.data)?;
+                if i.id != id {
+                    return Err(FsError::Corrupt(format!("inode {id} holds inode {}", i.id)));
+                }
+                Ok(i)
+            }
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    pub(crate) fn put_inode(&mut self, i: &Inode) -> Result<()> {
+        Ok(self.client.set(&self.keys.inode(i.id), &i.encode(), 0, 0)?)
+    }
+
+    /// Read-modify-write of an inode under its lock (`i<id>`), so that concurrent changes
+    /// of different fields (a chmod, a flush mark, a new entry's nlink) are not lost.
+    /// Locks nest directory (`d`) first, inode (`i`) second, never the other way.
+    pub(crate) fn update_inode(&mut self, id: u64, f: impl FnOnce(&mut Inode)) -> Result<Inode> {
+        self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            f(&mut i);
+            fs.put_inode(&i)?;
+            Ok(i)
+        })
+    }
+
+    fn get_dir(&mut self, id: u64) -> Result<Dir> {
+        match self.client.get(&self.keys.dir(id))? {
+            Some(v) => Ok(Dir::decode(&v.data)?),
+            None => Err(FsError::Corrupt(format!(
+                "directory {id} has no entries object"
+            ))),
+        }
+    }
+
+    fn put_dir(&mut self, id: u64, d: &Dir) -> Result<()> {
+        let b = d.encode();
+        if b.len() + 512 > self.item_max {
+            return Err(FsError::NoSpace(format!(
+                "directory {id} would hold {} entries ({} bytes), over the item size limit",
+                d.entries.len(),
+                b.len()
+            )));
+        }
+        Ok(self.client.set(&self.keys.dir(id), &b, 0, 0)?)
+    }
+
+    /// A new id: the counter in the cache, checked against existing inodes by the `add`
+    /// that creates the inode (a counter that was lost and restarted cannot reuse an id).
+    fn alloc_inode(&mut self, mut make: impl FnMut(u64) -> Inode) -> Result<Inode> {
+        for attempt in 0..64 {
+            let key = self.keys.next_id();
+            let step = if attempt == 0 {
+                1
+            } else {
+                1 << attempt.min(20)
+            };
+            let id = match self.client.incr(&key, step)? {
+                Some(n) => n,
+                None => {
+                    self.client.add(&key, b"1", 0, 0)?;
+                    continue;
+                }
+            };
+            if id <= ROOT {
+                continue;
+            }
+            let inode = make(id);
+            if self
+                .client
+                .add(&self.keys.inode(id), &inode.encode(), 0, 0)?
+            {
+                return Ok(inode);
+            }
+        }
+        Err(FsError::Corrupt("no free inode id found".into()))
+    }
+
+    /// Runs `f` holding the cache lock `name` (an `add` of a key with an expiry, so a dead
+    /// holder's lock ends by itself).
+    pub(crate) fn with_lock<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut Fs) -> Result<T>,
+    ) -> Result<T> {
+        let key = self.keys.lock(name);
+        let owner = self.lock_owner.to_string();
+        let deadline = Instant::now() + self.opts.lock_wait;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            if self
+                .client
+                .add(&key, owner.as_bytes(), 0, self.opts.lock_ttl)?
+            {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Locked(name.to_string()));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+        let r = f(self);
+        let _ = self.client.delete(&key);
+        r
+    }
+
+    // ---- names ----
+
+    /// The entry `name` of directory `parent`, reading it through from the backing
+    /// directory when the cache does not have it.
+    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Inode> {
+        check_name(name)?;
+        let p = self.get_inode(parent)?;
+        if p.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let dir = self.get_dir(parent)?;
+        match dir.find(name) {
+            Some(e) if e.id == WHITEOUT => Err(FsError::NotFound),
+            Some(e) => {
+                let id = e.id;
+                self.get_inode(id)
+            }
+            None => match self.backing_path_of_child(&p, name)? {
+                Some(path) => self.stub_from_backing(parent, name, &path),
+                None => Err(FsError::NotFound),
+            },
+        }
+    }
+
+    /// The live entries of a directory (merging in the backing directory's the first time).
+    pub fn readdir(&mut self, id: u64) -> Result<Vec<Entry>> {
+        let mut d = self.get_inode(id)?;
+        if d.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if d.flags & FLAG_LISTED == 0 {
+            if let Some(path) = self.backing_path_of(&d)? {
+                self.merge_backing_dir(&mut d, &path)?;
+            }
+        }
+        Ok(self.get_dir(id)?.live().cloned().collect())
+    }
+
+    /// Creates a file, directory or symbolic link.
+    pub fn create(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        kind: Kind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        target: &[u8],
+    ) -> Result<Inode> {
+        check_name(name)?;
+        let cs = self.chunk_size;
+        let name_s = name.to_vec();
+        let target = target.to_vec();
+        let backing = self.backing_path_of_child_if_any(parent, name)?;
+        let made = self.with_lock(&format!("d{parent}"), |fs| {
+            let p = fs.get_inode(parent)?;
+            if p.kind != Kind::Dir {
+                return Err(FsError::NotDir);
+            }
+            let mut dir = fs.get_dir(parent)?;
+            match dir.find(&name_s) {
+                Some(e) if e.id != WHITEOUT => return Err(FsError::Exists),
+                Some(_) => {}
+                None if backing.is_some() => return Err(FsError::Exists),
+                None => {}
+            }
+            let inode = fs.alloc_inode(|id| {
+                let mut i = Inode::new(id, kind, mode, parent, cs);
+                i.uid = uid;
+                i.gid = gid;
+                i.target = target.clone();
+                // Version 1, flushed 0: the backing directory does not have it yet.
+                i.version = 1;
+                if kind == Kind::Symlink {
+                    i.size = target.len() as u64;
+                }
+                // A new directory has nothing in the backing directory to merge.
+                if kind == Kind::Dir {
+                    i.flags |= FLAG_LISTED;
+                }
+                i
+            })?;
+            if kind == Kind::Dir {
+                fs.client
+                    .set(&fs.keys.dir(inode.id), &Dir::default().encode(), 0, 0)?;
+            }
+            dir.remove(&name_s);
+            dir.entries.push(Entry {
+                name: name_s.clone(),
+                id: inode.id,
+                kind,
+            });
+            if let Err(e) = fs.put_dir(parent, &dir) {
+                let _ = fs.client.delete(&fs.keys.inode(inode.id));
+                return Err(e);
+            }
+            fs.update_inode(parent, |p| {
+                p.mtime = Time::now();
+                p.ctime = p.mtime;
+                if kind == Kind::Dir {
+                    p.nlink += 1;
+                }
+            })?;
+            Ok(inode)
+        })?;
+        Ok(made)
+    }
+
+    /// Removes a name: a file or link (`dir == false`) or an empty directory. Returns what
+    /// it named (its objects are gone).
+    pub fn remove(&mut self, parent: u64, name: &[u8], dir: bool) -> Result<Inode> {
+        check_name(name)?;
+        // Resolve first (read-through), so that a backing-only name gets its whiteout.
+        let target = self.lookup(parent, name)?;
+        let in_backing = self.backing_path_of_child_if_any(parent, name)?.is_some();
+        let name_s = name.to_vec();
+        let removed = self.with_lock(&format!("d{parent}"), |fs| {
+            let mut d = fs.get_dir(parent)?;
+            let e = match d.find(&name_s) {
+                Some(e) if e.id != WHITEOUT && e.id == target.id => e.clone(),
+                _ => return Err(FsError::NotFound),
+            };
+            let inode = fs.get_inode(e.id)?;
+            match (dir, inode.kind) {
+                (false, Kind::Dir) => return Err(FsError::IsDir),
+                (true, k) if k != Kind::Dir => return Err(FsError::NotDir),
+                (true, _) => {
+                    // A directory read through but never listed may still have backing
+                    // entries: it is empty only if the backing directory is too.
+                    let sub = fs.readdir(inode.id)?;
+                    if !sub.is_empty() {
+                        return Err(FsError::NotEmpty);
+                    }
+                }
+                _ => {}
+            }
+            d.remove(&name_s);
+            if in_backing {
+                d.entries.push(Entry {
+                    name: name_s.clone(),
+                    id: WHITEOUT,
+                    kind: inode.kind,
+                });
+            }
+            fs.put_dir(parent, &d)?;
+            fs.update_inode(parent, |p| {
+                p.mtime = Time::now();
+                p.ctime = p.mtime;
+                if inode.kind == Kind::Dir {
+                    p.nlink = p.nlink.saturating_sub(1);
+                }
+            })?;
+            Ok(inode)
+        })?;
+        self.forget_objects(&removed);
+        Ok(removed)
+    }
+
+    /// Deletes what an unlinked inode held (best effort: what is left is garbage no name
+    /// reaches, and the cache evicts it like any cold item).
+    fn forget_objects(&mut self, inode: &Inode) {
+        self.writes.remove(&inode.id);
+        self.drop_cached(inode.id);
+        let mut hs = Vec::new();
+        for n in inode.written_chunks() {
+            hs.push(self.client.submit(memfabric_client::Op::Delete {
+                key: self.keys.chunk(inode.id, inode.gen, n),
+            }));
+        }
+        if inode.kind == Kind::Dir {
+            let _ = self.client.delete(&self.keys.dir(inode.id));
+        }
+        let _ = self.client.wait_all(&hs, self.opts.timeout);
+        let _ = self.client.delete(&self.keys.inode(inode.id));
+    }
+
+    /// Renames `name` in `parent` to `new_name` in `new_parent`, replacing what is there as
+    /// rename(2) does. `noreplace`: fail with EEXIST instead (RENAME_NOREPLACE).
+    pub fn rename(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        let src = self.lookup(parent, name)?;
+        let dst = match self.lookup(new_parent, new_name) {
+            Ok(d) => Some(d),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        let np = self.get_inode(new_parent)?;
+        if np.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if let Some(d) = &dst {
+            if d.id == src.id {
+                return Ok(());
+            }
+            if noreplace {
+                return Err(FsError::Exists);
+            }
+            match (src.kind == Kind::Dir, d.kind == Kind::Dir) {
+                (false, true) => return Err(FsError::IsDir),
+                (true, false) => return Err(FsError::NotDir),
+                (true, true) if !self.readdir(d.id)?.is_empty() => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+        }
+        if src.kind == Kind::Dir {
+            // Not into itself or below it.
+            let mut at = new_parent;
+            loop {
+                if at == src.id {
+                    return Err(FsError::Invalid(
+                        "a directory cannot move below itself".into(),
+                    ));
+                }
+                if at == ROOT {
+                    break;
+                }
+                at = self.get_inode(at)?.parent;
+            }
+        }
+        let src_in_backing = self.backing_path_of_child_if_any(parent, name)?.is_some();
+        let (a, b) = (parent.min(new_parent), parent.max(new_parent));
+        let name_s = name.to_vec();
+        let new_name_s = new_name.to_vec();
+        let replaced = self.with_lock(&format!("d{a}"), |fs| {
+            let body = |fs: &mut Fs| -> Result<Option<Inode>> {
+                let mut sd = fs.get_dir(parent)?;
+                match sd.find(&name_s) {
+                    Some(e) if e.id == src.id => {}
+                    _ => return Err(FsError::NotFound),
+                }
+                let mut dd = if parent == new_parent {
+                    None
+                } else {
+                    Some(fs.get_dir(new_parent)?)
+                };
+                let target_dir = dd.as_mut().unwrap_or(&mut sd);
+                let old = target_dir.remove(&new_name_s).filter(|e| e.id != WHITEOUT);
+                if old.as_ref().map(|e| e.id) != dst.as_ref().map(|d| d.id) {
+                    // Changed since we looked: let the caller try again.
+                    return Err(FsError::Locked(format!("directory {new_parent}")));
+                }
+                target_dir.entries.push(Entry {
+                    name: new_name_s.clone(),
+                    id: src.id,
+                    kind: src.kind,
+                });
+                sd.remove(&name_s);
+                if src_in_backing {
+                    sd.entries.push(Entry {
+                        name: name_s.clone(),
+                        id: WHITEOUT,
+                        kind: src.kind,
+                    });
+                }
+                if let Some(dd) = &dd {
+                    fs.put_dir(new_parent, dd)?;
+                }
+                fs.put_dir(parent, &sd)?;
+                let now = Time::now();
+                fs.update_inode(src.id, |m| {
+                    m.parent = new_parent;
+                    m.ctime = now;
+                })?;
+                let dir_moved = src.kind == Kind::Dir && parent != new_parent;
+                let replaced_dir = dst.as_ref().is_some_and(|d| d.kind == Kind::Dir);
+                fs.update_inode(parent, |p| {
+                    p.mtime = now;
+                    p.ctime = now;
+                    if dir_moved {
+                        p.nlink = p.nlink.saturating_sub(1);
+                    }
+                    if parent == new_parent && replaced_dir {
+                        p.nlink = p.nlink.saturating_sub(1);
+                    }
+                })?;
+                if parent != new_parent {
+                    fs.update_inode(new_parent, |q| {
+                        q.mtime = now;
+                        q.ctime = now;
+                        if dir_moved && !replaced_dir {
+                            q.nlink += 1;
+                        }
+                    })?;
+                }
+                Ok(dst.clone())
+            };
+            if a == b {
+                body(fs)
+            } else {
+                fs.with_lock(&format!("d{b}"), body)
+            }
+        })?;
+        if let Some(old) = replaced {
+            self.forget_objects(&old);
+        }
+        Ok(())
+    }
+
+    /// Changes attributes; a size truncates or extends the file.
+    pub fn setattr(&mut self, id: u64, a: &SetAttr) -> Result<Inode> {
+        if let Some(size) = a.size {
+            self.truncate(id, size)?;
+        }
+        self.publish(id)?;
+        self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            if let Some(m) = a.mode {
+                i.mode = m & 0o7777;
+            }
+            if let Some(u) = a.uid {
+                i.uid = u;
+            }
+            if let Some(g) = a.gid {
+                i.gid = g;
+            }
+            if let Some(t) = a.atime {
+                i.atime = t;
+            }
+            if let Some(t) = a.mtime {
+                i.mtime = t;
+            }
+            i.ctime = Time::now();
+            fs.put_inode(&i)?;
+            Ok(i)
+        })
+    }
+
+    /// Sets the size: chunks past it are forgotten and the last one is cut, so that an
+    /// extension later reads zeros there, as truncate(2) promises.
+    pub fn truncate(&mut self, id: u64, size: u64) -> Result<()> {
+        self.publish(id)?;
+        self.stage_if_stub(id)?;
+        let cs = self.chunk_size as u64;
+        let (old, now) = self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            if i.kind == Kind::Dir {
+                return Err(FsError::IsDir);
+            }
+            let old = i.clone();
+            if size == i.size {
+                return Ok((old, i));
+            }
+            if size == 0 {
+                i.gen += 1;
+                i.chunks.clear();
+            } else if size < i.size {
+                let last = (size - 1) / cs;
+                let keep = (size - last * cs) as usize;
+                if i.has_chunk(last) && keep < cs as usize {
+                    let key = fs.keys.chunk(id, i.gen, last);
+                    if let Some(v) = fs.client.get(&key)? {
+                        let data = chunk_decode(&v.data, id, i.gen, last)?;
+                        if data.len() > keep {
+                            let cut = chunk_encode(id, i.gen, last, &data[..keep]);
+                            fs.client.set(&key, &cut, 0, 0)?;
+                        }
+                    }
+                }
+                i.clear_chunks_from(last + 1);
+            }
+            i.size = size;
+            i.sha256 = if size == 0 {
+                Some(crate::layout::sha256(b""))
+            } else {
+                None
+            };
+            i.version += 1;
+            i.mtime = Time::now();
+            i.ctime = i.mtime;
+            fs.put_inode(&i)?;
+            Ok((old, i))
+        })?;
+        self.drop_cached(id);
+        // A writer of this file goes on from the truncated content (generation, chunks,
+        // size); what it had was published above.
+        if let Some(w) = self.writes.get_mut(&id) {
+            w.base = now.clone();
+            w.size = now.size;
+            w.written.clear();
+            w.sha = (now.size == 0).then(|| (sha2::Sha256::new(), 0));
+        }
+        // Chunks of the old content that no longer belong to the file.
+        let mut hs = Vec::new();
+        for n in old.written_chunks() {
+            if now.gen != old.gen || !now.has_chunk(n) {
+                hs.push(self.client.submit(memfabric_client::Op::Delete {
+                    key: self.keys.chunk(id, old.gen, n),
+                }));
+            }
+        }
+        let _ = self.client.wait_all(&hs, self.opts.timeout);
+        Ok(())
+    }
+
+    // ---- contents ----
+
+    /// Prepares a file for writing through this client (an open for writing).
+    pub fn open_write(&mut self, id: u64) -> Result<()> {
+        self.stage_if_stub(id)?;
+        if let Some(w) = self.writes.get_mut(&id) {
+            w.writers += 1;
+            return Ok(());
+        }
+        let base = self.get_inode(id)?;
+        if base.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let base = self.update_inode(id, |i| i.writing_until_ms = now_ms() + WRITE_LEASE_MS)?;
+        self.drop_cached(id);
+        let sha = (base.size == 0).then(|| (sha2::Sha256::new(), 0));
+        self.writes.insert(
+            id,
+            WriteState {
+                size: base.size,
+                base,
+                bufs: BTreeMap::new(),
+                inflight: VecDeque::new(),
+                written: BTreeSet::new(),
+                sha,
+                error: None,
+                writers: 1,
+            },
+        );
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (the file must be open for writing here). Full chunks go
+    /// out at once, many in flight; a partly written chunk waits in memory for the rest or
+    /// for publication.
+    pub fn write(&mut self, id: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        if !self.writes.contains_key(&id) {
+            self.open_write(id)?;
+            self.writes.get_mut(&id).unwrap().writers = 0;
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::TooBig)?;
+        let cs = self.chunk_size as u64;
+        // The chunk bitmap must fit one item.
+        if end.div_ceil(cs) / 8 + 4096 > self.item_max as u64 {
+            return Err(FsError::TooBig);
+        }
+        if let Some(e) = self.writes.get_mut(&id).and_then(|w| w.error.take()) {
+            return Err(e);
+        }
+        let mut at = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = at / cs;
+            let within = (at % cs) as usize;
+            let take = rest.len().min(cs as usize - within);
+            let piece = &rest[..take];
+            let needs_old = {
+                let w = &self.writes[&id];
+                !w.bufs.contains_key(&n)
+                    && !(within == 0 && take == cs as usize)
+                    && (w.base.has_chunk(n) || w.written.contains(&n))
+            };
+            let old = if needs_old {
+                self.read_chunk_for_write(id, n)?
+            } else {
+                Vec::new()
+            };
+            let w = self.writes.get_mut(&id).unwrap();
+            let buf = w.bufs.entry(n).or_insert(old);
+            if buf.len() < within + take {
+                buf.resize(within + take, 0);
+            }
+            buf[within..within + take].copy_from_slice(piece);
+            w.written.insert(n);
+            w.sha = match w.sha.take() {
+                Some((mut h, next)) if next == at => {
+                    h.update(piece);
+                    Some((h, next + take as u64))
+                }
+                _ => None,
+            };
+            if buf.len() == cs as usize {
+                let full = w.bufs.remove(&n).unwrap();
+                self.send_chunk(id, n, &full)?;
+            }
+            at += take as u64;
+            rest = &rest[take..];
+        }
+        let w = self.writes.get_mut(&id).unwrap();
+        w.size = w.size.max(end);
+        Ok(data.len())
+    }
+
+    /// The current content of chunk `n` of a file being written (its writes in flight
+    /// finished first).
+    fn read_chunk_for_write(&mut self, id: u64, n: u64) -> Result<Vec<u8>> {
+        self.wait_inflight(id, Some(n))?;
+        let gen = self.writes[&id].base.gen;
+        match self.client.get(&self.keys.chunk(id, gen, n))? {
+            Some(v) => Ok(chunk_decode(&v.data, id, gen, n)?.to_vec()),
+            None => Err(FsError::Corrupt(format!("chunk {n} of file {id} is lost"))),
+        }
+    }
+
+    fn send_chunk(&mut self, id: u64, n: u64, data: &[u8]) -> Result<()> {
+        let depth = self.opts.depth.max(1);
+        while self.writes[&id].inflight.len() >= depth {
+            self.wait_oldest(id)?;
+        }
+        let gen = self.writes[&id].base.gen;
+        let value = Bytes::from(chunk_encode(id, gen, n, data));
+        let h = self.client.iset(&self.keys.chunk(id, gen, n), value, 0, 0);
+        self.writes.get_mut(&id).unwrap().inflight.push_back((h, n));
+        Ok(())
+    }
+
+    fn wait_oldest(&mut self, id: u64) -> Result<()> {
+        let Some((h, n)) = self.writes.get_mut(&id).unwrap().inflight.pop_front() else {
+            return Ok(());
+        };
+        let r = self.client.wait(h, self.opts.timeout);
+        let err = match r {
+            Ok(Reply::Stored(StoreStatus::Stored { .. })) => None,
+            Ok(r) => Some(FsError::Corrupt(format!(
+                "chunk {n} of file {id}: unexpected answer {r:?}"
+            ))),
+            Err(e) => Some(FsError::from(e)),
+        };
+        if let Some(e) = err {
+            let w = self.writes.get_mut(&id).unwrap();
+            if w.error.is_none() {
+                w.error = Some(e.clone());
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Waits for the writes in flight of a file (of chunk `only`, or all).
+    fn wait_inflight(&mut self, id: u64, only: Option<u64>) -> Result<()> {
+        let Some(w) = self.writes.get(&id) else {
+            return Ok(());
+        };
+        if let Some(n) = only {
+            if !w.inflight.iter().any(|(_, c)| *c == n) {
+                return Ok(());
+            }
+        }
+        let mut first = None;
+        while !self.writes[&id].inflight.is_empty() {
+            if let Err(e) = self.wait_oldest(id) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Makes everything written through this client visible to others (fsync, close):
+    /// partial chunks are sent, every write in flight is waited for, and the inode is
+    /// updated — merged with what other writers of the same file published meanwhile.
+    /// Returns the published inode, or `None` when there was nothing to publish.
+    pub fn publish(&mut self, id: u64) -> Result<Option<Inode>> {
+        if !self.writes.contains_key(&id) {
+            return Ok(None);
+        }
+        let bufs = std::mem::take(&mut self.writes.get_mut(&id).unwrap().bufs);
+        let mut first = None;
+        for (n, data) in bufs {
+            if let Err(e) = self.send_chunk(id, n, &data) {
+                first.get_or_insert(e);
+            }
+        }
+        if let Err(e) = self.wait_inflight(id, None) {
+            first.get_or_insert(e);
+        }
+        if let Some(e) = self.writes.get_mut(&id).unwrap().error.take() {
+            first.get_or_insert(e);
+        }
+        if let Some(e) = first {
+            return Err(e);
+        }
+        let w = self.writes.get(&id).unwrap();
+        if w.written.is_empty() && w.size == w.base.size {
+            if w.writers == 0 {
+                // The last writer closes without having written: it no longer holds the
+                // file.
+                self.writes.remove(&id);
+                self.update_inode(id, |i| i.writing_until_ms = 0)?;
+            }
+            return Ok(None);
+        }
+        let written: Vec<u64> = w.written.iter().copied().collect();
+        let size = w.size;
+        let base_version = w.base.version;
+        let gen = w.base.gen;
+        let sha = w
+            .sha
+            .as_ref()
+            .filter(|(_, next)| *next == size)
+            .map(|(h, _)| <[u8; 32]>::from(h.clone().finalize()));
+        let last = w.writers == 0;
+        let published = self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            if i.gen != gen {
+                return Err(FsError::Corrupt(format!(
+                    "file {id} was truncated by another client while this one wrote it"
+                )));
+            }
+            for n in &written {
+                i.set_chunk(*n);
+            }
+            i.sha256 = if i.version == base_version { sha } else { None };
+            i.size = i.size.max(size);
+            i.writing_until_ms = if last { 0 } else { now_ms() + WRITE_LEASE_MS };
+            i.version += 1;
+            i.mtime = Time::now();
+            i.ctime = i.mtime;
+            fs.put_inode(&i)?;
+            Ok(i)
+        })?;
+        let w = self.writes.get_mut(&id).unwrap();
+        if w.writers == 0 {
+            self.writes.remove(&id);
+        } else {
+            w.written.clear();
+            w.sha = None;
+            w.size = published.size;
+            w.base = published.clone();
+        }
+        self.drop_cached(id);
+        Ok(Some(published))
+    }
+
+    /// An open for writing ends: publishes, and forgets the writer state when it was the
+    /// last.
+    pub fn close_write(&mut self, id: u64) -> Result<Option<Inode>> {
+        if let Some(w) = self.writes.get_mut(&id) {
+            w.writers = w.writers.saturating_sub(1);
+        }
+        let r = self.publish(id);
+        if self.writes.get(&id).is_some_and(|w| w.writers == 0) {
+            self.writes.remove(&id);
+        }
+        r
+    }
+
+    /// The attributes of a file as this client sees them (its own unpublished writes
+    /// included).
+    pub fn getattr(&mut self, id: u64) -> Result<Inode> {
+        let mut i = self.get_inode(id)?;
+        if let Some(w) = self.writes.get(&id) {
+            i.size = i.size.max(w.size);
+        }
+        Ok(i)
+    }
+
+    /// Drops what this client remembers of a file's content (an open for reading starts
+    /// from what is published: close-to-open).
+    pub fn drop_cached(&mut self, id: u64) {
+        let c = &mut self.cache;
+        c.chunks.retain(|k, _| k.0 != id);
+        c.order.retain(|k| k.0 != id);
+        let stale: Vec<_> = c.pending.keys().filter(|k| k.0 == id).copied().collect();
+        for k in stale {
+            if let Some((_, h)) = c.pending.remove(&k) {
+                let _ = self.client.wait(h, self.opts.timeout);
+            }
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset`, with read-ahead of the following chunks.
+    pub fn read(&mut self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.stage_if_stub(id)?;
+        let mut inode = self.get_inode(id)?;
+        if inode.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        if let Some(w) = self.writes.get(&id) {
+            inode.size = inode.size.max(w.size);
+        }
+        if offset >= inode.size {
+            return Ok(Vec::new());
+        }
+        let end = inode.size.min(offset + len as u64);
+        let cs = self.chunk_size as u64;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut at = offset;
+        while at < end {
+            let n = at / cs;
+            let within = (at % cs) as usize;
+            let take = ((end - at) as usize).min(cs as usize - within);
+            let data = self.chunk_content(&inode, n)?;
+            let have = data.len().saturating_sub(within).min(take);
+            if have > 0 {
+                out.extend_from_slice(&data[within..within + have]);
+            }
+            out.resize(out.len() + (take - have), 0);
+            at += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// Chunk `n`'s bytes (shorter than a chunk when the rest is zeros).
+    pub(crate) fn chunk_content(&mut self, inode: &Inode, n: u64) -> Result<Bytes> {
+        let id = inode.id;
+        if let Some(w) = self.writes.get(&id) {
+            if let Some(b) = w.bufs.get(&n) {
+                return Ok(Bytes::copy_from_slice(b));
+            }
+            if w.written.contains(&n) {
+                return Ok(Bytes::from(self.read_chunk_for_write(id, n)?));
+            }
+        }
+        if !inode.has_chunk(n) {
+            return Ok(Bytes::new());
+        }
+        let gen = inode.gen;
+        let k = (id, gen, n);
+        // Chunks change in place between versions: a cached one serves only the version
+        // it was read at.
+        match self.cache.chunks.get(&k) {
+            Some((v, b)) if *v == inode.version => {
+                let b = b.clone();
+                self.read_ahead(inode, n + 1);
+                return Ok(b);
+            }
+            Some(_) => {
+                self.cache.chunks.remove(&k);
+            }
+            None => {}
+        }
+        let h = match self.cache.pending.remove(&k) {
+            Some((v, h)) if v == inode.version => h,
+            Some((_, stale)) => {
+                let _ = self.client.wait(stale, self.opts.timeout);
+                self.client.iget(&self.keys.chunk(id, gen, n))
+            }
+            None => self.client.iget(&self.keys.chunk(id, gen, n)),
+        };
+        self.read_ahead(inode, n + 1);
+        let r = self.client.wait(h, self.opts.timeout)?;
+        let data = match r {
+            Reply::Value(Some(v)) => {
+                let d = chunk_decode(&v.data, id, gen, n)?;
+                v.data.slice_ref(d)
+            }
+            Reply::Value(None) => {
+                return Err(FsError::Corrupt(format!(
+                    "chunk {n} of file {id} is lost (evicted, or every copy gone)"
+                )))
+            }
+            r => return Err(FsError::Corrupt(format!("unexpected answer {r:?}"))),
+        };
+        self.keep_cached(k, inode.version, data.clone());
+        Ok(data)
+    }
+
+    fn keep_cached(&mut self, k: (u64, u64, u64), version: u64, data: Bytes) {
+        let cap = self.opts.depth.max(1) * 2 + 4;
+        while self.cache.order.len() >= cap {
+            if let Some(old) = self.cache.order.pop_front() {
+                self.cache.chunks.remove(&old);
+            }
+        }
+        if self.cache.chunks.insert(k, (version, data)).is_none() {
+            self.cache.order.push_back(k);
+        }
+    }
+
+    /// Starts reads of the chunks from `from` on (up to the depth ahead), collecting the
+    /// ones that finished.
+    fn read_ahead(&mut self, inode: &Inode, from: u64) {
+        let cs = self.chunk_size as u64;
+        let last = inode.size.div_ceil(cs);
+        let depth = self.opts.depth.max(1) as u64;
+        for n in from..(from + depth).min(last) {
+            let k = (inode.id, inode.gen, n);
+            if !inode.has_chunk(n)
+                || self.cache.chunks.contains_key(&k)
+                || self.cache.pending.contains_key(&k)
+            {
+                continue;
+            }
+            let h = self.client.iget(&self.keys.chunk(inode.id, inode.gen, n));
+            self.cache.pending.insert(k, (inode.version, h));
+        }
+        let keys: Vec<_> = self.cache.pending.keys().copied().collect();
+        for k in keys {
+            let (version, h) = self.cache.pending[&k];
+            if let Some(r) = self.client.test(h) {
+                self.cache.pending.remove(&k);
+                if let Ok(Reply::Value(Some(v))) = r {
+                    if let Ok(d) = chunk_decode(&v.data, k.0, k.1, k.2) {
+                        let d = v.data.slice_ref(d);
+                        self.keep_cached(k, version, d);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- paths ----
+
+    /// The inode at `path` (absolute within the file system, `/` separated).
+    pub fn resolve(&mut self, path: &[u8]) -> Result<Inode> {
+        let mut at = self.get_inode(ROOT)?;
+        for c in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            if c == b".." {
+                at = self.get_inode(at.parent)?;
+                continue;
+            }
+            if at.kind != Kind::Dir {
+                return Err(FsError::NotDir);
+            }
+            at = self.lookup(at.id, c)?;
+        }
+        Ok(at)
+    }
+
+    /// The path of an inode from the root, walking its parents.
+    pub fn path_of(&mut self, id: u64) -> Result<Vec<u8>> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut at = id;
+        for _ in 0..4096 {
+            if at == ROOT {
+                parts.reverse();
+                return Ok(parts.join(&b'/'));
+            }
+            let i = self.get_inode(at)?;
+            let d = self.get_dir(i.parent)?;
+            let e = d
+                .entries
+                .iter()
+                .find(|e| e.id == at)
+                .ok_or_else(|| FsError::NotFound)?;
+            parts.push(e.name.clone());
+            at = i.parent;
+        }
+        Err(FsError::Corrupt("directory loop".into()))
+    }
+
+    // ---- the backing directory ----
+
+    /// Where a directory's content is in the backing directory, if there is one.
+    fn backing_path_of(&mut self, d: &Inode) -> Result<Option<PathBuf>> {
+        let Some(root) = self.opts.backing.clone() else {
+            return Ok(None);
+        };
+        let rel = self.path_of(d.id)?;
+        Ok(Some(root.join(bytes_path(&rel))))
+    }
+
+    /// The backing path of `name` in `parent` when something exists there.
+    fn backing_path_of_child(&mut self, parent: &Inode, name: &[u8]) -> Result<Option<PathBuf>> {
+        let Some(dir) = self.backing_path_of(parent)? else {
+            return Ok(None);
+        };
+        let p = dir.join(bytes_path(name));
+        Ok(std::fs::symlink_metadata(&p).is_ok().then_some(p))
+    }
+
+    fn backing_path_of_child_if_any(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<Option<PathBuf>> {
+        if self.opts.backing.is_none() {
+            return Ok(None);
+        }
+        let p = self.get_inode(parent)?;
+        self.backing_path_of_child(&p, name)
+    }
+
+    /// An inode for a backing file or directory, its content left where it is until it is
+    /// opened (a stub) or listed.
+    fn stub_from_backing(&mut self, parent: u64, name: &[u8], path: &Path) -> Result<Inode> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path).map_err(|e| FsError::backing(e, path))?;
+        let kind = if m.is_dir() {
+            Kind::Dir
+        } else if m.file_type().is_symlink() {
+            Kind::Symlink
+        } else if m.is_file() {
+            Kind::File
+        } else {
+            return Err(FsError::NotSupported(
+                "special files in the backing directory",
+            ));
+        };
+        let target = if kind == Kind::Symlink {
+            std::fs::read_link(path)
+                .map_err(|e| FsError::backing(e, path))?
+                .into_os_string()
+                .into_encoded_bytes()
+        } else {
+            Vec::new()
+        };
+        let cs = self.chunk_size;
+        let name_s = name.to_vec();
+        let root = self.opts.backing.clone().unwrap_or_default();
+        let rel = path
+            .strip_prefix(&root)
+            .unwrap_or(path)
+            .as_os_str()
+            .as_encoded_bytes()
+            .to_vec();
+        self.with_lock(&format!("d{parent}"), |fs| {
+            let mut dir = fs.get_dir(parent)?;
+            if let Some(e) = dir.find(&name_s) {
+                // Another client staged it meanwhile (or removed it: a whiteout).
+                return if e.id == WHITEOUT {
+                    Err(FsError::NotFound)
+                } else {
+                    let id = e.id;
+                    fs.get_inode(id)
+                };
+            }
+            let inode = fs.alloc_inode(|id| {
+                let mut i = Inode::new(id, kind, m.mode(), parent, cs);
+                i.uid = m.uid();
+                i.gid = m.gid();
+                i.mtime = Time {
+                    secs: m.mtime(),
+                    nanos: m.mtime_nsec() as u32,
+                };
+                i.atime = i.mtime;
+                i.ctime = i.mtime;
+                match kind {
+                    Kind::File => {
+                        i.size = m.len();
+                        i.flags |= FLAG_STUB;
+                        i.target = rel.clone();
+                    }
+                    Kind::Symlink => {
+                        i.size = target.len() as u64;
+                        i.target = target.clone();
+                    }
+                    Kind::Dir => {}
+                }
+                // Read through: it is what the backing directory has, nothing to flush.
+                i.version = 1;
+                i.flushed_version = 1;
+                i
+            })?;
+            if kind == Kind::Dir {
+                fs.client
+                    .set(&fs.keys.dir(inode.id), &Dir::default().encode(), 0, 0)?;
+            }
+            dir.entries.push(Entry {
+                name: name_s.clone(),
+                id: inode.id,
+                kind,
+            });
+            fs.put_dir(parent, &dir)?;
+            Ok(inode)
+        })
+    }
+
+    /// Adds the backing directory's names the cache does not have, once per directory.
+    fn merge_backing_dir(&mut self, d: &mut Inode, path: &Path) -> Result<()> {
+        let names: Vec<Vec<u8>> = match std::fs::read_dir(path) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().into_encoded_bytes())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(FsError::backing(e, path)),
+        };
+        let present: BTreeSet<Vec<u8>> = self
+            .get_dir(d.id)?
+            .entries
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        for name in names {
+            if !present.contains(&name) && valid_name(&name) {
+                match self.stub_from_backing(d.id, &name, &path.join(bytes_path(&name))) {
+                    Ok(_) | Err(FsError::NotSupported(_)) | Err(FsError::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let id = d.id;
+        self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            i.flags |= FLAG_LISTED;
+            fs.put_inode(&i)
+        })
+    }
+
+    /// Brings a stub's content from the backing directory into the cache.
+    pub fn stage_if_stub(&mut self, id: u64) -> Result<()> {
+        let i = self.get_inode(id)?;
+        if i.flags & FLAG_STUB == 0 {
+            return Ok(());
+        }
+        let Some(root) = self.opts.backing.clone() else {
+            return Err(FsError::NotSupported(
+                "the file's content is in the backing directory: open the file system with its backing directory",
+            ));
+        };
+        let path = root.join(bytes_path(&i.target));
+        self.stage_in_file(id, &path, true)
+    }
+
+    /// Copies a local file's content into file `id` (replacing its content). `clean`: the
+    /// result counts as flushed (it came from the backing directory).
+    pub fn stage_in_file(&mut self, id: u64, path: &Path, clean: bool) -> Result<()> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| FsError::backing(e, path))?;
+        // Empty the file first: a new generation, so no chunk of the stub's (none) or of an
+        // older content is read as this one's.
+        self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            i.flags &= !FLAG_STUB;
+            if i.size != 0 || !i.chunks.is_empty() {
+                i.gen += 1;
+                i.chunks.clear();
+                i.size = 0;
+            }
+            fs.put_inode(&i)
+        })?;
+        self.open_write(id)?;
+        let cs = self.chunk_size as usize;
+        let mut buf = vec![0u8; cs];
+        let mut at = 0u64;
+        let r = (|| -> Result<()> {
+            loop {
+                let mut got = 0;
+                while got < cs {
+                    match f.read(&mut buf[got..]) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FsError::backing(e, path)),
+                    }
+                }
+                if got == 0 {
+                    return Ok(());
+                }
+                self.write(id, at, &buf[..got])?;
+                at += got as u64;
+                if got < cs {
+                    return Ok(());
+                }
+            }
+        })();
+        let published = self.close_write(id);
+        r?;
+        published?;
+        if clean {
+            self.with_lock(&format!("i{id}"), |fs| {
+                let mut i = fs.get_inode(id)?;
+                i.flushed_version = i.version;
+                fs.put_inode(&i)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if !valid_name(name) {
+        return Err(FsError::Invalid(format!(
+            "name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+fn too_large_chunk(chunk: u32, item_max: usize) -> FsError {
+    FsError::Invalid(format!(
+        "chunk size {chunk} does not fit the servers' item size limit ({item_max} bytes, \
+         memcached's -I, less {} bytes of chunk header and room for the item's own): \
+         use a smaller chunk or start the servers with a larger -I",
+        CHUNK_HEADER + 256
+    ))
+}
+
+/// The smallest `item_size_max` among the pool's servers that answer `stats settings`.
+fn item_size_max(client: &mut Client) -> Result<usize> {
+    let mut min: Option<usize> = None;
+    let mut last_err = None;
+    for (_, r) in client.stats(Some("settings")) {
+        match r {
+            Ok(s) => {
+                if let Some((_, v)) = s.iter().find(|(k, _)| k == "item_size_max") {
+                    if let Ok(n) = v.parse::<usize>() {
+                        min = Some(min.map_or(n, |m| m.min(n)));
+                    }
+                }
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match (min, last_err) {
+        (Some(n), _) => Ok(n),
+        (None, Some(e)) => Err(e.into()),
+        (None, None) => Ok(1024 * 1024),
+    }
+}
+
+pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {
+    PathBuf::from(std::ffi::OsString::from_vec_bytes(b.to_vec()))
+}
+
+trait FromVecBytes {
+    fn from_vec_bytes(v: Vec<u8>) -> Self;
+}
+
+impl FromVecBytes for std::ffi::OsString {
+    fn from_vec_bytes(v: Vec<u8>) -> Self {
+        use std::os::unix::ffi::OsStringExt;
+        std::ffi::OsString::from_vec(v)
+    }
+}
+
+fn current_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0)
+}
+
+fn current_gid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.gid())
+        .unwrap_or(0)
+}
