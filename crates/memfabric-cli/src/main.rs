@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use memfabric_client::{Client, Config, Distribution, KeyHash};
 
+mod bb;
+
 #[derive(Parser)]
 #[command(name = "memfabric", version, about = "memcached / memfabricd client")]
 struct Cli {
@@ -123,6 +125,9 @@ enum Cmd {
         #[arg(required = true)]
         keys: Vec<String>,
     },
+    /// The burst buffer: files over the pool, a FUSE mount, and flushes to a backing
+    /// directory (docs/burst-buffer.md).
+    Bb(bb::BbArgs),
     /// Refill SERVER (as written in --servers) from the pool's other servers after it
     /// restarted empty: what a replicated or coded pool does by itself in the background
     /// when it sees a restart (docs/resilience.md). Prints progress to standard error;
@@ -168,6 +173,15 @@ fn main() -> ExitCode {
         ..Config::default()
     };
     let counters = cli.counters;
+    if let Cmd::Bb(args) = cli.cmd {
+        return match bb::run(&cli.servers, config, args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("memfabric: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let mut client = match Client::new(cli.servers.as_str(), config) {
         Ok(c) => c,
         Err(e) => {
@@ -286,6 +300,7 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
             Ok(0)
         }
         Cmd::Repair { server, force } => repair(client, &server, force),
+        Cmd::Bb(_) => unreachable!("run before the client is made"),
     }
 }
 
