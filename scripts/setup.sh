@@ -38,8 +38,11 @@ quietly() {
 # both come with the server too.
 # libsasl2-2: libmemfabric links it as Debian's libmemcached does (applications built
 # against libmemcached reach Cyrus SASL through it). libmemcached-tools: the README's
-# libmemfabric example (memccp, memccat).
-pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet libsasl2-2 libmemcached-tools)
+# libmemfabric example (memccp, memccat). fuse3: the burst buffer's mount (`memfabric bb
+# mount`: fusermount3 for users other than root, /etc/fuse.conf); rsync: the README's
+# burst-buffer example and the mount's tests.
+pkgs=(pkg-config libucx-dev libclang-dev gcc netcat-openbsd telnet libsasl2-2 libmemcached-tools
+  fuse3 rsync)
 if [[ $mode == all ]]; then
   # Reference server and conformance tools, pylibmc's C library, network namespaces,
   # UCX's own tools (ucx_info, ucx_perftest: the raw-UCX baseline of the benchmarks),

@@ -139,8 +139,10 @@ pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
         let (mut prev_path, mut prev_sha256) = (Vec::new(), None);
         if let Some(r) = &old {
             let same = r.version == inode.version && r.gen == inode.gen && r.path == path;
-            let leased = r.state == FlushState::Copying && r.lease_until_ms > now_ms();
-            if same && (r.state == FlushState::Queued || leased) {
+            // Queued, or being copied (or left half-copied by a flusher that died: the
+            // next one resumes it) — keep its progress.
+            let pending = matches!(r.state, FlushState::Queued | FlushState::Copying);
+            if same && pending {
                 let mut j = get_journal(fs)?;
                 if !j.queued.contains(&id) {
                     j.queued.push(id);

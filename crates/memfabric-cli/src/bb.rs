@@ -615,10 +615,13 @@ fn run_flush(fs: &mut Fs, under: Option<&str>, opts: FlushOptions) -> Res<u8> {
             let b = bar(*size, &String::from_utf8_lossy(path));
             b.set_position(*resumed_at);
             if *resumed_at > 0 {
-                b.println(format!(
-                    "resuming {} at {resumed_at} bytes",
-                    String::from_utf8_lossy(path)
-                ));
+                // Said on stderr even when the bar is not drawn (not a terminal).
+                b.suspend(|| {
+                    eprintln!(
+                        "resuming {} at {resumed_at} bytes",
+                        String::from_utf8_lossy(path)
+                    )
+                });
             }
             current = Some(b);
         }
