@@ -12,9 +12,11 @@
 //!    destination (`.<name>.mfbb-<id>.tmp`); every few MiB the record gets the bytes done
 //!    and the crc of every chunk-sized window written, and the lease is renewed — if the
 //!    record has another owner by then, this flusher stops.
-//! 4. **Finish**: fsync, then the whole temporary file is read back and every window's
-//!    crc (and the file's sha256, when the inode knows it) compared; only then is it
-//!    renamed to its final name and the directory fsynced. The record becomes `Done` with
+//! 4. **Finish**: fsync; the sha256 of what went out (a resumed copy reads the part the
+//!    dead flusher wrote back, window by window against the recorded crcs) is compared
+//!    with the writer's when the inode has one, and with `readback` the whole temporary
+//!    file is read back and checked again; only then is it renamed to its final name and
+//!    the directory fsynced. The record becomes `Done` with
 //!    the sha256, the inode's `flushed_version` is set, the id leaves the queue.
 //!
 //! A flusher that resumes someone else's copy cuts the temporary file to the recorded
@@ -44,6 +46,13 @@ pub struct FlushOptions {
     pub checkpoint_bytes: u64,
     /// Tries of one file before it is marked failed (a copy that does not verify).
     pub attempts: u32,
+    /// Write whole windows with O_DIRECT where the backing file system allows it.
+    pub direct: bool,
+    /// After the fsync, read the whole temporary file back and check it again (each
+    /// window's crc and the sha256) before the rename: costs a second pass over the
+    /// backing store. Without it, the copy is checked as it goes out (every chunk's crc
+    /// from the cache, the writer's sha256 of the file when it has one).
+    pub readback: bool,
 }
 
 impl Default for FlushOptions {
@@ -53,6 +62,8 @@ impl Default for FlushOptions {
             bandwidth: None,
             checkpoint_bytes: 8 << 20,
             attempts: 3,
+            direct: true,
+            readback: false,
         }
     }
 }
@@ -571,11 +582,39 @@ impl Flusher {
             .truncate(false)
             .open(&tmp)
             .map_err(|e| io_err(e, &tmp))?;
-        // What a previous flusher recorded must still be there; otherwise start over.
+        // Whole aligned windows bypass the page cache (O_DIRECT), as a parallel file
+        // system's clients write, where the file system allows it.
+        let direct = if self.opts.direct && cs % DIRECT_ALIGN as u64 == 0 {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&tmp)
+                .ok()
+        } else {
+            None
+        };
+        let mut raw = vec![0u8; cs as usize + DIRECT_ALIGN];
+        let at = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        let window = &mut raw[at..at + cs as usize];
+        // What a previous flusher recorded must still be there, each window with its crc;
+        // otherwise start over. The sha256 covers it as it is on the backing store.
+        let mut sha = sha2::Sha256::new();
         let have = f.metadata().map_err(|e| io_err(e, &tmp))?.len();
         if rec.done % cs != 0 || rec.done > have || rec.crcs.len() as u64 != rec.done / cs {
             rec.done = 0;
             rec.crcs.clear();
+        }
+        for (i, crc) in rec.crcs.iter().enumerate() {
+            let w = &mut window[..cs as usize];
+            let ok = f.read_exact_at(w, i as u64 * cs).is_ok() && crc32c::crc32c(w) == *crc;
+            if !ok {
+                rec.done = 0;
+                rec.crcs.clear();
+                sha = sha2::Sha256::new();
+                break;
+            }
+            sha.update(&*w);
         }
         f.set_len(rec.done).map_err(|e| io_err(e, &tmp))?;
         on_event(&Event::Started {
@@ -587,7 +626,6 @@ impl Flusher {
         let mut written_here = 0u64;
         let mut since_checkpoint = 0u64;
         let mut last_checkpoint = Instant::now();
-        let mut window = Vec::with_capacity(cs as usize);
         while rec.done < rec.size {
             if stop.load(Ordering::Relaxed) {
                 let _ = checkpoint(fs, rec, &self.opts)?;
@@ -596,12 +634,17 @@ impl Flusher {
             let n = rec.done / cs;
             let len = (rec.size - rec.done).min(cs) as usize;
             let data = fs.chunk_content(inode, n)?;
-            window.clear();
-            window.extend_from_slice(&data[..data.len().min(len)]);
-            window.resize(len, 0);
-            f.write_all_at(&window, rec.done)
-                .map_err(|e| io_err(e, &tmp))?;
-            rec.crcs.push(crc32c::crc32c(&window));
+            let have = data.len().min(len);
+            window[..have].copy_from_slice(&data[..have]);
+            window[have..len].fill(0);
+            let w = &window[..len];
+            let r = match &direct {
+                Some(d) if len % DIRECT_ALIGN == 0 => d.write_all_at(w, rec.done),
+                _ => f.write_all_at(w, rec.done),
+            };
+            r.map_err(|e| io_err(e, &tmp))?;
+            rec.crcs.push(crc32c::crc32c(w));
+            sha.update(w);
             rec.done += len as u64;
             written_here += len as u64;
             since_checkpoint += len as u64;
@@ -628,38 +671,12 @@ impl Flusher {
             }
         }
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
-        drop(f);
-        // Read back what is on the backing store, window by window.
-        let mut f = File::open(&tmp).map_err(|e| io_err(e, &tmp))?;
-        let mut sha = sha2::Sha256::new();
-        let mut buf = vec![0u8; cs as usize];
-        let mut i = 0usize;
-        let mut total = 0u64;
-        loop {
-            let mut got = 0;
-            while got < buf.len() {
-                match f.read(&mut buf[got..]) {
-                    Ok(0) => break,
-                    Ok(k) => got += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(io_err(e, &tmp)),
-                }
-            }
-            if got == 0 {
-                break;
-            }
-            if rec.crcs.get(i) != Some(&crc32c::crc32c(&buf[..got])) {
-                return Ok(Copied::Mismatch);
-            }
-            sha.update(&buf[..got]);
-            total += got as u64;
-            i += 1;
-        }
         let digest: [u8; 32] = sha.finalize().into();
-        if total != rec.size || i != rec.crcs.len() {
+        // The writer's sha256 (a file written front to back) against what went out.
+        if inode.sha256.is_some_and(|s| s != digest) {
             return Ok(Copied::Mismatch);
         }
-        if inode.sha256.is_some_and(|s| s != digest) {
+        if self.opts.readback && !self.read_back(&tmp, cs, rec, &digest)? {
             return Ok(Copied::Mismatch);
         }
         // Still the content that was copied (no publication, no writer since)?
@@ -672,20 +689,53 @@ impl Flusher {
             return Ok(Copied::LostLease);
         }
         set_mode(&tmp, inode.mode)?;
-        let f = File::options()
-            .write(true)
-            .open(&tmp)
-            .map_err(|e| io_err(e, &tmp))?;
         let times = std::fs::FileTimes::new()
             .set_modified(inode.mtime.to_system())
             .set_accessed(inode.atime.to_system());
         let _ = f.set_times(times);
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
+        drop(f);
         std::fs::rename(&tmp, dest).map_err(|e| io_err(e, dest))?;
         sync_dir(dest.parent().unwrap_or(Path::new("/")))?;
         Ok(Copied::Verified(digest))
     }
+
+    /// Reads the temporary file back from the backing store: every window's crc and the
+    /// whole file's sha256 as written.
+    fn read_back(&self, tmp: &Path, cs: u64, rec: &FlushRecord, digest: &[u8; 32]) -> Result<bool> {
+        let mut f = File::open(tmp).map_err(|e| io_err(e, tmp))?;
+        let mut sha = sha2::Sha256::new();
+        let mut buf = vec![0u8; cs as usize];
+        let mut i = 0usize;
+        let mut total = 0u64;
+        loop {
+            let mut got = 0;
+            while got < buf.len() {
+                match f.read(&mut buf[got..]) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io_err(e, tmp)),
+                }
+            }
+            if got == 0 {
+                break;
+            }
+            if rec.crcs.get(i) != Some(&crc32c::crc32c(&buf[..got])) {
+                return Ok(false);
+            }
+            sha.update(&buf[..got]);
+            total += got as u64;
+            i += 1;
+        }
+        let again: [u8; 32] = sha.finalize().into();
+        Ok(total == rec.size && i == rec.crcs.len() && &again == digest)
+    }
 }
+
+/// O_DIRECT's alignment of buffers, offsets and lengths (a page, enough for 512-byte and
+/// 4 KiB sector devices).
+const DIRECT_ALIGN: usize = 4096;
 
 /// The copy an earlier flush made under a name the file no longer has (renamed or
 /// removed in the cache) goes: a file only if it is still exactly what that flush wrote

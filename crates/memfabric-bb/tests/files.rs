@@ -309,6 +309,7 @@ fn flush_opts() -> FlushOptions {
     FlushOptions {
         lease: Duration::from_secs(2),
         checkpoint_bytes: 64 << 10,
+        readback: true,
         ..FlushOptions::default()
     }
 }

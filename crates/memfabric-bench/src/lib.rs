@@ -7,6 +7,7 @@
 //! memfabricd ([`server`]) side by side; [`latency`] is the ohb_memlat-style sweep;
 //! [`hybrid`] measures RAM + flash tiers under a working set larger than both.
 
+pub mod bursty;
 pub mod compare;
 pub mod compare_report;
 pub mod hybrid;

@@ -81,6 +81,16 @@ enum Verb {
         /// taken over after this).
         #[arg(long, default_value_t = 30)]
         lease: u64,
+        /// Flushers working at once (each with its own connections), on different files.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Read every copy back from the backing directory and check it again before it
+        /// gets its name (a second pass over the backing store).
+        #[arg(long)]
+        readback: bool,
+        /// Write through the page cache instead of O_DIRECT.
+        #[arg(long)]
+        buffered: bool,
     },
     /// Bring paths of the backing directory into the cache (directories recursively).
     StageIn {
@@ -153,6 +163,7 @@ pub fn run(servers: &str, config: Config, args: BbArgs) -> Res<u8> {
             *allow_other,
         );
     }
+    let (config_copy, opts_copy) = (config.clone(), opts.clone());
     let client = Client::new(servers, config)?;
     let mut fs = Fs::open(client, opts)?;
     match args.verb {
@@ -175,14 +186,49 @@ pub fn run(servers: &str, config: Config, args: BbArgs) -> Res<u8> {
             path,
             bandwidth,
             lease,
+            jobs,
+            readback,
+            buffered,
         } => {
             let p = need_bb(&path)?;
+            let jobs = jobs.max(1);
             let fopts = FlushOptions {
                 lease: Duration::from_secs(lease.max(1)),
-                bandwidth: (bandwidth > 0).then_some(bandwidth),
+                // The bound is the whole flush's: shared by the jobs.
+                bandwidth: (bandwidth > 0).then_some(bandwidth / jobs as u64),
+                readback,
+                direct: !buffered,
                 ..FlushOptions::default()
             };
-            run_flush(&mut fs, Some(p), fopts)
+            if jobs == 1 {
+                return run_flush(&mut fs, Some(p), fopts);
+            }
+            let i = fs.resolve(p.as_bytes()).map_err(|e| fs_err(p, e))?;
+            let n = flush::enqueue_dirty(&mut fs, i.id)?;
+            eprintln!("queued {n} unflushed under {p}");
+            let handles: Vec<_> = (0..jobs)
+                .map(|_| {
+                    let (servers, config, opts, fopts) =
+                        (servers.to_string(), config_copy.clone(), opts_copy.clone(), fopts.clone());
+                    std::thread::spawn(move || -> Result<u8, String> {
+                        let c = Client::new(servers.as_str(), config).map_err(|e| e.to_string())?;
+                        let mut fs = Fs::open(c, opts).map_err(|e| e.to_string())?;
+                        run_flush(&mut fs, None, fopts).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            let mut code = 0;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(c)) => code = code.max(c),
+                    Ok(Err(e)) => {
+                        eprintln!("memfabric: flush: {e}");
+                        code = 2;
+                    }
+                    Err(_) => code = 2,
+                }
+            }
+            Ok(code)
         }
         Verb::StageIn { paths } => {
             for p in &paths {
@@ -648,6 +694,12 @@ fn run_flush(fs: &mut Fs, under: Option<&str>, opts: FlushOptions) -> Res<u8> {
         }
     })?;
     let _ = stop.load(Ordering::Relaxed);
+    for p in &sum.open_for_writing {
+        eprintln!(
+            "left queued (open for writing): {}",
+            String::from_utf8_lossy(p)
+        );
+    }
     eprintln!(
         "{} files, {} bytes flushed, {} failed",
         sum.files,

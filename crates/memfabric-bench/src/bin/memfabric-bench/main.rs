@@ -1,9 +1,10 @@
 //! memfabric-bench: throughput, latency, YCSB, the memcached comparison and the RAM + flash
-//! (hybrid) comparison. This file holds the command line's top level and dispatch; each
+//! (hybrid) comparison, the client libraries and the burst buffer (bursty). This file holds the command line's top level and dispatch; each
 //! subcommand's arguments and driver live in its `*_cmd` module, shared arguments in `args`,
 //! file output in `output`.
 
 mod args;
+mod bursty_cmd;
 mod clients_cmd;
 mod compare_cmd;
 mod hybrid_cmd;
@@ -16,6 +17,7 @@ mod ycsb_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+use bursty_cmd::{bursty_cmd, BurstyArgs};
 use clients_cmd::{clients_cmd, ClientsArgs};
 use compare_cmd::{compare_cmd, CompareArgs};
 use hybrid_cmd::{hybrid_cmd, HybridArgs};
@@ -57,6 +59,10 @@ enum Cmd {
     /// libmemcached's API and memfabric.h's iget) against memfabricd over UCX, and on
     /// libmemcached against memcached over TCP, in one run.
     Clients(Box<ClientsArgs>),
+    /// A checkpoint written and read back through the burst buffer and straight to the
+    /// backing directory with fsync, then flushed there (Boldio's bursty I/O): speed-ups
+    /// and the flush against the directory's raw write speed, in one run.
+    Bursty(Box<BurstyArgs>),
 }
 
 /// What a subcommand returns: its error is printed on stderr and exits with status 2.
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
         Cmd::Resilience(a) => resilience_cmd(*a).map(|()| true),
         Cmd::Hybrid(a) => hybrid_cmd(*a).map(|()| true),
         Cmd::Clients(a) => clients_cmd(*a).map(|()| true),
+        Cmd::Bursty(a) => bursty_cmd(*a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
             compare_cmd(*a).map(|pass| pass || !check)
