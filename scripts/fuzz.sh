@@ -4,7 +4,8 @@
 #   scripts/fuzz.sh [SECONDS]     each target for SECONDS (default 20)
 #
 # The targets cover every parser and decoder (ascii, meta, binary, the UCX wire format,
-# the client's meta reply decoder, EC fragments, metadump lines) and the whole executor
+# the client's meta reply decoder, EC fragments, metadump lines, libmemfabric's
+# configuration language, the burst buffer's objects) and the whole executor
 # against a real store. A crash
 # leaves its input in fuzz/artifacts/<target>/ and fails the run.
 set -euo pipefail

@@ -14,7 +14,7 @@
 //!    record has another owner by then, this flusher stops.
 //! 4. **Finish**: fsync; the sha256 of what went out (a resumed copy reads the part the
 //!    dead flusher wrote back, window by window against the recorded crcs) is compared
-//!    with the writer's when the inode has one, and with `readback` the whole temporary
+//!    with the last flush's when the content has not changed since, and with `readback` the whole temporary
 //!    file is read back and checked again; only then is it renamed to its final name and
 //!    the directory fsynced. The record becomes `Done` with
 //!    the sha256, the inode's `flushed_version` is set, the id leaves the queue.
@@ -48,6 +48,8 @@ pub struct FlushOptions {
     pub attempts: u32,
     /// Write whole windows with O_DIRECT where the backing file system allows it.
     pub direct: bool,
+    /// Bytes written per call (whole chunks, at least one): fewer, larger I/Os.
+    pub write_bytes: usize,
     /// After the fsync, read the whole temporary file back and check it again (each
     /// window's crc and the sha256) before the rename: costs a second pass over the
     /// backing store. Without it, the copy is checked as it goes out (every chunk's crc
@@ -63,6 +65,7 @@ impl Default for FlushOptions {
             checkpoint_bytes: 8 << 20,
             attempts: 3,
             direct: true,
+            write_bytes: 4 << 20,
             readback: false,
         }
     }
@@ -479,7 +482,7 @@ impl Flusher {
                 std::fs::create_dir_all(&dest).map_err(|e| io_err(e, &dest))?;
                 set_mode(&dest, inode.mode)?;
                 remove_previous_copy(fs, &root, rec);
-                self.mark_flushed(fs, &inode)?;
+                self.mark_flushed(fs, &inode, None)?;
                 finish(fs, rec, FlushState::Done)?;
                 return Ok(Some(0));
             }
@@ -491,7 +494,7 @@ impl Flusher {
                 std::fs::rename(&tmp, &dest).map_err(|e| io_err(e, &dest))?;
                 sync_dir(&parent)?;
                 remove_previous_copy(fs, &root, rec);
-                self.mark_flushed(fs, &inode)?;
+                self.mark_flushed(fs, &inode, None)?;
                 finish(fs, rec, FlushState::Done)?;
                 return Ok(Some(0));
             }
@@ -504,7 +507,7 @@ impl Flusher {
                 Copied::Verified(sha) => {
                     rec.sha256 = Some(sha);
                     remove_previous_copy(fs, &root, rec);
-                    self.mark_flushed(fs, &inode)?;
+                    self.mark_flushed(fs, &inode, Some(sha))?;
                     finish(fs, rec, FlushState::Done)?;
                     on_event(&Event::Finished {
                         path: rec.path.clone(),
@@ -552,12 +555,15 @@ impl Flusher {
         }
     }
 
-    fn mark_flushed(&self, fs: &mut Fs, flushed: &Inode) -> Result<()> {
+    fn mark_flushed(&self, fs: &mut Fs, flushed: &Inode, sha256: Option<[u8; 32]>) -> Result<()> {
         let id = flushed.id;
         fs.with_lock(&format!("i{id}"), |fs| {
             let mut i = fs.get_inode(id)?;
             if i.version == flushed.version && i.gen == flushed.gen {
                 i.flushed_version = i.version;
+                if sha256.is_some() {
+                    i.sha256 = sha256;
+                }
                 fs.put_inode(&i)?;
             }
             Ok(())
@@ -594,9 +600,12 @@ impl Flusher {
         } else {
             None
         };
-        let mut raw = vec![0u8; cs as usize + DIRECT_ALIGN];
-        let at = raw.as_ptr().align_offset(DIRECT_ALIGN);
-        let window = &mut raw[at..at + cs as usize];
+        // (A bandwidth bound writes chunk by chunk, so that it paces evenly.)
+        let group = if self.opts.bandwidth.is_some() {
+            1
+        } else {
+            (self.opts.write_bytes / cs as usize).max(1)
+        };
         // What a previous flusher recorded must still be there, each window with its crc;
         // otherwise start over. The sha256 covers it as it is on the backing store.
         let mut sha = sha2::Sha256::new();
@@ -605,49 +614,63 @@ impl Flusher {
             rec.done = 0;
             rec.crcs.clear();
         }
+        let mut prefix = vec![0u8; cs as usize];
         for (i, crc) in rec.crcs.iter().enumerate() {
-            let w = &mut window[..cs as usize];
-            let ok = f.read_exact_at(w, i as u64 * cs).is_ok() && crc32c::crc32c(w) == *crc;
+            let ok = f.read_exact_at(&mut prefix, i as u64 * cs).is_ok()
+                && crc32c::crc32c(&prefix) == *crc;
             if !ok {
                 rec.done = 0;
                 rec.crcs.clear();
                 sha = sha2::Sha256::new();
                 break;
             }
-            sha.update(&*w);
+            sha.update(&prefix);
         }
+        drop(prefix);
         f.set_len(rec.done).map_err(|e| io_err(e, &tmp))?;
         on_event(&Event::Started {
             path: rec.path.clone(),
             size: rec.size,
             resumed_at: rec.done,
         });
+        let mut out = WriteBehind::new(&f, direct.as_ref(), cs as usize * group)
+            .map_err(|e| io_err(e, &tmp))?;
         let started = Instant::now();
         let mut written_here = 0u64;
         let mut since_checkpoint = 0u64;
         let mut last_checkpoint = Instant::now();
         while rec.done < rec.size {
             if stop.load(Ordering::Relaxed) {
+                out.drain().map_err(|e| io_err(e, &tmp))?;
                 let _ = checkpoint(fs, rec, &self.opts)?;
                 return Ok(Copied::Stopped);
             }
-            let n = rec.done / cs;
-            let len = (rec.size - rec.done).min(cs) as usize;
-            let data = fs.chunk_content(inode, n)?;
-            let have = data.len().min(len);
-            window[..have].copy_from_slice(&data[..have]);
-            window[have..len].fill(0);
-            let w = &window[..len];
-            let r = match &direct {
-                Some(d) if len % DIRECT_ALIGN == 0 => d.write_all_at(w, rec.done),
-                _ => f.write_all_at(w, rec.done),
-            };
-            r.map_err(|e| io_err(e, &tmp))?;
-            rec.crcs.push(crc32c::crc32c(w));
-            sha.update(w);
-            rec.done += len as u64;
-            written_here += len as u64;
-            since_checkpoint += len as u64;
+            // Up to `group` chunk windows, each checked (crc from the cache) and summed,
+            // while the previous group is being written.
+            let mut buf = out.take().map_err(|e| io_err(e, &tmp))?;
+            let window = buf.slice_mut();
+            let start = rec.done;
+            let mut filled = 0usize;
+            while filled < window.len() && start + (filled as u64) < rec.size {
+                let pos = start + filled as u64;
+                let n = pos / cs;
+                let len = (rec.size - pos).min(cs) as usize;
+                let data = fs.chunk_content(inode, n)?;
+                let have = data.len().min(len);
+                let w = &mut window[filled..filled + len];
+                w[..have].copy_from_slice(&data[..have]);
+                w[have..].fill(0);
+                rec.crcs.push(crc32c::crc32c(w));
+                filled += len;
+                if len < cs as usize {
+                    break;
+                }
+            }
+            sha.update(&window[..filled]);
+            out.submit(buf, filled, start);
+            rec.done += filled as u64;
+            written_here += filled as u64;
+            since_checkpoint += filled as u64;
             if let Some(bw) = self.opts.bandwidth.filter(|&b| b > 0) {
                 let due = Duration::from_secs_f64(written_here as f64 / bw as f64);
                 let spent = started.elapsed();
@@ -658,6 +681,8 @@ impl Flusher {
             if since_checkpoint >= self.opts.checkpoint_bytes
                 || last_checkpoint.elapsed() >= self.opts.lease / 4
             {
+                // The record says only what is in the file.
+                out.drain().map_err(|e| io_err(e, &tmp))?;
                 if !checkpoint(fs, rec, &self.opts)? {
                     return Ok(Copied::LostLease);
                 }
@@ -670,9 +695,11 @@ impl Flusher {
                 });
             }
         }
+        out.drain().map_err(|e| io_err(e, &tmp))?;
+        drop(out);
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
         let digest: [u8; 32] = sha.finalize().into();
-        // The writer's sha256 (a file written front to back) against what went out.
+        // Flushed before (then renamed): the same content must give the same digest.
         if inode.sha256.is_some_and(|s| s != digest) {
             return Ok(Copied::Mismatch);
         }
@@ -730,6 +757,117 @@ impl Flusher {
         }
         let again: [u8; 32] = sha.finalize().into();
         Ok(total == rec.size && i == rec.crcs.len() && &again == digest)
+    }
+}
+
+/// A page-aligned buffer (O_DIRECT wants aligned memory).
+struct AlignedBuf {
+    raw: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let at = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { raw, at, len }
+    }
+    fn slice_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.at..self.at + self.len]
+    }
+    fn slice(&self, len: usize) -> &[u8] {
+        &self.raw[self.at..self.at + len]
+    }
+}
+
+/// Writes to the temporary file on its own thread, so that the next group of chunks is
+/// fetched, checked and hashed while the previous one goes to the backing store (two
+/// buffers: one filling, one writing).
+struct WriteBehind {
+    to: Option<std::sync::mpsc::SyncSender<(AlignedBuf, usize, u64)>>,
+    back: std::sync::mpsc::Receiver<(AlignedBuf, std::io::Result<()>)>,
+    free: Vec<AlignedBuf>,
+    outstanding: usize,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WriteBehind {
+    fn new(f: &File, direct: Option<&File>, len: usize) -> std::io::Result<WriteBehind> {
+        let f = f.try_clone()?;
+        let direct = direct.map(File::try_clone).transpose()?;
+        let (to, jobs) = std::sync::mpsc::sync_channel::<(AlignedBuf, usize, u64)>(2);
+        let (done, back) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("bb-flush-io".into())
+            .spawn(move || {
+                for (buf, n, pos) in jobs {
+                    let w = buf.slice(n);
+                    let r = match &direct {
+                        Some(d) if n % DIRECT_ALIGN == 0 => d.write_all_at(w, pos),
+                        _ => f.write_all_at(w, pos),
+                    };
+                    if done.send((buf, r)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(WriteBehind {
+            to: Some(to),
+            back,
+            free: vec![AlignedBuf::new(len), AlignedBuf::new(len)],
+            outstanding: 0,
+            thread: Some(thread),
+        })
+    }
+
+    /// A buffer to fill: a free one, or the next one the writer gives back.
+    fn take(&mut self) -> std::io::Result<AlignedBuf> {
+        if let Some(b) = self.free.pop() {
+            return Ok(b);
+        }
+        self.wait_one()?;
+        Ok(self.free.pop().expect("a buffer came back"))
+    }
+
+    fn wait_one(&mut self) -> std::io::Result<()> {
+        let (buf, r) = self
+            .back
+            .recv()
+            .map_err(|_| std::io::Error::other("the flush writer thread died"))?;
+        self.outstanding -= 1;
+        self.free.push(buf);
+        r
+    }
+
+    fn submit(&mut self, buf: AlignedBuf, len: usize, pos: u64) {
+        self.outstanding += 1;
+        if let Some(to) = &self.to {
+            // A writer that died is reported by the next take or drain.
+            let _ = to.send((buf, len, pos));
+        }
+    }
+
+    /// Waits until everything submitted is written; the first error.
+    fn drain(&mut self) -> std::io::Result<()> {
+        let mut first = Ok(());
+        while self.outstanding > 0 {
+            if let Err(e) = self.wait_one() {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for WriteBehind {
+    fn drop(&mut self) {
+        self.to.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

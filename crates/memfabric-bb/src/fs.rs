@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use memfabric_client::{Client, Error as CacheError, Handle, Reply, StoreStatus};
-use sha2::Digest;
 
 use crate::layout::{
-    chunk_decode, chunk_encode, now_ms, valid_name, Dir, Entry, Inode, Keys, Kind, LayoutError,
-    Superblock, Time, CHUNK_HEADER, FLAG_LISTED, FLAG_STUB, NAME_MAX, ROOT, WHITEOUT,
+    chunk_decode, chunk_encode, chunk_seal, now_ms, valid_name, Dir, Entry, Inode, Keys, Kind,
+    LayoutError, Superblock, Time, CHUNK_HEADER, FLAG_LISTED, FLAG_STUB, NAME_MAX, ROOT, WHITEOUT,
 };
 
 /// Every way a file-system operation fails, each with the errno a local file system gives.
@@ -153,7 +152,8 @@ fn chunk_fits(chunk: u32, item_max: usize) -> bool {
 struct WriteState {
     /// The inode as it was when writing started (generation, chunk bitmap).
     base: Inode,
-    /// Chunks being filled (their whole content: existing bytes were read in first).
+    /// Chunks being filled, as chunk objects: the header's room, then their whole
+    /// content (existing bytes were read in first).
     bufs: BTreeMap<u64, Vec<u8>>,
     /// Chunk writes in flight, oldest first.
     inflight: VecDeque<(Handle, u64)>,
@@ -161,9 +161,6 @@ struct WriteState {
     written: BTreeSet<u64>,
     /// The size after this writer's writes.
     size: u64,
-    /// sha256 of bytes [0, next) while every write so far continued the previous one from
-    /// an empty file.
-    sha: Option<(sha2::Sha256, u64)>,
     /// The first failure of a write in flight, reported at publication.
     error: Option<FsError>,
     /// Open handles writing this file.
@@ -782,11 +779,7 @@ impl Fs {
                 i.clear_chunks_from(last + 1);
             }
             i.size = size;
-            i.sha256 = if size == 0 {
-                Some(crate::layout::sha256(b""))
-            } else {
-                None
-            };
+            i.sha256 = None;
             i.version += 1;
             i.mtime = Time::now();
             i.ctime = i.mtime;
@@ -800,7 +793,6 @@ impl Fs {
             w.base = now.clone();
             w.size = now.size;
             w.written.clear();
-            w.sha = (now.size == 0).then(|| (sha2::Sha256::new(), 0));
         }
         // Chunks of the old content that no longer belong to the file.
         let mut hs = Vec::new();
@@ -830,7 +822,6 @@ impl Fs {
         }
         let base = self.update_inode(id, |i| i.writing_until_ms = now_ms() + WRITE_LEASE_MS)?;
         self.drop_cached(id);
-        let sha = (base.size == 0).then(|| (sha2::Sha256::new(), 0));
         self.writes.insert(
             id,
             WriteState {
@@ -839,7 +830,6 @@ impl Fs {
                 bufs: BTreeMap::new(),
                 inflight: VecDeque::new(),
                 written: BTreeSet::new(),
-                sha,
                 error: None,
                 writers: 1,
             },
@@ -873,34 +863,40 @@ impl Fs {
             let within = (at % cs) as usize;
             let take = rest.len().min(cs as usize - within);
             let piece = &rest[..take];
-            let needs_old = {
+            let whole = within == 0 && take == cs as usize;
+            let (has_buf, needs_old) = {
                 let w = &self.writes[&id];
-                !w.bufs.contains_key(&n)
-                    && !(within == 0 && take == cs as usize)
-                    && (w.base.has_chunk(n) || w.written.contains(&n))
+                let has = w.bufs.contains_key(&n);
+                (
+                    has,
+                    !has && !whole && (w.base.has_chunk(n) || w.written.contains(&n)),
+                )
             };
-            let old = if needs_old {
-                self.read_chunk_for_write(id, n)?
-            } else {
-                Vec::new()
-            };
-            let w = self.writes.get_mut(&id).unwrap();
-            let buf = w.bufs.entry(n).or_insert(old);
-            if buf.len() < within + take {
-                buf.resize(within + take, 0);
+            {
+                let w = self.writes.get_mut(&id).unwrap();
+                w.written.insert(n);
             }
-            buf[within..within + take].copy_from_slice(piece);
-            w.written.insert(n);
-            w.sha = match w.sha.take() {
-                Some((mut h, next)) if next == at => {
-                    h.update(piece);
-                    Some((h, next + take as u64))
+            if whole && !has_buf {
+                // A whole chunk goes out as it is: one copy, into the chunk object.
+                let gen = self.writes[&id].base.gen;
+                self.send_object(id, n, chunk_encode(id, gen, n, piece))?;
+            } else {
+                let mut obj = Vec::with_capacity(CHUNK_HEADER + cs as usize);
+                obj.resize(CHUNK_HEADER, 0);
+                if needs_old {
+                    obj.extend_from_slice(&self.read_chunk_for_write(id, n)?);
                 }
-                _ => None,
-            };
-            if buf.len() == cs as usize {
-                let full = w.bufs.remove(&n).unwrap();
-                self.send_chunk(id, n, &full)?;
+                let w = self.writes.get_mut(&id).unwrap();
+                let buf = w.bufs.entry(n).or_insert(obj);
+                let (from, to) = (CHUNK_HEADER + within, CHUNK_HEADER + within + take);
+                if buf.len() < to {
+                    buf.resize(to, 0);
+                }
+                buf[from..to].copy_from_slice(piece);
+                if buf.len() == CHUNK_HEADER + cs as usize {
+                    let full = w.bufs.remove(&n).unwrap();
+                    self.send_object(id, n, full)?;
+                }
             }
             at += take as u64;
             rest = &rest[take..];
@@ -921,13 +917,16 @@ impl Fs {
         }
     }
 
-    fn send_chunk(&mut self, id: u64, n: u64, data: &[u8]) -> Result<()> {
+    /// Sends chunk object `obj` (its header is written here), keeping at most the depth
+    /// of writes in flight.
+    fn send_object(&mut self, id: u64, n: u64, mut obj: Vec<u8>) -> Result<()> {
         let depth = self.opts.depth.max(1);
         while self.writes[&id].inflight.len() >= depth {
             self.wait_oldest(id)?;
         }
         let gen = self.writes[&id].base.gen;
-        let value = Bytes::from(chunk_encode(id, gen, n, data));
+        chunk_seal(&mut obj, id, gen, n);
+        let value = Bytes::from(obj);
         let h = self.client.iset(&self.keys.chunk(id, gen, n), value, 0, 0);
         self.writes.get_mut(&id).unwrap().inflight.push_back((h, n));
         Ok(())
@@ -984,8 +983,8 @@ impl Fs {
         }
         let bufs = std::mem::take(&mut self.writes.get_mut(&id).unwrap().bufs);
         let mut first = None;
-        for (n, data) in bufs {
-            if let Err(e) = self.send_chunk(id, n, &data) {
+        for (n, obj) in bufs {
+            if let Err(e) = self.send_object(id, n, obj) {
                 first.get_or_insert(e);
             }
         }
@@ -1010,13 +1009,8 @@ impl Fs {
         }
         let written: Vec<u64> = w.written.iter().copied().collect();
         let size = w.size;
-        let base_version = w.base.version;
         let gen = w.base.gen;
-        let sha = w
-            .sha
-            .as_ref()
-            .filter(|(_, next)| *next == size)
-            .map(|(h, _)| <[u8; 32]>::from(h.clone().finalize()));
+
         let last = w.writers == 0;
         let published = self.with_lock(&format!("i{id}"), |fs| {
             let mut i = fs.get_inode(id)?;
@@ -1028,7 +1022,8 @@ impl Fs {
             for n in &written {
                 i.set_chunk(*n);
             }
-            i.sha256 = if i.version == base_version { sha } else { None };
+            // The content changes: its digest (the last flush's) no longer holds.
+            i.sha256 = None;
             i.size = i.size.max(size);
             i.writing_until_ms = if last { 0 } else { now_ms() + WRITE_LEASE_MS };
             i.version += 1;
@@ -1042,7 +1037,6 @@ impl Fs {
             self.writes.remove(&id);
         } else {
             w.written.clear();
-            w.sha = None;
             w.size = published.size;
             w.base = published.clone();
         }
@@ -1124,7 +1118,7 @@ impl Fs {
         let id = inode.id;
         if let Some(w) = self.writes.get(&id) {
             if let Some(b) = w.bufs.get(&n) {
-                return Ok(Bytes::copy_from_slice(b));
+                return Ok(Bytes::copy_from_slice(&b[CHUNK_HEADER..]));
             }
             if w.written.contains(&n) {
                 return Ok(Bytes::from(self.read_chunk_for_write(id, n)?));

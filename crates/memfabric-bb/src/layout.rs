@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `bb:F:sb` | superblock: format version, chunk size |
 //! | `bb:F:next` | the id counter (`incr`) |
-//! | `bb:F:i:<id>` | an inode ([`Inode`]): kind, mode, size, times, generation, the bitmap of chunks written, the content's sha256 when it was written in order |
+//! | `bb:F:i:<id>` | an inode ([`Inode`]): kind, mode, size, times, generation, the bitmap of chunks written, the sha256 of the last flushed content |
 //! | `bb:F:d:<id>` | a directory's entries ([`Dir`]) |
 //! | `bb:F:c:<id>:<gen>:<n>` | chunk n of generation gen of a file ([`chunk_encode`]) |
 //! | `bb:F:l:<name>` | a lock (an `add` with an expiry) |
@@ -318,7 +318,8 @@ pub struct Inode {
     pub mtime: Time,
     pub ctime: Time,
     pub flags: u8,
-    /// sha256 of the content, known when the file was written front to back.
+    /// sha256 of the content as the last flush wrote it (set by the flusher, cleared by
+    /// any change): what `sha256sum` of the flushed copy gives.
     pub sha256: Option<[u8; 32]>,
     /// A symbolic link's target.
     pub target: Vec<u8>,
@@ -572,6 +573,20 @@ pub fn chunk_encode(id: u64, gen: u64, n: u64, data: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Writes the header of a chunk object whose data already follows the header's room
+/// (`obj[CHUNK_HEADER..]`): the writer fills chunks in place and sends them without a copy.
+pub fn chunk_seal(obj: &mut [u8], id: u64, gen: u64, n: u64) {
+    let (h, data) = obj.split_at_mut(CHUNK_HEADER);
+    h[..4].copy_from_slice(b"MFBC");
+    h[4] = FORMAT;
+    h[5..8].fill(0);
+    h[8..16].copy_from_slice(&id.to_le_bytes());
+    h[16..24].copy_from_slice(&gen.to_le_bytes());
+    h[24..32].copy_from_slice(&n.to_le_bytes());
+    h[32..36].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    h[36..40].copy_from_slice(&crc32c::crc32c(data).to_le_bytes());
+}
+
 /// The data of a chunk object, checked against what it must be: chunk `n` of generation
 /// `gen` of file `id`, whole (its crc).
 pub fn chunk_decode(b: &[u8], id: u64, gen: u64, n: u64) -> Result<&[u8], LayoutError> {
@@ -584,6 +599,9 @@ pub fn chunk_decode(b: &[u8], id: u64, gen: u64, n: u64) -> Result<&[u8], Layout
     }
     if b[4] != FORMAT {
         return Err(LayoutError::Format(W, b[4]));
+    }
+    if b[5..8] != [0, 0, 0] {
+        return Err(LayoutError::Malformed(W, "reserved bytes"));
     }
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
@@ -855,6 +873,10 @@ mod tests {
     #[test]
     fn chunks_are_checked_against_their_place() {
         let c = chunk_encode(7, 2, 5, b"hello");
+        let mut sealed = vec![0u8; CHUNK_HEADER];
+        sealed.extend_from_slice(b"hello");
+        chunk_seal(&mut sealed, 7, 2, 5);
+        assert_eq!(sealed, c, "sealed in place as encoded");
         assert_eq!(chunk_decode(&c, 7, 2, 5).unwrap(), b"hello");
         assert!(chunk_decode(&c, 7, 2, 6).is_err(), "another chunk number");
         assert!(chunk_decode(&c, 7, 3, 5).is_err(), "another generation");

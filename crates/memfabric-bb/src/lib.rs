@@ -1,7 +1,7 @@
 //! memfabric's burst buffer: files over the cache.
 //!
 //! A file is a metadata object (an inode: size, chunk size, generation, version, times,
-//! mode, the bitmap of chunks written, a sha256 when it was written front to back) plus
+//! mode, the bitmap of chunks written, the sha256 of what was last flushed) plus
 //! chunk objects, all ordinary cache items on a pool that replicates or erasure-codes them
 //! (`memfabric-client`'s `Config`). Layers, each importing only those before it:
 //!

@@ -117,11 +117,11 @@ fn random_writes_truncations_and_reads_match_a_local_model() {
     fs.close_write(id).unwrap();
     let i = other.getattr(id).unwrap();
     assert_eq!(i.size, model.len() as u64);
-    assert_eq!(i.sha256, None, "written out of order: no sha256 claimed");
+    assert_eq!(i.sha256, None, "never flushed: no digest claimed");
 }
 
 #[test]
-fn a_file_written_front_to_back_knows_its_sha256_and_sparse_parts_read_as_zeros() {
+fn sparse_parts_and_truncated_tails_read_as_zeros() {
     let server = Server::start(ServerKind::Memfabricd, &["-m", "128"]);
     let mut fs = open(&server, "seq", 8192, None);
     let id = file(&mut fs, ROOT, "seq");
@@ -132,7 +132,8 @@ fn a_file_written_front_to_back_knows_its_sha256_and_sparse_parts_read_as_zeros(
         fs.write(id, at, piece).unwrap();
     }
     let i = fs.close_write(id).unwrap().unwrap();
-    assert_eq!(i.sha256, Some(sha256(&data)));
+    assert_eq!(i.size, data.len() as u64);
+    assert_eq!(fs.read(id, 0, 1 << 20).unwrap(), data);
     // A hole: bytes far past the end.
     let sparse = file(&mut fs, ROOT, "sparse");
     fs.write(sparse, 1 << 20, b"end").unwrap();
@@ -309,6 +310,7 @@ fn flush_opts() -> FlushOptions {
     FlushOptions {
         lease: Duration::from_secs(2),
         checkpoint_bytes: 64 << 10,
+        write_bytes: 64 << 10,
         readback: true,
         ..FlushOptions::default()
     }
@@ -396,12 +398,15 @@ fn a_flush_copies_verified_files_and_resumes_where_a_stopped_flusher_left_off() 
         .mode();
     assert_eq!(mode & 0o777, 0o750);
     assert!(flush::queued(&mut fs2).unwrap().is_empty());
-    assert!(!flush::is_dirty(&fs2.resolve(b"/ckpt/rank4").unwrap()));
+    let big = fs2.resolve(b"/ckpt/rank4").unwrap();
+    assert!(!flush::is_dirty(&big));
+    assert_eq!(big.sha256, Some(want[4].1), "the flushed copy's digest");
     // Written again: dirty again, flushed again.
     let id = fs2.resolve(b"/ckpt/rank1").unwrap().id;
     fs2.open_write(id).unwrap();
     fs2.write(id, 1, b"more").unwrap();
-    fs2.close_write(id).unwrap();
+    let changed = fs2.close_write(id).unwrap().unwrap();
+    assert_eq!(changed.sha256, None, "changed since its flush");
     assert_eq!(flush::enqueue_dirty(&mut fs2, ROOT).unwrap(), 1);
     Flusher::new(flush_opts())
         .run(&mut fs2, &AtomicBool::new(false), &mut |_| {})

@@ -203,10 +203,7 @@ impl Progress {
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Runs `f(w)` on W threads started together; the wall time from the start to the last.
-fn parallel(
-    n: usize,
-    f: impl Fn(usize) -> Res<()> + Send + Sync + 'static,
-) -> Res<Duration> {
+fn parallel(n: usize, f: impl Fn(usize) -> Res<()> + Send + Sync + 'static) -> Res<Duration> {
     let f = Arc::new(f);
     let barrier = Arc::new(Barrier::new(n + 1));
     let handles: Vec<_> = (0..n)
@@ -504,7 +501,10 @@ mod tests {
                     }
                 }
             }
-            assert!(seen.values().all(|&n| n == 1), "{pattern:?}: a block written twice");
+            assert!(
+                seen.values().all(|&n| n == 1),
+                "{pattern:?}: a block written twice"
+            );
             assert_eq!(seen.len() as u64 * 4096, c.total());
         }
     }

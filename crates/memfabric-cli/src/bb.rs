@@ -208,8 +208,12 @@ pub fn run(servers: &str, config: Config, args: BbArgs) -> Res<u8> {
             eprintln!("queued {n} unflushed under {p}");
             let handles: Vec<_> = (0..jobs)
                 .map(|_| {
-                    let (servers, config, opts, fopts) =
-                        (servers.to_string(), config_copy.clone(), opts_copy.clone(), fopts.clone());
+                    let (servers, config, opts, fopts) = (
+                        servers.to_string(),
+                        config_copy.clone(),
+                        opts_copy.clone(),
+                        fopts.clone(),
+                    );
                     std::thread::spawn(move || -> Result<u8, String> {
                         let c = Client::new(servers.as_str(), config).map_err(|e| e.to_string())?;
                         let mut fs = Fs::open(c, opts).map_err(|e| e.to_string())?;

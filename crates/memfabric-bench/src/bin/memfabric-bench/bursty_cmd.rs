@@ -5,11 +5,11 @@ use crate::compare_cmd::DEFAULT_UCX_TLS;
 use crate::output::{report_plot, write_json};
 use crate::Fallible;
 use clap::{Args, ValueEnum};
+use memfabric_bb::fs::Options;
 use memfabric_bench::bursty::{self, BurstyConfig, BurstyResult, Pattern, Pool, Scratch};
 use memfabric_bench::plot::{self, BarPanel};
 use memfabric_bench::report::{table, Machine};
 use memfabric_bench::server::{self, ServerSpec};
-use memfabric_bb::fs::Options;
 use memfabric_client::Config;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -244,7 +244,10 @@ pub(crate) fn bursty_cmd(a: BurstyArgs) -> Fallible<()> {
         row(&res.bb_write, format!("{:.2}x direct", res.write_speedup)),
         row(&res.direct_read, String::new()),
         row(&res.bb_read, format!("{:.2}x direct", res.read_speedup)),
-        row(&res.flush, format!("{:.0}% of raw", res.flush_of_raw * 100.0)),
+        row(
+            &res.flush,
+            format!("{:.0}% of raw", res.flush_of_raw * 100.0),
+        ),
     ];
     print!(
         "{}",
