@@ -590,7 +590,7 @@ impl Flusher {
             .map_err(|e| io_err(e, &tmp))?;
         // Whole aligned windows bypass the page cache (O_DIRECT), as a parallel file
         // system's clients write, where the file system allows it.
-        let direct = if self.opts.direct && cs % DIRECT_ALIGN as u64 == 0 {
+        let direct = if self.opts.direct && cs.is_multiple_of(DIRECT_ALIGN as u64) {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
                 .write(true)
@@ -610,7 +610,8 @@ impl Flusher {
         // otherwise start over. The sha256 covers it as it is on the backing store.
         let mut sha = sha2::Sha256::new();
         let have = f.metadata().map_err(|e| io_err(e, &tmp))?.len();
-        if rec.done % cs != 0 || rec.done > have || rec.crcs.len() as u64 != rec.done / cs {
+        if !rec.done.is_multiple_of(cs) || rec.done > have || rec.crcs.len() as u64 != rec.done / cs
+        {
             rec.done = 0;
             rec.crcs.clear();
         }
@@ -804,7 +805,7 @@ impl WriteBehind {
                 for (buf, n, pos) in jobs {
                     let w = buf.slice(n);
                     let r = match &direct {
-                        Some(d) if n % DIRECT_ALIGN == 0 => d.write_all_at(w, pos),
+                        Some(d) if n.is_multiple_of(DIRECT_ALIGN) => d.write_all_at(w, pos),
                         _ => f.write_all_at(w, pos),
                     };
                     if done.send((buf, r)).is_err() {

@@ -448,7 +448,9 @@ impl Fs {
         Ok(self.get_dir(id)?.live().cloned().collect())
     }
 
-    /// Creates a file, directory or symbolic link.
+    /// Creates a file, directory or symbolic link (the arguments of mknod/mkdir/symlink
+    /// and the caller's identity, as FUSE hands them over).
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &mut self,
         parent: u64,
@@ -1248,7 +1250,7 @@ impl Fs {
                 .entries
                 .iter()
                 .find(|e| e.id == at)
-                .ok_or_else(|| FsError::NotFound)?;
+                .ok_or(FsError::NotFound)?;
             parts.push(e.name.clone());
             at = i.parent;
         }

@@ -4,7 +4,6 @@
 //! nothing partial under a final name) and read-through from a backing directory.
 
 #[path = "../../memfabric-client/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};

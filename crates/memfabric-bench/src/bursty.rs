@@ -65,7 +65,7 @@ impl BurstyConfig {
         if self.writers == 0 || self.files == 0 || self.block == 0 || self.file_size == 0 {
             return Err("writers, files, block and file size must be above 0".into());
         }
-        if self.file_size % self.block as u64 != 0 {
+        if !self.file_size.is_multiple_of(self.block as u64) {
             return Err(format!(
                 "file size {} is not a multiple of the block {}",
                 self.file_size, self.block

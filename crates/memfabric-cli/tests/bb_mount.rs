@@ -5,7 +5,6 @@
 //! rsync and tar from the set-up.
 
 #[path = "../../memfabric-client/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::collections::BTreeMap;

@@ -2,7 +2,6 @@
 //! from memfabric-client's UCX hostile-client tests with the binary).
 
 #[path = "../../memfabric-client/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::io::{Read, Write};
