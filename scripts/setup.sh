@@ -107,13 +107,13 @@ REQ=$REPO/tests/interop/requirements.txt
 STAMP=$VENV/.requirements.sha256
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
 if [[ ! -x $VENV/bin/python ]] || [[ $(cat "$STAMP" 2>/dev/null) != "$want" ]] \
-   || ! "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc' >/dev/null 2>&1; then
+   || ! "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc, fsspec, pandas' >/dev/null 2>&1; then
   if [[ ! -x $VENV/bin/python ]]; then
     quietly "$PYTHON" -m venv "$VENV"
   fi
   quietly "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
-  "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc' >"$LOG" 2>&1 \
-    || { cat "$LOG" >&2; die "the venv at .venv cannot import pytest, pymemcache and pylibmc"; }
+  "$VENV/bin/python" -c 'import pytest, pymemcache, pylibmc, fsspec, pandas' >"$LOG" 2>&1 \
+    || { cat "$LOG" >&2; die "the venv at .venv cannot import pytest, pymemcache, pylibmc, fsspec and pandas"; }
   echo "$want" >"$STAMP"
 fi
 

@@ -2,12 +2,16 @@
 //! libmemfabric's pool (`memfabric::pool::Pool`: per-server clients over TCP or UCX, with
 //! one-sided GETs; libmemcached's placement), with the GIL released while a request is on
 //! the network, and memcached's errors as typed exceptions. `python/memfabric/` shapes it
-//! like pymemcache (`Client`, `HashClient`) and aiomcache (`AsyncClient`).
+//! like pymemcache (`Client`, `HashClient`) and aiomcache (`AsyncClient`). `bb.rs` binds the
+//! burst buffer's file system (`NativeBb`), which `python/memfabric/fsspec.py` makes an
+//! fsspec filesystem of.
 //!
 //! A pool's UCX worker belongs to the thread that made it, so a `NativePool` is
 //! `unsendable` (pyo3 refuses it on another thread) and the GIL is released around calls
 //! through `SendWrapper`, which checks at run time that the pool never leaves its thread
 //! (`allow_threads` runs the call on the calling thread).
+
+mod bb;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -522,6 +526,7 @@ impl NativePool {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<NativePool>()?;
+    m.add_class::<bb::NativeBb>()?;
     m.add("MemcacheError", py.get_type::<MemcacheError>())?;
     m.add("MemcacheClientError", py.get_type::<MemcacheClientError>())?;
     m.add(
