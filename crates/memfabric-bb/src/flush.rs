@@ -141,22 +141,32 @@ pub fn is_dirty(i: &Inode) -> bool {
 pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
     let inode = fs.get_inode(id)?;
     let path = fs.path_of(id)?;
+    if path.len() > crate::layout::PATH_MAX {
+        return Err(FsError::NameTooLong);
+    }
     if !is_dirty(&inode) {
-        // Clean, but renamed since its flush: the backing copy moves too.
-        match get_record(fs, id)? {
-            Some(r) if r.state == FlushState::Done && r.path != path => {}
+        // Clean, but renamed since its flush (or its last move failed): the backing copy
+        // moves too.
+        match get_record(fs, id).unwrap_or(None) {
+            Some(r)
+                if matches!(r.state, FlushState::Done | FlushState::Failed) && r.path != path => {}
             _ => return Ok(false),
         }
     }
     fs.with_lock("j", |fs| {
-        let old = get_record(fs, id)?;
-        let (mut prev_path, mut prev_sha256) = (Vec::new(), None);
+        // A record that does not decode is replaced.
+        let old = get_record(fs, id).unwrap_or(None);
+        let (mut prev_path, mut prev_sha256, mut stale_tmp) = (Vec::new(), None, Vec::new());
         if let Some(r) = &old {
             let same = r.version == inode.version && r.gen == inode.gen && r.path == path;
             // Queued, or being copied (or left half-copied by a flusher that died: the
-            // next one resumes it) — keep its progress.
+            // next one resumes it) — keep its progress. A copy in progress under a live
+            // lease is never taken from its flusher: if the file changed, that flusher
+            // sees it before the rename and copies the new version, and queues it again if
+            // it changed after.
             let pending = matches!(r.state, FlushState::Queued | FlushState::Copying);
-            if same && pending {
+            let live = r.state == FlushState::Copying && r.lease_until_ms > now_ms();
+            if (same && pending) || live {
                 let mut j = get_journal(fs)?;
                 if !j.queued.contains(&id) {
                     j.queued.push(id);
@@ -171,6 +181,7 @@ pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
                 prev_path = r.prev_path.clone();
                 prev_sha256 = r.prev_sha256;
             }
+            stale_tmp = abandoned_tmp(r);
         }
         let rec = FlushRecord {
             id,
@@ -187,6 +198,8 @@ pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
             error: Vec::new(),
             prev_path,
             prev_sha256,
+            tmp_tag: 0,
+            stale_tmp,
         };
         put_record(fs, &rec)?;
         let mut j = get_journal(fs)?;
@@ -196,6 +209,18 @@ pub fn enqueue(fs: &mut Fs, id: u64) -> Result<bool> {
         }
         Ok(true)
     })
+}
+
+/// The temporary file a record's copy left behind (relative to the backing directory),
+/// if it had one: whoever processes the record that replaces it removes it.
+fn abandoned_tmp(r: &FlushRecord) -> Vec<u8> {
+    if r.done == 0 || r.path.is_empty() {
+        return r.stale_tmp.clone();
+    }
+    let dest = bytes_path(&r.path);
+    tmp_path(&dest, r.id, r.tmp_tag)
+        .into_os_string()
+        .into_encoded_bytes()
 }
 
 /// Queues `top` and everything under it that the backing directory does not have yet
@@ -209,8 +234,9 @@ pub fn enqueue_dirty(fs: &mut Fs, top: u64) -> Result<usize> {
         return Ok(n);
     }
     let mut stack = vec![top];
+    // What the cache has (read-through stubs below are clean: nothing to walk into).
     while let Some(d) = stack.pop() {
-        for e in fs.readdir(d)? {
+        for e in fs.readdir_cached(d)? {
             if enqueue(fs, e.id)? {
                 n += 1;
             }
@@ -227,7 +253,7 @@ pub fn enqueue_dirty(fs: &mut Fs, top: u64) -> Result<usize> {
 /// if it is still what was flushed: see [`remove_previous_copy`]).
 pub fn note_removed(fs: &mut Fs, id: u64) -> Result<bool> {
     fs.with_lock("j", |fs| {
-        let Some(r) = get_record(fs, id)? else {
+        let Some(r) = get_record(fs, id).unwrap_or(None) else {
             return Ok(false);
         };
         let (prev_path, prev_sha256) = if r.state == FlushState::Done {
@@ -235,7 +261,7 @@ pub fn note_removed(fs: &mut Fs, id: u64) -> Result<bool> {
         } else {
             (r.prev_path.clone(), r.prev_sha256)
         };
-        if prev_path.is_empty() {
+        if prev_path.is_empty() && abandoned_tmp(&r).is_empty() {
             return Ok(false);
         }
         let rec = FlushRecord {
@@ -253,6 +279,8 @@ pub fn note_removed(fs: &mut Fs, id: u64) -> Result<bool> {
             error: Vec::new(),
             prev_path,
             prev_sha256,
+            tmp_tag: 0,
+            stale_tmp: abandoned_tmp(&r),
         };
         put_record(fs, &rec)?;
         let mut j = get_journal(fs)?;
@@ -292,7 +320,8 @@ fn claim(fs: &mut Fs, owner: u64, opts: &FlushOptions) -> Result<Claim> {
         let mut others = false;
         let mut busy = Vec::new();
         for id in j.queued.drain(..) {
-            let Some(mut r) = get_record(fs, id)? else {
+            // Gone, or not decodable (damaged): dropped from the queue, never a wedge.
+            let Some(mut r) = get_record(fs, id).unwrap_or(None) else {
                 continue;
             };
             match r.state {
@@ -446,6 +475,11 @@ impl Flusher {
         let Some(root) = fs.backing().map(Path::to_path_buf) else {
             return Err(FsError::Invalid("no backing directory to flush to".into()));
         };
+        // What an abandoned copy of this file left goes first.
+        if !rec.stale_tmp.is_empty() {
+            let _ = std::fs::remove_file(root.join(bytes_path(&rec.stale_tmp)));
+            rec.stale_tmp.clear();
+        }
         let inode = match fs.get_inode(rec.id) {
             Ok(i) if !rec.path.is_empty() => i,
             // Removed from the cache: so is the copy an earlier flush made.
@@ -459,8 +493,10 @@ impl Flusher {
         // Where the file is now (renamed since it was queued: there).
         if let Ok(cur) = fs.path_of(rec.id) {
             if cur != rec.path {
-                let old_tmp = tmp_path(&root.join(bytes_path(&rec.path)), rec.id);
-                let _ = std::fs::remove_file(old_tmp);
+                if rec.done > 0 {
+                    let old = tmp_path(&root.join(bytes_path(&rec.path)), rec.id, rec.tmp_tag);
+                    let _ = std::fs::remove_file(old);
+                }
                 rec.path = cur;
                 rec.done = 0;
                 rec.crcs.clear();
@@ -487,7 +523,7 @@ impl Flusher {
                 return Ok(Some(0));
             }
             Kind::Symlink => {
-                let tmp = tmp_path(&dest, rec.id);
+                let tmp = tmp_path(&dest, rec.id, self.owner);
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(bytes_path(&inode.target), &tmp)
                     .map_err(|e| io_err(e, &tmp))?;
@@ -514,14 +550,23 @@ impl Flusher {
                         size: rec.size,
                         sha256: sha,
                     });
+                    // Changed between the last check and now: it goes again.
+                    if fs.get_inode(rec.id).is_ok_and(|i| is_dirty(&i)) {
+                        enqueue(fs, rec.id)?;
+                    }
                     return Ok(Some(rec.size));
                 }
-                Copied::LostLease | Copied::Stopped => return Ok(None),
+                Copied::LostLease => {
+                    // Whoever has the record now does not use this flusher's file.
+                    let _ = std::fs::remove_file(tmp_path(&dest, rec.id, self.owner));
+                    return Ok(None);
+                }
+                Copied::Stopped => return Ok(None),
                 Copied::Mismatch | Copied::Changed => {
                     let now = match fs.get_inode(rec.id) {
                         Ok(i) => i,
                         Err(FsError::NotFound) => {
-                            let _ = std::fs::remove_file(tmp_path(&dest, rec.id));
+                            let _ = std::fs::remove_file(tmp_path(&dest, rec.id, self.owner));
                             finish(fs, rec, FlushState::Done)?;
                             return Ok(None);
                         }
@@ -580,12 +625,15 @@ impl Flusher {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<Copied> {
         let cs = inode.chunk_size as u64;
-        let tmp = tmp_path(dest, rec.id);
+        // This flusher's own temporary file: a flusher that lost its lease but still runs
+        // writes only into its own, which nobody renames any more.
+        let tmp = tmp_path(dest, rec.id, self.owner);
+        let prev = (rec.tmp_tag != self.owner).then(|| tmp_path(dest, rec.id, rec.tmp_tag));
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(false)
+            .truncate(prev.is_some())
             .open(&tmp)
             .map_err(|e| io_err(e, &tmp))?;
         // Whole aligned windows bypass the page cache (O_DIRECT), as a parallel file
@@ -606,35 +654,47 @@ impl Flusher {
         } else {
             (self.opts.write_bytes / cs as usize).max(1)
         };
-        // What a previous flusher recorded must still be there, each window with its crc;
-        // otherwise start over. The sha256 covers it as it is on the backing store.
+        // The recorded progress: the windows in the temporary file that holds it (another
+        // flusher's: copied into ours), each checked against its crc, hashed in order;
+        // anything that does not check out starts the copy over.
         let mut sha = sha2::Sha256::new();
-        let have = f.metadata().map_err(|e| io_err(e, &tmp))?.len();
-        if !rec.done.is_multiple_of(cs) || rec.done > have || rec.crcs.len() as u64 != rec.done / cs
-        {
+        let src = match &prev {
+            Some(p) => File::open(p).ok(),
+            None => f.try_clone().ok(),
+        };
+        let whole_windows = rec.done.is_multiple_of(cs) && rec.crcs.len() as u64 == rec.done / cs;
+        let mut good = 0u64;
+        if let (Some(src), true) = (&src, whole_windows) {
+            let mut window = vec![0u8; cs as usize];
+            for (i, crc) in rec.crcs.iter().enumerate() {
+                let at = i as u64 * cs;
+                if src.read_exact_at(&mut window, at).is_err() || crc32c::crc32c(&window) != *crc {
+                    break;
+                }
+                if prev.is_some() {
+                    f.write_all_at(&window, at).map_err(|e| io_err(e, &tmp))?;
+                }
+                sha.update(&window);
+                good += cs;
+            }
+        }
+        if good != rec.done {
             rec.done = 0;
             rec.crcs.clear();
+            sha = sha2::Sha256::new();
         }
-        let mut prefix = vec![0u8; cs as usize];
-        for (i, crc) in rec.crcs.iter().enumerate() {
-            let ok = f.read_exact_at(&mut prefix, i as u64 * cs).is_ok()
-                && crc32c::crc32c(&prefix) == *crc;
-            if !ok {
-                rec.done = 0;
-                rec.crcs.clear();
-                sha = sha2::Sha256::new();
-                break;
-            }
-            sha.update(&prefix);
+        if let Some(p) = &prev {
+            let _ = std::fs::remove_file(p);
         }
-        drop(prefix);
+        rec.tmp_tag = self.owner;
         f.set_len(rec.done).map_err(|e| io_err(e, &tmp))?;
         on_event(&Event::Started {
             path: rec.path.clone(),
             size: rec.size,
             resumed_at: rec.done,
         });
-        let mut out = WriteBehind::new(&f, direct.as_ref(), cs as usize * group)
+        // The writer thread also hashes (in order), beside the fetching and checking here.
+        let mut out = WriteBehind::new(&f, direct.as_ref(), cs as usize * group, sha)
             .map_err(|e| io_err(e, &tmp))?;
         let started = Instant::now();
         let mut written_here = 0u64;
@@ -667,7 +727,6 @@ impl Flusher {
                     break;
                 }
             }
-            sha.update(&window[..filled]);
             out.submit(buf, filled, start);
             rec.done += filled as u64;
             written_here += filled as u64;
@@ -697,9 +756,10 @@ impl Flusher {
             }
         }
         out.drain().map_err(|e| io_err(e, &tmp))?;
-        drop(out);
+        let Some(digest) = out.finish() else {
+            return Ok(Copied::Mismatch);
+        };
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
-        let digest: [u8; 32] = sha.finalize().into();
         // Flushed before (then renamed): the same content must give the same digest.
         if inode.sha256.is_some_and(|s| s != digest) {
             return Ok(Copied::Mismatch);
@@ -790,11 +850,18 @@ struct WriteBehind {
     back: std::sync::mpsc::Receiver<(AlignedBuf, std::io::Result<()>)>,
     free: Vec<AlignedBuf>,
     outstanding: usize,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<sha2::Sha256>>,
 }
 
 impl WriteBehind {
-    fn new(f: &File, direct: Option<&File>, len: usize) -> std::io::Result<WriteBehind> {
+    /// `sha`: the hash of what is already in the file; the thread goes on with every
+    /// buffer it writes, in order.
+    fn new(
+        f: &File,
+        direct: Option<&File>,
+        len: usize,
+        mut sha: sha2::Sha256,
+    ) -> std::io::Result<WriteBehind> {
         let f = f.try_clone()?;
         let direct = direct.map(File::try_clone).transpose()?;
         let (to, jobs) = std::sync::mpsc::sync_channel::<(AlignedBuf, usize, u64)>(2);
@@ -808,10 +875,12 @@ impl WriteBehind {
                         Some(d) if n.is_multiple_of(DIRECT_ALIGN) => d.write_all_at(w, pos),
                         _ => f.write_all_at(w, pos),
                     };
+                    sha.update(w);
                     if done.send((buf, r)).is_err() {
                         break;
                     }
                 }
+                sha
             })?;
         Ok(WriteBehind {
             to: Some(to),
@@ -832,10 +901,10 @@ impl WriteBehind {
     }
 
     fn wait_one(&mut self) -> std::io::Result<()> {
-        let (buf, r) = self
-            .back
-            .recv()
-            .map_err(|_| std::io::Error::other("the flush writer thread died"))?;
+        let Ok((buf, r)) = self.back.recv() else {
+            self.outstanding = 0;
+            return Err(std::io::Error::other("the flush writer thread died"));
+        };
         self.outstanding -= 1;
         self.free.push(buf);
         r
@@ -860,6 +929,16 @@ impl WriteBehind {
             }
         }
         first
+    }
+}
+
+impl WriteBehind {
+    /// Ends the writer (after `drain`) and returns the sha256 of the whole file (None if
+    /// the writer thread died).
+    fn finish(mut self) -> Option<[u8; 32]> {
+        self.to.take();
+        let sha = self.thread.take()?.join().ok()?;
+        Some(sha.finalize().into())
     }
 }
 
@@ -889,16 +968,19 @@ fn remove_previous_copy(fs: &mut Fs, root: &Path, rec: &FlushRecord) {
     let Ok(m) = std::fs::symlink_metadata(&old) else {
         return;
     };
-    let in_cache = |fs: &mut Fs, rel: &[u8]| !matches!(fs.resolve(rel), Err(FsError::NotFound));
+    // Only what the cache's namespace no longer has a name for (without reading the
+    // backing directory through: that would make a stub of the very copy).
+    let in_cache =
+        |fs: &mut Fs, rel: &[u8]| !matches!(fs.resolve_cached(rel), Err(FsError::NotFound));
+    if in_cache(fs, &rec.prev_path) {
+        return;
+    }
     let removed = match rec.prev_sha256 {
         Some(sha) if m.is_file() => {
-            std::fs::read(&old).is_ok_and(|b| crate::layout::sha256(&b) == sha)
-                && std::fs::remove_file(&old).is_ok()
+            sha256_of_file(&old).is_some_and(|d| d == sha) && std::fs::remove_file(&old).is_ok()
         }
-        None if m.is_dir() => !in_cache(fs, &rec.prev_path) && std::fs::remove_dir(&old).is_ok(),
-        None if m.file_type().is_symlink() => {
-            !in_cache(fs, &rec.prev_path) && std::fs::remove_file(&old).is_ok()
-        }
+        None if m.is_dir() => std::fs::remove_dir(&old).is_ok(),
+        None if m.file_type().is_symlink() => std::fs::remove_file(&old).is_ok(),
         _ => false,
     };
     if !removed {
@@ -920,6 +1002,21 @@ fn remove_previous_copy(fs: &mut Fs, root: &Path, rec: &FlushRecord) {
     }
 }
 
+/// sha256 of a file, read in pieces.
+fn sha256_of_file(p: &Path) -> Option<[u8; 32]> {
+    let mut f = File::open(p).ok()?;
+    let mut sha = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Some(sha.finalize().into()),
+            Ok(n) => sha.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
 enum Copied {
     Verified([u8; 32]),
     Mismatch,
@@ -929,14 +1026,14 @@ enum Copied {
     Stopped,
 }
 
-/// `.<name>.mfbb-<id>.tmp` beside the destination: the same name for every flusher of
-/// that file, so a resumer finds it; never the final name.
-pub fn tmp_path(dest: &Path, id: u64) -> PathBuf {
+/// `.<name>.mfbb-<id>-<tag>.tmp` beside the destination, where tag names the flusher
+/// that writes it (the record says whose holds the progress); never the final name.
+pub fn tmp_path(dest: &Path, id: u64, tag: u64) -> PathBuf {
     let name = dest
         .file_name()
         .map(|n| n.as_encoded_bytes().to_vec())
         .unwrap_or_default();
-    let suffix = format!(".mfbb-{id}.tmp");
+    let suffix = format!(".mfbb-{id}-{tag:x}.tmp");
     // Keep the temporary name within NAME_MAX.
     let keep = name.len().min(255 - 1 - suffix.len());
     let mut t = b".".to_vec();

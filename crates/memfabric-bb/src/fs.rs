@@ -17,7 +17,8 @@ use memfabric_client::{Client, Error as CacheError, Handle, Reply, StoreStatus};
 
 use crate::layout::{
     chunk_decode, chunk_encode, chunk_seal, now_ms, valid_name, Dir, Entry, Inode, Keys, Kind,
-    LayoutError, Superblock, Time, CHUNK_HEADER, FLAG_LISTED, FLAG_STUB, NAME_MAX, ROOT, WHITEOUT,
+    LayoutError, Superblock, Time, CHUNK_HEADER, FLAG_LISTED, FLAG_OPAQUE, FLAG_STUB, NAME_MAX,
+    ROOT, WHITEOUT,
 };
 
 /// Every way a file-system operation fails, each with the errno a local file system gives.
@@ -131,8 +132,8 @@ impl Default for Options {
             chunk_size: 0,
             depth: 16,
             backing: None,
-            lock_ttl: 10,
-            lock_wait: Duration::from_secs(30),
+            lock_ttl: 30,
+            lock_wait: Duration::from_secs(60),
             timeout: Duration::from_secs(10),
         }
     }
@@ -148,21 +149,78 @@ fn chunk_fits(chunk: u32, item_max: usize) -> bool {
     chunk as usize + CHUNK_HEADER + 256 <= item_max
 }
 
+/// Bytes of a chunk this writer wrote, not yet stored: the chunk object's header room,
+/// then the chunk's bytes up to the last one written (zeros where nothing was), and which
+/// ranges are this writer's.
+struct Partial {
+    obj: Vec<u8>,
+    dirty: Vec<(usize, usize)>,
+}
+
+impl Partial {
+    fn new(cs: usize) -> Partial {
+        let mut obj = Vec::with_capacity(CHUNK_HEADER + cs);
+        obj.resize(CHUNK_HEADER, 0);
+        Partial {
+            obj,
+            dirty: Vec::new(),
+        }
+    }
+    fn put(&mut self, within: usize, piece: &[u8]) {
+        let (from, to) = (CHUNK_HEADER + within, CHUNK_HEADER + within + piece.len());
+        if self.obj.len() < to {
+            self.obj.resize(to, 0);
+        }
+        self.obj[from..to].copy_from_slice(piece);
+        self.dirty.push((within, within + piece.len()));
+        self.dirty.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(self.dirty.len());
+        for &(a, b) in &self.dirty {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        self.dirty = merged;
+    }
+    fn covers(&self, cs: usize) -> bool {
+        self.dirty == [(0, cs)]
+    }
+    /// `base` (the chunk's stored bytes) with this writer's ranges over it.
+    fn over(&self, base: &[u8]) -> Vec<u8> {
+        let end = self.dirty.last().map_or(0, |d| d.1).max(base.len());
+        let mut out = Vec::with_capacity(CHUNK_HEADER + end);
+        out.resize(CHUNK_HEADER, 0);
+        out.extend_from_slice(base);
+        out.resize(CHUNK_HEADER + end, 0);
+        for &(a, b) in &self.dirty {
+            out[CHUNK_HEADER + a..CHUNK_HEADER + b]
+                .copy_from_slice(&self.obj[CHUNK_HEADER + a..CHUNK_HEADER + b]);
+        }
+        out
+    }
+}
+
+/// Partly written chunks a writer keeps before merging some into the store.
+const MAX_PARTIALS: usize = 64;
+
 /// What a writer of one file has not published yet.
 struct WriteState {
-    /// The inode as it was when writing started (generation, chunk bitmap).
+    /// The inode as it was when writing started (generation, chunk size, bitmap).
     base: Inode,
-    /// Chunks being filled, as chunk objects: the header's room, then their whole
-    /// content (existing bytes were read in first).
-    bufs: BTreeMap<u64, Vec<u8>>,
+    /// Chunks this writer wrote only parts of: merged with the stored chunk under the
+    /// inode's lock (at publication, or when there are too many), so that writers of
+    /// disjoint parts of one chunk all keep theirs.
+    partial: BTreeMap<u64, Partial>,
     /// Chunk writes in flight, oldest first.
     inflight: VecDeque<(Handle, u64)>,
-    /// Chunks written by this writer (sent or being filled).
+    /// Chunks this writer stored whole (or merged).
     written: BTreeSet<u64>,
     /// The size after this writer's writes.
     size: u64,
-    /// The first failure of a write in flight, reported at publication.
-    error: Option<FsError>,
+    /// The first failure: every later write and publication fails with it (what was
+    /// written since the last publication is not published), until the last close.
+    failed: Option<FsError>,
     /// Open handles writing this file.
     writers: usize,
 }
@@ -197,6 +255,10 @@ pub struct Fs {
     writes: HashMap<u64, WriteState>,
     cache: ReadCache,
     lock_owner: u64,
+    /// Opens of files through this client (see [`Fs::hold`]).
+    held: HashMap<u64, usize>,
+    /// Unlinked files still open here: deleted at their last close.
+    orphans: HashMap<u64, Inode>,
 }
 
 fn random_u64() -> u64 {
@@ -231,6 +293,8 @@ impl Fs {
             writes: HashMap::new(),
             cache: ReadCache::default(),
             lock_owner: random_u64(),
+            held: HashMap::new(),
+            orphans: HashMap::new(),
             opts,
         };
         let sb = match fs.client.get(&fs.keys.superblock())? {
@@ -406,7 +470,10 @@ impl Fs {
             pause = (pause * 2).min(Duration::from_millis(20));
         }
         let r = f(self);
-        let _ = self.client.delete(&key);
+        // Only our own: a lock that outlived its expiry may be someone else's by now.
+        if matches!(self.client.get(&key), Ok(Some(v)) if v.data == owner.as_bytes()) {
+            let _ = self.client.delete(&key);
+        }
         r
     }
 
@@ -415,6 +482,15 @@ impl Fs {
     /// The entry `name` of directory `parent`, reading it through from the backing
     /// directory when the cache does not have it.
     pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Inode> {
+        self.lookup_in(parent, name, true)
+    }
+
+    /// The entry `name` of directory `parent` as the cache has it (no read-through).
+    pub fn lookup_cached(&mut self, parent: u64, name: &[u8]) -> Result<Inode> {
+        self.lookup_in(parent, name, false)
+    }
+
+    fn lookup_in(&mut self, parent: u64, name: &[u8], read_through: bool) -> Result<Inode> {
         check_name(name)?;
         let p = self.get_inode(parent)?;
         if p.kind != Kind::Dir {
@@ -427,11 +503,38 @@ impl Fs {
                 let id = e.id;
                 self.get_inode(id)
             }
+            // A directory made in the cache is opaque: nothing below it comes from the
+            // backing directory (a removed one's flushed files must not reappear).
+            None if !read_through || p.flags & FLAG_OPAQUE != 0 => Err(FsError::NotFound),
             None => match self.backing_path_of_child(&p, name)? {
                 Some(path) => self.stub_from_backing(parent, name, &path),
                 None => Err(FsError::NotFound),
             },
         }
+    }
+
+    /// The live entries of a directory as the cache has them (no read-through).
+    pub fn readdir_cached(&mut self, id: u64) -> Result<Vec<Entry>> {
+        if self.get_inode(id)?.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        Ok(self.get_dir(id)?.live().cloned().collect())
+    }
+
+    /// The inode at `path` as the cache has it (no read-through).
+    pub fn resolve_cached(&mut self, path: &[u8]) -> Result<Inode> {
+        let mut at = self.get_inode(ROOT)?;
+        for c in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            if c == b".." {
+                at = self.get_inode(at.parent)?;
+                continue;
+            }
+            at = self.lookup_cached(at.id, c)?;
+        }
+        Ok(at)
     }
 
     /// The live entries of a directory (merging in the backing directory's the first time).
@@ -478,6 +581,15 @@ impl Fs {
                 None if backing.is_some() => return Err(FsError::Exists),
                 None => {}
             }
+            // A set-group-ID directory gives its group to what is made in it (and the
+            // bit to its subdirectories), as on a local file system.
+            let setgid = p.mode & libc::S_ISGID != 0;
+            let gid = if setgid { p.gid } else { gid };
+            let mode = if setgid && kind == Kind::Dir {
+                mode | libc::S_ISGID
+            } else {
+                mode
+            };
             let inode = fs.alloc_inode(|id| {
                 let mut i = Inode::new(id, kind, mode, parent, cs);
                 i.uid = uid;
@@ -488,9 +600,10 @@ impl Fs {
                 if kind == Kind::Symlink {
                     i.size = target.len() as u64;
                 }
-                // A new directory has nothing in the backing directory to merge.
+                // A new directory has nothing in the backing directory to merge, and
+                // nothing below it is read through.
                 if kind == Kind::Dir {
-                    i.flags |= FLAG_LISTED;
+                    i.flags |= FLAG_LISTED | FLAG_OPAQUE;
                 }
                 i
             })?;
@@ -571,8 +684,13 @@ impl Fs {
     }
 
     /// Deletes what an unlinked inode held (best effort: what is left is garbage no name
-    /// reaches, and the cache evicts it like any cold item).
+    /// reaches, and the cache evicts it like any cold item). A file this client holds
+    /// open keeps everything until its last release, as POSIX keeps an unlinked open file.
     fn forget_objects(&mut self, inode: &Inode) {
+        if self.held.contains_key(&inode.id) {
+            self.orphans.insert(inode.id, inode.clone());
+            return;
+        }
         self.writes.remove(&inode.id);
         self.drop_cached(inode.id);
         let mut hs = Vec::new();
@@ -627,7 +745,10 @@ impl Fs {
         if src.kind == Kind::Dir {
             // Not into itself or below it.
             let mut at = new_parent;
-            loop {
+            for depth in 0.. {
+                if depth > 4096 {
+                    return Err(FsError::Corrupt("directory loop".into()));
+                }
                 if at == src.id {
                     return Err(FsError::Invalid(
                         "a directory cannot move below itself".into(),
@@ -742,6 +863,10 @@ impl Fs {
                 i.mtime = t;
             }
             i.ctime = Time::now();
+            // The backing copy carries mode and times too: it is out of date now.
+            if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || a.mtime.is_some() {
+                i.version += 1;
+            }
             fs.put_inode(&i)?;
             Ok(i)
         })
@@ -752,12 +877,12 @@ impl Fs {
     pub fn truncate(&mut self, id: u64, size: u64) -> Result<()> {
         self.publish(id)?;
         self.stage_if_stub(id)?;
-        let cs = self.chunk_size as u64;
         let (old, now) = self.with_lock(&format!("i{id}"), |fs| {
             let mut i = fs.get_inode(id)?;
             if i.kind == Kind::Dir {
                 return Err(FsError::IsDir);
             }
+            let cs = i.chunk_size as u64;
             let old = i.clone();
             if size == i.size {
                 return Ok((old, i));
@@ -811,6 +936,26 @@ impl Fs {
 
     // ---- contents ----
 
+    /// An open of `id` through this client: an unlink or a rename over it keeps its
+    /// content until the matching [`Fs::unhold`].
+    pub fn hold(&mut self, id: u64) {
+        *self.held.entry(id).or_default() += 1;
+    }
+
+    /// The matching close of [`Fs::hold`]: an unlinked file's last one deletes it.
+    pub fn unhold(&mut self, id: u64) {
+        let Some(n) = self.held.get_mut(&id) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.held.remove(&id);
+            if let Some(inode) = self.orphans.remove(&id) {
+                self.forget_objects(&inode);
+            }
+        }
+    }
+
     /// Prepares a file for writing through this client (an open for writing).
     pub fn open_write(&mut self, id: u64) -> Result<()> {
         self.stage_if_stub(id)?;
@@ -829,34 +974,34 @@ impl Fs {
             WriteState {
                 size: base.size,
                 base,
-                bufs: BTreeMap::new(),
+                partial: BTreeMap::new(),
                 inflight: VecDeque::new(),
                 written: BTreeSet::new(),
-                error: None,
+                failed: None,
                 writers: 1,
             },
         );
         Ok(())
     }
 
-    /// Writes `data` at `offset` (the file must be open for writing here). Full chunks go
-    /// out at once, many in flight; a partly written chunk waits in memory for the rest or
-    /// for publication.
+    /// Writes `data` at `offset` (the file must be open for writing here). Whole chunks go
+    /// out at once, many in flight; parts of chunks wait in memory to be merged with the
+    /// stored chunk under the inode's lock.
     pub fn write(&mut self, id: u64, offset: u64, data: &[u8]) -> Result<usize> {
         if !self.writes.contains_key(&id) {
             self.open_write(id)?;
             self.writes.get_mut(&id).unwrap().writers = 0;
         }
+        if let Some(e) = &self.writes[&id].failed {
+            return Err(e.clone());
+        }
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(FsError::TooBig)?;
-        let cs = self.chunk_size as u64;
+        let cs = self.writes[&id].base.chunk_size as u64;
         // The chunk bitmap must fit one item.
         if end.div_ceil(cs) / 8 + 4096 > self.item_max as u64 {
             return Err(FsError::TooBig);
-        }
-        if let Some(e) = self.writes.get_mut(&id).and_then(|w| w.error.take()) {
-            return Err(e);
         }
         let mut at = offset;
         let mut rest = data;
@@ -865,39 +1010,26 @@ impl Fs {
             let within = (at % cs) as usize;
             let take = rest.len().min(cs as usize - within);
             let piece = &rest[..take];
-            let whole = within == 0 && take == cs as usize;
-            let (has_buf, needs_old) = {
-                let w = &self.writes[&id];
-                let has = w.bufs.contains_key(&n);
-                (
-                    has,
-                    !has && !whole && (w.base.has_chunk(n) || w.written.contains(&n)),
-                )
-            };
-            {
-                let w = self.writes.get_mut(&id).unwrap();
-                w.written.insert(n);
-            }
-            if whole && !has_buf {
-                // A whole chunk goes out as it is: one copy, into the chunk object.
-                let gen = self.writes[&id].base.gen;
+            let w = self.writes.get_mut(&id).unwrap();
+            if within == 0 && take == cs as usize {
+                // A whole chunk goes out as it is (one copy, into the chunk object), over
+                // whatever parts of it were waiting.
+                w.partial.remove(&n);
+                let gen = w.base.gen;
                 self.send_object(id, n, chunk_encode(id, gen, n, piece))?;
             } else {
-                let mut obj = Vec::with_capacity(CHUNK_HEADER + cs as usize);
-                obj.resize(CHUNK_HEADER, 0);
-                if needs_old {
-                    obj.extend_from_slice(&self.read_chunk_for_write(id, n)?);
-                }
-                let w = self.writes.get_mut(&id).unwrap();
-                let buf = w.bufs.entry(n).or_insert(obj);
-                let (from, to) = (CHUNK_HEADER + within, CHUNK_HEADER + within + take);
-                if buf.len() < to {
-                    buf.resize(to, 0);
-                }
-                buf[from..to].copy_from_slice(piece);
-                if buf.len() == CHUNK_HEADER + cs as usize {
-                    let full = w.bufs.remove(&n).unwrap();
-                    self.send_object(id, n, full)?;
+                let p = w
+                    .partial
+                    .entry(n)
+                    .or_insert_with(|| Partial::new(cs as usize));
+                p.put(within, piece);
+                if p.covers(cs as usize) {
+                    let whole = w.partial.remove(&n).unwrap();
+                    self.send_object(id, n, whole.obj)?;
+                } else if w.partial.len() > MAX_PARTIALS {
+                    let oldest: Vec<u64> =
+                        w.partial.keys().take(MAX_PARTIALS / 2).copied().collect();
+                    self.with_lock(&format!("i{id}"), |fs| fs.merge_partials(id, &oldest))?;
                 }
             }
             at += take as u64;
@@ -908,14 +1040,55 @@ impl Fs {
         Ok(data.len())
     }
 
-    /// The current content of chunk `n` of a file being written (its writes in flight
+    /// Stores chunks `ns` of this writer's partial chunks: each stored chunk read (as it
+    /// is now), this writer's ranges put over it, written back and waited for. The caller
+    /// holds the inode's lock, so two writers' merges of one chunk do not interleave.
+    fn merge_partials(&mut self, id: u64, ns: &[u64]) -> Result<()> {
+        let cur = self.get_inode(id)?;
+        let gen = self.writes[&id].base.gen;
+        if cur.gen != gen {
+            return Err(self.fail(
+                id,
+                FsError::Corrupt(format!(
+                    "file {id} was truncated by another client while this one wrote it"
+                )),
+            ));
+        }
+        for &n in ns {
+            let Some(p) = self.writes.get_mut(&id).unwrap().partial.remove(&n) else {
+                continue;
+            };
+            let stored = cur.has_chunk(n) || self.writes[&id].written.contains(&n);
+            let base = if stored {
+                self.read_chunk_for_write(id, n)?
+            } else {
+                Vec::new()
+            };
+            self.send_object(id, n, p.over(&base))?;
+        }
+        self.wait_inflight(id, None)
+    }
+
+    /// Records a failure as the writer's (sticky) and returns it.
+    fn fail(&mut self, id: u64, e: FsError) -> FsError {
+        if let Some(w) = self.writes.get_mut(&id) {
+            w.failed.get_or_insert(e.clone());
+        }
+        e
+    }
+
+    /// The stored content of chunk `n` of a file being written (its writes in flight
     /// finished first).
     fn read_chunk_for_write(&mut self, id: u64, n: u64) -> Result<Vec<u8>> {
         self.wait_inflight(id, Some(n))?;
         let gen = self.writes[&id].base.gen;
-        match self.client.get(&self.keys.chunk(id, gen, n))? {
-            Some(v) => Ok(chunk_decode(&v.data, id, gen, n)?.to_vec()),
-            None => Err(FsError::Corrupt(format!("chunk {n} of file {id} is lost"))),
+        match self.client.get(&self.keys.chunk(id, gen, n)) {
+            Ok(Some(v)) => Ok(chunk_decode(&v.data, id, gen, n)?.to_vec()),
+            Ok(None) => Err(self.fail(
+                id,
+                FsError::Corrupt(format!("chunk {n} of file {id} is lost")),
+            )),
+            Err(e) => Err(self.fail(id, e.into())),
         }
     }
 
@@ -926,7 +1099,9 @@ impl Fs {
         while self.writes[&id].inflight.len() >= depth {
             self.wait_oldest(id)?;
         }
-        let gen = self.writes[&id].base.gen;
+        let w = self.writes.get_mut(&id).unwrap();
+        let gen = w.base.gen;
+        w.written.insert(n);
         chunk_seal(&mut obj, id, gen, n);
         let value = Bytes::from(obj);
         let h = self.client.iset(&self.keys.chunk(id, gen, n), value, 0, 0);
@@ -946,14 +1121,10 @@ impl Fs {
             ))),
             Err(e) => Some(FsError::from(e)),
         };
-        if let Some(e) = err {
-            let w = self.writes.get_mut(&id).unwrap();
-            if w.error.is_none() {
-                w.error = Some(e.clone());
-            }
-            return Err(e);
+        match err {
+            Some(e) => Err(self.fail(id, e)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Waits for the writes in flight of a file (of chunk `only`, or all).
@@ -976,32 +1147,25 @@ impl Fs {
     }
 
     /// Makes everything written through this client visible to others (fsync, close):
-    /// partial chunks are sent, every write in flight is waited for, and the inode is
-    /// updated — merged with what other writers of the same file published meanwhile.
-    /// Returns the published inode, or `None` when there was nothing to publish.
+    /// under the inode's lock, partial chunks are merged with the stored ones, every
+    /// write in flight is waited for, and the inode is updated — merged with what other
+    /// writers of the same file published meanwhile. Returns the published inode, or
+    /// `None` when there was nothing to publish. After a failure nothing more is
+    /// published (the failure is returned again) until the last close.
     pub fn publish(&mut self, id: u64) -> Result<Option<Inode>> {
-        if !self.writes.contains_key(&id) {
+        let Some(w) = self.writes.get(&id) else {
             return Ok(None);
+        };
+        if let Some(e) = &w.failed {
+            return Err(e.clone());
         }
-        let bufs = std::mem::take(&mut self.writes.get_mut(&id).unwrap().bufs);
-        let mut first = None;
-        for (n, obj) in bufs {
-            if let Err(e) = self.send_object(id, n, obj) {
-                first.get_or_insert(e);
-            }
-        }
-        if let Err(e) = self.wait_inflight(id, None) {
-            first.get_or_insert(e);
-        }
-        if let Some(e) = self.writes.get_mut(&id).unwrap().error.take() {
-            first.get_or_insert(e);
-        }
-        if let Some(e) = first {
-            return Err(e);
-        }
-        let w = self.writes.get(&id).unwrap();
-        if w.written.is_empty() && w.size == w.base.size {
-            if w.writers == 0 {
+        let last = w.writers == 0;
+        if w.written.is_empty()
+            && w.partial.is_empty()
+            && w.inflight.is_empty()
+            && w.size == w.base.size
+        {
+            if last {
                 // The last writer closes without having written: it no longer holds the
                 // file.
                 self.writes.remove(&id);
@@ -1009,17 +1173,24 @@ impl Fs {
             }
             return Ok(None);
         }
-        let written: Vec<u64> = w.written.iter().copied().collect();
-        let size = w.size;
-        let gen = w.base.gen;
-
-        let last = w.writers == 0;
         let published = self.with_lock(&format!("i{id}"), |fs| {
+            let ns: Vec<u64> = fs.writes[&id].partial.keys().copied().collect();
+            fs.merge_partials(id, &ns)?;
+            fs.wait_inflight(id, None)?;
+            let w = &fs.writes[&id];
+            if let Some(e) = &w.failed {
+                return Err(e.clone());
+            }
+            let written: Vec<u64> = w.written.iter().copied().collect();
+            let (size, gen) = (w.size, w.base.gen);
             let mut i = fs.get_inode(id)?;
             if i.gen != gen {
-                return Err(FsError::Corrupt(format!(
-                    "file {id} was truncated by another client while this one wrote it"
-                )));
+                return Err(fs.fail(
+                    id,
+                    FsError::Corrupt(format!(
+                        "file {id} was truncated by another client while this one wrote it"
+                    )),
+                ));
             }
             for n in &written {
                 i.set_chunk(*n);
@@ -1035,7 +1206,7 @@ impl Fs {
             Ok(i)
         })?;
         let w = self.writes.get_mut(&id).unwrap();
-        if w.writers == 0 {
+        if last {
             self.writes.remove(&id);
         } else {
             w.written.clear();
@@ -1047,14 +1218,18 @@ impl Fs {
     }
 
     /// An open for writing ends: publishes, and forgets the writer state when it was the
-    /// last.
+    /// last (a failed writer's unpublished writes are dropped then, and its failure
+    /// returned).
     pub fn close_write(&mut self, id: u64) -> Result<Option<Inode>> {
         if let Some(w) = self.writes.get_mut(&id) {
             w.writers = w.writers.saturating_sub(1);
         }
         let r = self.publish(id);
         if self.writes.get(&id).is_some_and(|w| w.writers == 0) {
-            self.writes.remove(&id);
+            let failed = self.writes.remove(&id).and_then(|w| w.failed).is_some();
+            if failed {
+                let _ = self.update_inode(id, |i| i.writing_until_ms = 0);
+            }
         }
         r
     }
@@ -1097,7 +1272,7 @@ impl Fs {
             return Ok(Vec::new());
         }
         let end = inode.size.min(offset + len as u64);
-        let cs = self.chunk_size as u64;
+        let cs = inode.chunk_size as u64;
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut at = offset;
         while at < end {
@@ -1119,8 +1294,16 @@ impl Fs {
     pub(crate) fn chunk_content(&mut self, inode: &Inode, n: u64) -> Result<Bytes> {
         let id = inode.id;
         if let Some(w) = self.writes.get(&id) {
-            if let Some(b) = w.bufs.get(&n) {
-                return Ok(Bytes::copy_from_slice(&b[CHUNK_HEADER..]));
+            let stored = w.written.contains(&n) || w.base.has_chunk(n);
+            if w.partial.contains_key(&n) {
+                // This writer's parts over the chunk as stored.
+                let base = if stored {
+                    self.read_chunk_for_write(id, n)?
+                } else {
+                    Vec::new()
+                };
+                let over = self.writes[&id].partial[&n].over(&base);
+                return Ok(Bytes::from(over).slice(CHUNK_HEADER..));
             }
             if w.written.contains(&n) {
                 return Ok(Bytes::from(self.read_chunk_for_write(id, n)?));
@@ -1185,7 +1368,7 @@ impl Fs {
     /// Starts reads of the chunks from `from` on (up to the depth ahead), collecting the
     /// ones that finished.
     fn read_ahead(&mut self, inode: &Inode, from: u64) {
-        let cs = self.chunk_size as u64;
+        let cs = inode.chunk_size as u64;
         let last = inode.size.div_ceil(cs);
         let depth = self.opts.depth.max(1) as u64;
         for n in from..(from + depth).min(last) {
@@ -1421,28 +1604,23 @@ impl Fs {
         self.stage_in_file(id, &path, true)
     }
 
-    /// Copies a local file's content into file `id` (replacing its content). `clean`: the
-    /// result counts as flushed (it came from the backing directory).
+    /// Copies a local file's content into file `id` (replacing its content). The copy
+    /// goes to a new generation that nobody reads until it is complete; then, in one step
+    /// under the inode's lock, the inode switches to it. A copy that fails publishes
+    /// nothing (the file is as it was). `clean`: the result counts as flushed (it came
+    /// from the backing directory).
     pub fn stage_in_file(&mut self, id: u64, path: &Path, clean: bool) -> Result<()> {
         use std::io::Read;
         let mut f = std::fs::File::open(path).map_err(|e| FsError::backing(e, path))?;
-        // Empty the file first: a new generation, so no chunk of the stub's (none) or of an
-        // older content is read as this one's.
-        self.with_lock(&format!("i{id}"), |fs| {
-            let mut i = fs.get_inode(id)?;
-            i.flags &= !FLAG_STUB;
-            if i.size != 0 || !i.chunks.is_empty() {
-                i.gen += 1;
-                i.chunks.clear();
-                i.size = 0;
-            }
-            fs.put_inode(&i)
-        })?;
-        self.open_write(id)?;
-        let cs = self.chunk_size as usize;
+        let before = self.get_inode(id)?;
+        let cs = before.chunk_size as usize;
+        let gen = before.gen + 1;
+        let depth = self.opts.depth.max(1);
+        let mut inflight: VecDeque<Handle> = VecDeque::new();
+        let mut chunks = Vec::new();
+        let mut size = 0u64;
         let mut buf = vec![0u8; cs];
-        let mut at = 0u64;
-        let r = (|| -> Result<()> {
+        let copied = (|| -> Result<()> {
             loop {
                 let mut got = 0;
                 while got < cs {
@@ -1454,26 +1632,86 @@ impl Fs {
                     }
                 }
                 if got == 0 {
-                    return Ok(());
+                    break;
                 }
-                self.write(id, at, &buf[..got])?;
-                at += got as u64;
+                let n = size / cs as u64;
+                while inflight.len() >= depth {
+                    let h = inflight.pop_front().unwrap();
+                    stored(self.client.wait(h, self.opts.timeout))?;
+                }
+                let obj = Bytes::from(chunk_encode(id, gen, n, &buf[..got]));
+                inflight.push_back(self.client.iset(&self.keys.chunk(id, gen, n), obj, 0, 0));
+                chunks.push(n);
+                size += got as u64;
                 if got < cs {
-                    return Ok(());
+                    break;
                 }
             }
+            while let Some(h) = inflight.pop_front() {
+                stored(self.client.wait(h, self.opts.timeout))?;
+            }
+            Ok(())
         })();
-        let published = self.close_write(id);
-        r?;
-        published?;
-        if clean {
-            self.with_lock(&format!("i{id}"), |fs| {
-                let mut i = fs.get_inode(id)?;
-                i.flushed_version = i.version;
-                fs.put_inode(&i)
-            })?;
+        if let Err(e) = copied {
+            for h in inflight {
+                let _ = self.client.wait(h, self.opts.timeout);
+            }
+            self.forget_chunks(id, gen, &chunks);
+            return Err(e);
         }
+        let switched = self.with_lock(&format!("i{id}"), |fs| {
+            let mut i = fs.get_inode(id)?;
+            if i.gen != before.gen || i.version != before.version {
+                // Staged or written by someone else meanwhile: theirs stands.
+                return Ok(None);
+            }
+            let old = i.clone();
+            i.gen = gen;
+            i.chunks.clear();
+            for n in &chunks {
+                i.set_chunk(*n);
+            }
+            i.size = size;
+            i.flags &= !FLAG_STUB;
+            i.sha256 = None;
+            i.version += 1;
+            if clean {
+                i.flushed_version = i.version;
+            }
+            fs.put_inode(&i)?;
+            Ok(Some(old))
+        })?;
+        match switched {
+            Some(old) => {
+                let olds: Vec<u64> = old.written_chunks().collect();
+                self.forget_chunks(id, old.gen, &olds);
+            }
+            None => self.forget_chunks(id, gen, &chunks),
+        }
+        self.drop_cached(id);
         Ok(())
+    }
+
+    /// Deletes chunk objects no inode points at any more (best effort).
+    fn forget_chunks(&mut self, id: u64, gen: u64, ns: &[u64]) {
+        let hs: Vec<Handle> = ns
+            .iter()
+            .map(|&n| {
+                self.client.submit(memfabric_client::Op::Delete {
+                    key: self.keys.chunk(id, gen, n),
+                })
+            })
+            .collect();
+        let _ = self.client.wait_all(&hs, self.opts.timeout);
+    }
+}
+
+/// A chunk write's answer as a result.
+fn stored(r: std::result::Result<Reply, CacheError>) -> Result<()> {
+    match r {
+        Ok(Reply::Stored(StoreStatus::Stored { .. })) => Ok(()),
+        Ok(r) => Err(FsError::Corrupt(format!("unexpected answer {r:?}"))),
+        Err(e) => Err(e.into()),
     }
 }
 

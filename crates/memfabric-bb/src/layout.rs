@@ -24,6 +24,8 @@ pub const ROOT: u64 = 1;
 pub const FORMAT: u8 = 1;
 /// Longest name in a directory, as on Linux.
 pub const NAME_MAX: usize = 255;
+/// Longest path a flush record holds (Linux's PATH_MAX).
+pub const PATH_MAX: usize = 4096;
 /// Bytes of a chunk object before its data.
 pub const CHUNK_HEADER: usize = 40;
 
@@ -288,6 +290,8 @@ impl Time {
 pub const FLAG_STUB: u8 = 1;
 /// Inode flag: a directory whose backing directory's entries have been merged in.
 pub const FLAG_LISTED: u8 = 2;
+/// Inode flag: a directory made in the cache; nothing below it is read through.
+pub const FLAG_OPAQUE: u8 = 4;
 
 /// A file, directory or symbolic link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -685,6 +689,12 @@ pub struct FlushRecord {
     /// is still exactly what was flushed).
     pub prev_path: Vec<u8>,
     pub prev_sha256: Option<[u8; 32]>,
+    /// Whose temporary file holds the `done` bytes (each flusher writes its own, so a
+    /// flusher that lost its lease but still runs cannot touch the next one's).
+    pub tmp_tag: u64,
+    /// A temporary file an abandoned copy left (relative to the backing directory), to be
+    /// removed by whoever processes this record.
+    pub stale_tmp: Vec<u8>,
 }
 
 impl FlushRecord {
@@ -715,7 +725,8 @@ impl FlushRecord {
             }
             None => o.u8(0),
         }
-        o.bytes32(&self.error);
+        // What decode accepts: a long error message is cut, never made unreadable.
+        o.bytes32(&self.error[..self.error.len().min(PATH_MAX)]);
         o.bytes32(&self.prev_path);
         match &self.prev_sha256 {
             Some(s) => {
@@ -724,6 +735,8 @@ impl FlushRecord {
             }
             None => o.u8(0),
         }
+        o.u64(self.tmp_tag);
+        o.bytes32(&self.stale_tmp);
         o.finish()
     }
     pub fn decode(b: &[u8]) -> Result<FlushRecord, LayoutError> {
@@ -733,7 +746,7 @@ impl FlushRecord {
         let gen = i.u64()?;
         let version = i.u64()?;
         let size = i.u64()?;
-        let path = i.bytes32(4096)?.to_vec();
+        let path = i.bytes32(PATH_MAX)?.to_vec();
         let state = match i.u8()? {
             0 => FlushState::Queued,
             1 => FlushState::Copying,
@@ -754,13 +767,15 @@ impl FlushRecord {
             1 => Some(i.take(32)?.try_into().unwrap()),
             _ => return Err(LayoutError::Malformed(W, "sha256 flag")),
         };
-        let error = i.bytes32(4096)?.to_vec();
-        let prev_path = i.bytes32(4096)?.to_vec();
+        let error = i.bytes32(PATH_MAX)?.to_vec();
+        let prev_path = i.bytes32(PATH_MAX)?.to_vec();
         let prev_sha256 = match i.u8()? {
             0 => None,
             1 => Some(i.take(32)?.try_into().unwrap()),
             _ => return Err(LayoutError::Malformed(W, "sha256 flag")),
         };
+        let tmp_tag = i.u64()?;
+        let stale_tmp = i.bytes32(PATH_MAX)?.to_vec();
         i.end()?;
         Ok(FlushRecord {
             id,
@@ -777,6 +792,8 @@ impl FlushRecord {
             error,
             prev_path,
             prev_sha256,
+            tmp_tag,
+            stale_tmp,
         })
     }
 }
@@ -862,6 +879,8 @@ mod tests {
             error: Vec::new(),
             prev_path: b"a/old".to_vec(),
             prev_sha256: Some([3; 32]),
+            tmp_tag: 9,
+            stale_tmp: b"a/.b.mfbb-4-7.tmp".to_vec(),
         };
         assert_eq!(FlushRecord::decode(&r.encode()).unwrap(), r);
         assert!(

@@ -40,6 +40,10 @@ struct Open {
 struct State {
     fs: Fs,
     open: HashMap<u64, Open>,
+    /// Each open directory's listing, taken at opendir: offsets stay valid while
+    /// entries are added, removed or renamed (POSIX leaves those unspecified, but never a
+    /// skipped or repeated entry).
+    listings: HashMap<u64, Vec<(u64, FileType, Vec<u8>)>>,
     next_fh: u64,
     flush_queue: Option<mpsc::Sender<u64>>,
 }
@@ -188,6 +192,7 @@ impl BbMount {
                 let mut state = State {
                     fs,
                     open: HashMap::new(),
+                    listings: HashMap::new(),
                     next_fh: 1,
                     flush_queue: flush_tx,
                 };
@@ -317,7 +322,13 @@ impl Filesystem for BbMount {
         };
         match self.call(move |s| {
             s.fs.setattr(ino.0, &a)?;
-            if a.size.is_some() || a.mode.is_some() {
+            // Size, mode, owner and times are all in the backing copy.
+            if a.size.is_some()
+                || a.mode.is_some()
+                || a.uid.is_some()
+                || a.gid.is_some()
+                || a.mtime.is_some()
+            {
                 s.queue_flush(ino.0);
             }
             s.fs.getattr(ino.0)
@@ -452,6 +463,7 @@ impl Filesystem for BbMount {
             let fh = s.next_fh;
             s.next_fh += 1;
             s.open.insert(fh, Open { id: ino.0, write });
+            s.fs.hold(ino.0);
             Ok(fh)
         }) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
@@ -530,12 +542,15 @@ impl Filesystem for BbMount {
             let Some(o) = s.open.remove(&fh.0) else {
                 return Ok(());
             };
-            if !o.write {
-                return Ok(());
-            }
-            let r = s.fs.close_write(o.id);
-            s.queue_flush(o.id);
-            r.map(|_| ())
+            let r = if o.write {
+                let r = s.fs.close_write(o.id);
+                s.queue_flush(o.id);
+                r.map(|_| ())
+            } else {
+                Ok(())
+            };
+            s.fs.unhold(o.id);
+            r
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -556,37 +571,67 @@ impl Filesystem for BbMount {
         }
     }
 
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.call(move |s| {
+            let entries = s.fs.readdir(ino.0)?;
+            let parent = s.fs.get_inode(ino.0)?.parent;
+            let mut all: Vec<(u64, FileType, Vec<u8>)> = vec![
+                (ino.0, FileType::Directory, b".".to_vec()),
+                (parent, FileType::Directory, b"..".to_vec()),
+            ];
+            all.extend(
+                entries
+                    .into_iter()
+                    .map(|e| (e.id, file_type(e.kind), e.name)),
+            );
+            let fh = s.next_fh;
+            s.next_fh += 1;
+            s.listings.insert(fh, all);
+            Ok(fh)
+        }) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn readdir(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.call(move |s| {
-            let entries = s.fs.readdir(ino.0)?;
-            let parent = s.fs.get_inode(ino.0)?.parent;
-            Ok((entries, parent))
-        });
-        let (entries, parent) = match r {
-            Ok(x) => x,
+        let all = match self.call(move |s| {
+            Ok(s.listings
+                .get(&fh.0)
+                .map(|l| l.iter().skip(offset as usize).cloned().collect::<Vec<_>>()))
+        }) {
+            Ok(Some(rest)) => rest,
+            Ok(None) => return reply.error(Errno::from_i32(libc::EBADF)),
             Err(e) => return reply.error(e),
         };
-        let mut all: Vec<(u64, FileType, Vec<u8>)> = vec![
-            (ino.0, FileType::Directory, b".".to_vec()),
-            (parent, FileType::Directory, b"..".to_vec()),
-        ];
-        all.extend(
-            entries
-                .into_iter()
-                .map(|e| (e.id, file_type(e.kind), e.name)),
-        );
-        for (i, (id, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(id), (i + 1) as u64, kind, OsStr::from_bytes(&name)) {
+        for (i, (id, kind, name)) in all.into_iter().enumerate() {
+            let next = offset + i as u64 + 1;
+            if reply.add(INodeNo(id), next, kind, OsStr::from_bytes(&name)) {
                 break;
             }
         }
+        reply.ok()
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _ = self.call(move |s| {
+            s.listings.remove(&fh.0);
+            Ok(())
+        });
         reply.ok()
     }
 
@@ -652,6 +697,7 @@ impl Filesystem for BbMount {
             let fh = s.next_fh;
             s.next_fh += 1;
             s.open.insert(fh, Open { id: i.id, write });
+            s.fs.hold(i.id);
             Ok((i, fh))
         }) {
             Ok((i, fh)) => reply.created(

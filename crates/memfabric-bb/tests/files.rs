@@ -263,6 +263,30 @@ fn writers_of_disjoint_parts_of_one_file_are_merged_and_a_lost_chunk_is_an_error
     let got = a.read(id, 0, 1 << 20).unwrap();
     assert_eq!(got.len(), 16384);
     assert!(got[..8192].iter().all(|&x| x == 1) && got[8192..].iter().all(|&x| x == 2));
+    // Strided N-1 inside chunks: 512-byte blocks alternating between the two writers,
+    // each writer seeing only its own until the other publishes.
+    let s = file(&mut a, ROOT, "strided");
+    a.open_write(s).unwrap();
+    b.open_write(s).unwrap();
+    for blk in 0..64u64 {
+        let (w, v) = if blk % 2 == 0 {
+            (&mut a, 3u8)
+        } else {
+            (&mut b, 4u8)
+        };
+        w.write(s, blk * 512, &[v; 512]).unwrap();
+    }
+    a.close_write(s).unwrap();
+    b.close_write(s).unwrap();
+    let got = b.read(s, 0, 1 << 20).unwrap();
+    assert_eq!(got.len(), 64 * 512);
+    for blk in 0..64usize {
+        let want = if blk % 2 == 0 { 3u8 } else { 4u8 };
+        assert!(
+            got[blk * 512..(blk + 1) * 512].iter().all(|&x| x == want),
+            "block {blk} lost its writer's bytes"
+        );
+    }
     // A chunk the cache lost (evicted, every copy gone) is EIO, never zeros.
     let i = a.get_inode(id).unwrap();
     let key = format!("bb:n1:c:{id}:{}:1", i.gen);
@@ -288,9 +312,18 @@ fn a_full_cache_is_enospc_and_a_chunk_over_the_item_limit_is_refused() {
     }
     let err = match failed {
         Some(e) => e,
-        None => fs.close_write(id).unwrap_err(),
+        None => fs.publish(id).unwrap_err(),
     };
     assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    // The failure sticks: a second close does not publish what was not stored.
+    let before = fs.get_inode(id).unwrap();
+    assert_eq!(fs.close_write(id).unwrap_err().errno(), libc::ENOSPC);
+    let after = fs.get_inode(id).unwrap();
+    assert_eq!((after.version, after.size), (before.version, before.size));
+    assert_eq!(
+        after.writing_until_ms, 0,
+        "the failed writer no longer holds the file"
+    );
     let c = Client::new(server.url().as_str(), config()).unwrap();
     let e = Fs::open(
         c,
@@ -359,8 +392,21 @@ fn a_flush_copies_verified_files_and_resumes_where_a_stopped_flusher_left_off() 
         !final_big.exists(),
         "nothing under the final name before it is verified"
     );
-    let tmp = flush::tmp_path(&final_big, fs.resolve(b"/ckpt/rank4").unwrap().id);
-    assert!(tmp.exists(), "the stopped flusher's temporary file");
+    let temps = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".mfbb-"))
+            .collect()
+    };
+    let ckpt_dir = backing.path().join("ckpt");
+    assert_eq!(
+        temps(&ckpt_dir).len(),
+        1,
+        "the stopped flusher's temporary file"
+    );
+    assert!(temps(&ckpt_dir)[0].starts_with(".rank4.mfbb-"));
     // Another flusher (another client) takes over once the lease ends, from the bytes
     // recorded.
     let mut fs2 = open(&server, "flush", 0, Some(backing.path()));
@@ -389,7 +435,7 @@ fn a_flush_copies_verified_files_and_resumes_where_a_stopped_flusher_left_off() 
         assert_eq!(got.len(), *size, "{path}");
         assert_eq!(&sha256(&got), sha, "{path}");
     }
-    assert!(!tmp.exists());
+    assert!(temps(&ckpt_dir).is_empty(), "{:?}", temps(&ckpt_dir));
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(backing.path().join("ckpt"))
         .unwrap()
@@ -462,4 +508,25 @@ fn paths_not_in_the_cache_are_read_through_from_the_backing_directory() {
         None,
         "a removed name can be created again"
     );
+    // A directory made over a removed one does not show the old one's flushed files.
+    let out = fs
+        .create(ROOT, b"out", Kind::Dir, 0o755, 0, 0, b"")
+        .unwrap()
+        .id;
+    let f = file(&mut fs, out, "old");
+    fs.write(f, 0, b"old").unwrap();
+    fs.close_write(f).unwrap();
+    flush::enqueue_dirty(&mut fs, ROOT).unwrap();
+    Flusher::new(FlushOptions::default())
+        .run(&mut fs, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(backing.path().join("out/old").exists());
+    fs.remove(out, b"old", false).unwrap();
+    fs.remove(ROOT, b"out", true).unwrap();
+    let out2 = fs
+        .create(ROOT, b"out", Kind::Dir, 0o755, 0, 0, b"")
+        .unwrap()
+        .id;
+    assert!(fs.readdir(out2).unwrap().is_empty());
+    assert_eq!(fs.lookup(out2, b"old").unwrap_err().errno(), libc::ENOENT);
 }

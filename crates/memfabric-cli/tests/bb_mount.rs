@@ -338,6 +338,24 @@ fn wrong_use_gets_the_errno_a_local_file_system_gives() {
     assert_eq!(errno(big), Some(libc::ENOSPC));
     // What was there is still readable.
     assert_eq!(std::fs::read(mnt.join("d/f")).unwrap(), b"x");
+    // An unlinked file stays readable and writable through the descriptors open on it.
+    let mut open = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mnt.join("tmpfile"))
+        .unwrap();
+    open.write_all(b"still here").unwrap();
+    std::fs::remove_file(mnt.join("tmpfile")).unwrap();
+    assert!(!mnt.join("tmpfile").exists());
+    open.write_all(b", and more").unwrap();
+    open.sync_all().unwrap();
+    let mut back = String::new();
+    open.seek(SeekFrom::Start(0)).unwrap();
+    open.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "still here, and more");
+    drop(open);
     drop(m.unmount());
     // Read-only.
     let m = Mounted::start(&server.url(), "errs", None, &mnt, &["--read-only"]);
