@@ -719,6 +719,11 @@ impl Fs {
         check_name(name)?;
         check_name(new_name)?;
         let src = self.lookup(parent, name)?;
+        // A read-through directory takes its backing entries along: merged before it
+        // moves, since below its new name the backing directory has none.
+        if src.kind == Kind::Dir && src.flags & FLAG_LISTED == 0 {
+            self.readdir(src.id)?;
+        }
         let dst = match self.lookup(new_parent, new_name) {
             Ok(d) => Some(d),
             Err(FsError::NotFound) => None,
@@ -803,6 +808,11 @@ impl Fs {
                 fs.update_inode(src.id, |m| {
                     m.parent = new_parent;
                     m.ctime = now;
+                    // Its backing copy is under the old name: a file or link is flushed
+                    // again under the new one (and the old copy removed).
+                    if m.kind != Kind::Dir && m.flags & FLAG_STUB == 0 {
+                        m.version += 1;
+                    }
                 })?;
                 let dir_moved = src.kind == Kind::Dir && parent != new_parent;
                 let replaced_dir = dst.as_ref().is_some_and(|d| d.kind == Kind::Dir);
@@ -843,6 +853,16 @@ impl Fs {
     pub fn setattr(&mut self, id: u64, a: &SetAttr) -> Result<Inode> {
         if let Some(size) = a.size {
             self.truncate(id, size)?;
+        }
+        // A read-through file whose attributes change becomes the cache's own (its
+        // content staged first: the stub's times identify its backing file).
+        if a.mode.is_some()
+            || a.uid.is_some()
+            || a.gid.is_some()
+            || a.mtime.is_some()
+            || a.atime.is_some()
+        {
+            self.stage_if_stub(id)?;
         }
         self.publish(id)?;
         self.with_lock(&format!("i{id}"), |fs| {
@@ -1601,6 +1621,21 @@ impl Fs {
             ));
         };
         let path = root.join(bytes_path(&i.target));
+        // The backing file must still be the one the stub was made from (a rename or a
+        // flush may have put another file at that path since): else ESTALE, never another
+        // file's bytes.
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&path).map_err(|e| FsError::backing(e, &path))?;
+        if m.len() != i.size || m.mtime() != i.mtime.secs || m.mtime_nsec() as u32 != i.mtime.nanos
+        {
+            return Err(FsError::Backing(
+                format!(
+                    "{}: changed in the backing directory since it was read through",
+                    path.display()
+                ),
+                libc::ESTALE,
+            ));
+        }
         self.stage_in_file(id, &path, true)
     }
 

@@ -508,6 +508,28 @@ fn paths_not_in_the_cache_are_read_through_from_the_backing_directory() {
         None,
         "a removed name can be created again"
     );
+    // A read-through file that changed in the backing directory before it was opened:
+    // ESTALE, not the other file's bytes.
+    std::fs::write(backing.path().join("in/late"), b"first").unwrap();
+    let late = fs.resolve(b"/in/late").unwrap().id;
+    std::fs::write(backing.path().join("in/late"), b"second, longer").unwrap();
+    assert_eq!(fs.read(late, 0, 100).unwrap_err().errno(), libc::ESTALE);
+    // A read-through directory renamed before it was listed keeps its backing entries.
+    std::fs::create_dir_all(backing.path().join("in2")).unwrap();
+    std::fs::write(backing.path().join("in2/a"), b"aa").unwrap();
+    std::fs::write(backing.path().join("in2/b"), b"bb").unwrap();
+    let in2 = fs.resolve(b"/in2").unwrap();
+    fs.rename(ROOT, b"in2", ROOT, b"moved2", false).unwrap();
+    let mut names: Vec<Vec<u8>> = fs
+        .readdir(in2.id)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, vec![b"a".to_vec(), b"b".to_vec()]);
+    let b_id = fs.resolve(b"/moved2/b").unwrap().id;
+    assert_eq!(fs.read(b_id, 0, 10).unwrap(), b"bb");
     // A directory made over a removed one does not show the old one's flushed files.
     let out = fs
         .create(ROOT, b"out", Kind::Dir, 0o755, 0, 0, b"")
