@@ -304,7 +304,7 @@ pub fn queued(fs: &mut Fs) -> Result<Vec<FlushRecord>> {
 }
 
 enum Claim {
-    Got(FlushRecord),
+    Got(Box<FlushRecord>),
     /// Others hold leases on everything left.
     Wait,
     /// Nothing left but files open for writing (their paths).
@@ -356,7 +356,7 @@ fn claim(fs: &mut Fs, owner: u64, opts: &FlushOptions) -> Result<Claim> {
             put_journal(fs, &j)?;
         }
         Ok(match got {
-            Some(r) => Claim::Got(r),
+            Some(r) => Claim::Got(Box::new(r)),
             None if others => Claim::Wait,
             None => Claim::Empty(busy),
         })
