@@ -46,6 +46,10 @@ pub enum FsError {
     NotSupported(&'static str),
     #[error("{0} is locked by another client")]
     Locked(String),
+    /// Another client changed what this operation looked at between its look and its
+    /// change (retried inside; EAGAIN if it keeps happening).
+    #[error("{0} changed while it was being changed")]
+    Raced(String),
     #[error("damaged or lost object: {0}")]
     Corrupt(String),
     #[error("cache: {0}")]
@@ -68,7 +72,7 @@ impl FsError {
             FsError::NoSpace(_) => libc::ENOSPC,
             FsError::TooBig => libc::EFBIG,
             FsError::NotSupported(_) => libc::EOPNOTSUPP,
-            FsError::Locked(_) => libc::EAGAIN,
+            FsError::Locked(_) | FsError::Raced(_) => libc::EAGAIN,
             FsError::Corrupt(_) | FsError::Cache(_) => libc::EIO,
             FsError::Backing(_, e) => *e,
         }
@@ -716,6 +720,23 @@ impl Fs {
         new_name: &[u8],
         noreplace: bool,
     ) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.rename_once(parent, name, new_parent, new_name, noreplace) {
+                Err(FsError::Raced(_)) if tries < 8 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn rename_once(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<()> {
         check_name(name)?;
         check_name(new_name)?;
         let src = self.lookup(parent, name)?;
@@ -784,8 +805,8 @@ impl Fs {
                 let target_dir = dd.as_mut().unwrap_or(&mut sd);
                 let old = target_dir.remove(&new_name_s).filter(|e| e.id != WHITEOUT);
                 if old.as_ref().map(|e| e.id) != dst.as_ref().map(|d| d.id) {
-                    // Changed since we looked: let the caller try again.
-                    return Err(FsError::Locked(format!("directory {new_parent}")));
+                    // Changed since we looked: look again.
+                    return Err(FsError::Raced(format!("directory {new_parent}")));
                 }
                 target_dir.entries.push(Entry {
                     name: new_name_s.clone(),

@@ -176,6 +176,8 @@ fn main() -> ExitCode {
     if let Cmd::Bb(args) = cli.cmd {
         return match bb::run(&cli.servers, config, args) {
             Ok(code) => ExitCode::from(code),
+            // A reader that stopped reading (`| head`) is not an error of ours.
+            Err(e) if broken_pipe(e.as_ref()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("memfabric: {e}");
                 ExitCode::from(2)
@@ -208,11 +210,17 @@ fn main() -> ExitCode {
     }
     match result {
         Ok(code) => ExitCode::from(code),
+        Err(e) if broken_pipe(e.as_ref()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memfabric: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> {
