@@ -375,6 +375,12 @@ fn create_or_truncate(fs: &mut Fs, path: &str, mode: u32) -> Result<Inode, FsErr
 fn copy_file_in(fs: &mut Fs, src: &Path, dst: &str, perm: std::fs::Permissions) -> Res<()> {
     use std::os::unix::fs::PermissionsExt;
     let i = create_or_truncate(fs, dst, perm.mode() & 0o7777).map_err(|e| fs_err(dst, e))?;
+    write_file_from(fs, src, &i, dst)
+}
+
+/// Writes local file `src` into burst-buffer file `i` (empty), pipelined, with a progress
+/// bar.
+fn write_file_from(fs: &mut Fs, src: &Path, i: &Inode, dst: &str) -> Res<()> {
     let mut f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let len = f.metadata()?.len();
     let b = bar(len, dst);
@@ -412,33 +418,64 @@ fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 fn copy_dir_in(fs: &mut Fs, src: &Path, dst: &str) -> Res<()> {
-    mkdir(fs, dst, true).map_err(|e| fs_err(dst, e))?;
+    let d = mkdir(fs, dst, true).map_err(|e| fs_err(dst, e))?;
+    copy_dir_into(fs, src, &d, dst)
+}
+
+/// Copies the entries of local directory `src` into directory `d` (`shown`: its path for
+/// messages), names as the bytes they are.
+fn copy_dir_into(fs: &mut Fs, src: &Path, d: &Inode, shown: &str) -> Res<()> {
+    use std::os::unix::ffi::OsStrExt;
     for e in std::fs::read_dir(src)? {
         let e = e?;
         let name = e.file_name();
-        let child = format!("{}/{}", dst.trim_end_matches('/'), name.to_string_lossy());
+        let n = name.as_bytes();
+        let child_shown = format!("{}/{}", shown.trim_end_matches('/'), name.to_string_lossy());
         let m = std::fs::symlink_metadata(e.path())?;
         if m.is_dir() {
-            copy_dir_in(fs, &e.path(), &child)?;
+            let sub = match fs.lookup(d.id, n) {
+                Ok(i) if i.kind == Kind::Dir => i,
+                Ok(_) => return Err(fs_err(&child_shown, FsError::NotDir)),
+                Err(FsError::NotFound) => fs
+                    .create(d.id, n, Kind::Dir, 0o755, uid(), gid(), b"")
+                    .map_err(|e| fs_err(&child_shown, e))?,
+                Err(err) => return Err(fs_err(&child_shown, err)),
+            };
+            copy_dir_into(fs, &e.path(), &sub, &child_shown)?;
         } else if m.file_type().is_symlink() {
             let target = std::fs::read_link(e.path())?;
-            let (parent, n) = split_parent(&child);
-            let p = fs
-                .resolve(parent.as_bytes())
-                .map_err(|e| fs_err(parent, e))?;
-            use std::os::unix::ffi::OsStrExt;
             fs.create(
-                p.id,
-                n.as_bytes(),
+                d.id,
+                n,
                 Kind::Symlink,
                 0o777,
                 uid(),
                 gid(),
                 target.as_os_str().as_bytes(),
             )
-            .map_err(|e| fs_err(&child, e))?;
+            .map_err(|e| fs_err(&child_shown, e))?;
         } else if m.is_file() {
-            copy_file_in(fs, &e.path(), &child, m.permissions())?;
+            use std::os::unix::fs::PermissionsExt;
+            let i = match fs.lookup(d.id, n) {
+                Ok(i) if i.kind == Kind::Dir => return Err(fs_err(&child_shown, FsError::IsDir)),
+                Ok(i) => {
+                    fs.truncate(i.id, 0).map_err(|e| fs_err(&child_shown, e))?;
+                    i
+                }
+                Err(FsError::NotFound) => fs
+                    .create(
+                        d.id,
+                        n,
+                        Kind::File,
+                        m.permissions().mode() & 0o7777,
+                        uid(),
+                        gid(),
+                        b"",
+                    )
+                    .map_err(|e| fs_err(&child_shown, e))?,
+                Err(err) => return Err(fs_err(&child_shown, err)),
+            };
+            write_file_from(fs, &e.path(), &i, &child_shown)?;
         }
     }
     Ok(())
@@ -604,40 +641,38 @@ fn rm(fs: &mut Fs, path: &str, recursive: bool) -> Result<(), FsError> {
         return Err(FsError::Invalid("cannot remove the root".into()));
     }
     let p = fs.resolve(parent.as_bytes())?;
-    let i = fs.lookup(p.id, name.as_bytes())?;
+    rm_entry(fs, p.id, name.as_bytes(), recursive)
+}
+
+/// Removes `name` of directory `parent` (by ids and byte names: any name a directory can
+/// hold), a directory with what it holds when `recursive`.
+fn rm_entry(fs: &mut Fs, parent: u64, name: &[u8], recursive: bool) -> Result<(), FsError> {
+    let i = fs.lookup(parent, name)?;
     if i.kind == Kind::Dir {
         if !recursive {
             return Err(FsError::IsDir);
         }
         for e in fs.readdir(i.id)? {
-            let child = format!(
-                "{}/{}",
-                path.trim_end_matches('/'),
-                String::from_utf8_lossy(&e.name)
-            );
-            rm(fs, &child, true)?;
+            rm_entry(fs, i.id, &e.name, true)?;
         }
-        let gone = fs.remove(p.id, name.as_bytes(), true)?;
-        flush::note_removed(fs, gone.id).map(|_| ())
-    } else {
-        let gone = fs.remove(p.id, name.as_bytes(), false)?;
-        flush::note_removed(fs, gone.id).map(|_| ())
     }
+    let gone = fs.remove(parent, name, i.kind == Kind::Dir)?;
+    flush::note_removed(fs, gone.id).map(|_| ())
 }
 
 fn stage_in(fs: &mut Fs, path: &str) -> Result<(), FsError> {
     let i = fs.resolve(path.as_bytes())?;
+    stage_in_id(fs, &i)
+}
+
+fn stage_in_id(fs: &mut Fs, i: &Inode) -> Result<(), FsError> {
     match i.kind {
         Kind::File => fs.stage_if_stub(i.id),
         Kind::Symlink => Ok(()),
         Kind::Dir => {
             for e in fs.readdir(i.id)? {
-                let child = format!(
-                    "{}/{}",
-                    path.trim_end_matches('/'),
-                    String::from_utf8_lossy(&e.name)
-                );
-                stage_in(fs, &child)?;
+                let child = fs.get_inode(e.id)?;
+                stage_in_id(fs, &child)?;
             }
             Ok(())
         }

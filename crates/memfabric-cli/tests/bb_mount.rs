@@ -374,3 +374,51 @@ fn wrong_use_gets_the_errno_a_local_file_system_gives() {
     );
     drop(m.unmount());
 }
+
+/// `memfabric bb` without a mount: a tree with a non-UTF-8 name and a link copied in and
+/// out the same, listed, staged in from the backing directory, flushed, removed.
+#[test]
+fn cli_verbs_copy_trees_with_any_names_in_and_out() {
+    use std::os::unix::ffi::OsStrExt;
+    let server = Server::start(Kind::Memfabricd, &["-m", "128"]);
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    make_source(&src);
+    let odd = std::ffi::OsStr::from_bytes(b"caf\xe9-latin1");
+    std::fs::write(src.join(odd), b"not utf-8").unwrap();
+    let backing = work.path().join("pfs");
+    std::fs::create_dir_all(backing.join("staged")).unwrap();
+    std::fs::write(backing.join("staged/in"), random(9, 300_000)).unwrap();
+    let bb = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_memfabric"))
+            .args(["--servers", &server.url(), "bb", "--fs", "cli", "--backing"])
+            .arg(&backing)
+            .args(args)
+            .current_dir(work.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "bb {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    bb(&["cp", "-r", "src", "bb:/tree"]);
+    bb(&["cp", "-r", "bb:/tree", "back"]);
+    assert_same_tree(&src, &work.path().join("back"));
+    assert!(bb(&["ls", "bb:/tree"]).contains("unflushed"));
+    bb(&["stage-in", "bb:/staged"]);
+    assert!(bb(&["stat", "bb:/staged/in"]).contains("size      300000"));
+    bb(&["flush"]);
+    assert_same_tree(&src, &backing.join("tree"));
+    bb(&["rm", "-r", "bb:/tree"]);
+    assert!(!bb(&["ls", "bb:/"]).contains("tree"));
+    // The flushed copies of what was removed leave the backing directory too.
+    bb(&["flush"]);
+    assert!(!backing.join("tree").exists());
+    assert!(
+        backing.join("staged/in").exists(),
+        "what was only read through stays"
+    );
+}
