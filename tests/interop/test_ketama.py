@@ -35,7 +35,7 @@ def memfabric_path() -> str:
         if p.exists():
             return str(p)
     pytest.fail(f"memfabric not found under {target}/{{release,debug}} (build it: cargo build"
-                " --release -p memfabric-client, or set MEMFABRIC)", pytrace=False)
+                " --release -p memfabric-cli, or set MEMFABRIC)", pytrace=False)
 
 
 def held_keys(server) -> set[str]:

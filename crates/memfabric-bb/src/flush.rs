@@ -8,19 +8,20 @@
 //!    are replicated like everything else.
 //! 2. **Claim**: a flusher takes a queued record, or one whose lease has run out (its
 //!    flusher died), and writes itself in as owner with a lease.
-//! 3. **Copy**: chunk by chunk (each checked by its crc) into a temporary file beside the
-//!    destination (`.<name>.mfbb-<id>.tmp`); every few MiB the record gets the bytes done
-//!    and the crc of every chunk-sized window written, and the lease is renewed — if the
-//!    record has another owner by then, this flusher stops.
-//! 4. **Finish**: fsync; the sha256 of what went out (a resumed copy reads the part the
-//!    dead flusher wrote back, window by window against the recorded crcs) is compared
-//!    with the last flush's when the content has not changed since, and with `readback` the whole temporary
-//!    file is read back and checked again; only then is it renamed to its final name and
-//!    the directory fsynced. The record becomes `Done` with
-//!    the sha256, the inode's `flushed_version` is set, the id leaves the queue.
+//! 3. **Copy**: groups of chunks (each checked by its crc) into the flusher's own
+//!    temporary file beside the destination (`.<name>.mfbb-<id>-<flusher>.tmp`), written
+//!    by a write-behind thread that also hashes; every few MiB the record gets the bytes
+//!    done and the crc of every chunk-sized window written, and the lease is renewed — if
+//!    the record has another owner by then, this flusher stops (and removes its file).
+//! 4. **Finish**: fsync; the sha256 of what went out is compared with the last flush's
+//!    when the content has not changed since (`readback`: the whole temporary file is read
+//!    back and checked again); the inode must still be the version copied and not open for
+//!    writing, the lease still ours; only then is the file renamed to its final name and
+//!    the directory fsynced. The record becomes `Done` with the sha256, the inode's
+//!    `flushed_version` is set, the id leaves the queue.
 //!
-//! A flusher that resumes someone else's copy cuts the temporary file to the recorded
-//! bytes and goes on from there; the final check covers what the dead flusher wrote.
+//! A flusher that resumes someone else's copy copies its recorded, crc-checked windows into
+//! its own temporary file, removes the other one, and goes on from there.
 
 use std::fs::File;
 use std::io::Read;
@@ -53,7 +54,7 @@ pub struct FlushOptions {
     /// After the fsync, read the whole temporary file back and check it again (each
     /// window's crc and the sha256) before the rename: costs a second pass over the
     /// backing store. Without it, the copy is checked as it goes out (every chunk's crc
-    /// from the cache, the writer's sha256 of the file when it has one).
+    /// from the cache, the last flush's sha256 when the content has not changed since).
     pub readback: bool,
 }
 
