@@ -32,7 +32,7 @@ impl Context {
     /// receiver waiting for data that never comes. UCX falls back to another scheme where
     /// a transport cannot read remotely.
     pub fn new(name: &str) -> Result<Arc<Context>> {
-        Context::create(name, false)
+        Context::create(name, false, None, None, true)
     }
 
     /// [`Context::new`] for a server: also `PROTO_INDIRECT_ID=on` unless the environment
@@ -44,11 +44,43 @@ impl Context {
     /// memfabricd aborted in `ucp_worker_get_ep_by_id`. Not for clients: with indirect ids
     /// UCX asserts, when the worker goes, that no endpoint still has requests (a client
     /// dropped with requests to a dead server aborted).
-    pub fn new_server(name: &str) -> Result<Arc<Context>> {
-        Context::create(name, true)
+    ///
+    /// `estimated_eps` is UCX's hint of how many endpoints the context will hold
+    /// (`estimated_num_eps`): UCX picks transports by it (on InfiniBand, RC for a few
+    /// peers, DC or UD when there will be many), unless `UCX_NUM_EPS` overrides it.
+    ///
+    /// `tls`, when given, replaces `UCX_TLS` for this context only (a server may hold
+    /// contexts on different transport sets); with `warn_unavailable` false UCX does not
+    /// warn about listed transports this machine lacks (a default list names the scalable
+    /// transports of several fabrics, most of them absent on any one machine).
+    ///
+    /// `rma` false leaves out the RMA feature: a context whose peers never read its
+    /// memory one-sidedly (a server's cold tier) then has no RMA lanes in its endpoints,
+    /// which makes each of them smaller. Rendezvous still works (UCX moves the data with
+    /// active messages where it cannot read remotely).
+    pub fn new_server(
+        name: &str,
+        estimated_eps: usize,
+        tls: Option<&str>,
+        warn_unavailable: bool,
+        rma: bool,
+    ) -> Result<Arc<Context>> {
+        Context::create(
+            name,
+            true,
+            Some(estimated_eps),
+            tls.map(|t| (t, warn_unavailable)),
+            rma,
+        )
     }
 
-    fn create(name: &str, indirect_ids: bool) -> Result<Arc<Context>> {
+    fn create(
+        name: &str,
+        indirect_ids: bool,
+        estimated_eps: Option<usize>,
+        tls: Option<(&str, bool)>,
+        rma: bool,
+    ) -> Result<Arc<Context>> {
         crate::ucx_log::install();
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL env prefix and file name mean "UCX_ from the environment"; config is
@@ -67,13 +99,35 @@ impl Context {
                 sys::ucp_config_modify(config, c"PROTO_INDIRECT_ID".as_ptr(), c"on".as_ptr())
             };
         }
+        if let Some((list, warn)) = tls {
+            let list = std::ffi::CString::new(list).map_err(|_| crate::Error::invalid_param())?;
+            // SAFETY: config is live; both strings are NUL-terminated.
+            let st = unsafe { sys::ucp_config_modify(config, c"TLS".as_ptr(), list.as_ptr()) };
+            if let Err(e) = check(st) {
+                // SAFETY: released once, as below.
+                unsafe { sys::ucp_config_release(config) };
+                return Err(e);
+            }
+            if !warn {
+                // SAFETY: as above. A UCX without the option keeps warning; harmless.
+                let _ = unsafe {
+                    sys::ucp_config_modify(config, c"WARN_INVALID_CONFIG".as_ptr(), c"n".as_ptr())
+                };
+            }
+        }
         let cname = std::ffi::CString::new(name).unwrap_or_default();
-        let params = sys::ucp_params_t {
+        let mut params = sys::ucp_params_t {
             field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
-            features: (sys::UCP_FEATURE_AM | sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP) as u64,
+            features: (sys::UCP_FEATURE_AM
+                | if rma { sys::UCP_FEATURE_RMA } else { 0 }
+                | sys::UCP_FEATURE_WAKEUP) as u64,
             name: cname.as_ptr(),
             ..Default::default()
         };
+        if let Some(n) = estimated_eps {
+            params.field_mask |= sys::UCP_PARAM_FIELD_ESTIMATED_NUM_EPS as u64;
+            params.estimated_num_eps = n.max(1);
+        }
         let mut h: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params is fully initialised for the fields named in field_mask; config is
         // the live configuration read above; h is an out-pointer. ucp_init is a static

@@ -46,6 +46,18 @@ pub use buf::{Detach, Detachable, RecvBuf, SendBuf};
 pub use context::Context;
 pub use region::{AllocatedRegion, MemRegion};
 pub use status::{Error, Result};
+/// Give the C heap's free memory back to the system (`malloc_trim`). UCX allocates an
+/// endpoint's state with `malloc`, much of it on its progress thread's arena, and glibc
+/// keeps what is freed for reuse: after thousands of clients came and went, the process
+/// would otherwise stay as large as at their peak.
+pub fn release_free_heap() {
+    // SAFETY: malloc_trim only walks and shrinks the allocator's own arenas, under their
+    // locks; it takes no pointer from us and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 pub use worker::{
     AmData, AmMessage, ConnRequest, Endpoint, EpId, Event, HeldData, Listener, Posted, Proto,
     RemoteKey, RndvData, SendHow, Token, Worker,
