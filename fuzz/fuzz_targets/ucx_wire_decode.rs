@@ -1,5 +1,5 @@
 #![no_main]
-//! The UCX wire protocol's decoders (AM request/response headers, bootstrap frames) on
+//! The UCX wire protocol's decoders (AM request/response headers, move answers, bootstrap frames) on
 //! arbitrary input: never panic, and whatever decodes re-encodes to the same bytes.
 use libfuzzer_sys::fuzz_target;
 use memfabric_proto::ucx_wire;
@@ -15,6 +15,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!((&e[..2], &e[4..]), (&data[..2], &data[4..]));
     }
     let _ = ucx_wire::request_ids(data);
+    if let Ok(a) = ucx_wire::decode_move_answer(data) {
+        // The reserved byte (3) is not kept; everything else round-trips.
+        let e = a.encode();
+        assert_eq!((&e[..3], &e[4..]), (&data[..3], &data[4..]));
+    }
     if let Ok(Some((h, used))) = ucx_wire::decode_hello(data) {
         assert!(used <= data.len());
         assert!(h.worker_address.len() <= ucx_wire::BLOB_MAX);

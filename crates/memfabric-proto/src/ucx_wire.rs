@@ -21,6 +21,14 @@ pub const AM_PROBE: u16 = 3;
 /// one-sided RMA reads, so that eviction counts them as used (`onesided::decode_hints`).
 pub const AM_HINTS: u16 = 4;
 
+/// AM id of a move (server → client): the server wants the session on another of its
+/// UCX workers (another transport tier, docs/scaling.md). The header is a WELCOME frame
+/// (status OK) naming that worker, with the same session id and server instance.
+pub const AM_MOVE: u16 = 5;
+/// AM id of the client's answers to a move (client → server, no reply): a
+/// [`MoveAnswer`] header, nothing else.
+pub const AM_MOVE_ANSWER: u16 = 6;
+
 /// Size of the fixed part of a request header (the key follows).
 pub const REQUEST_FIXED: usize = 40;
 /// Size of a response header.
@@ -357,6 +365,9 @@ pub const WELCOME_REFUSED: u8 = 2;
 pub const WELCOME_CHALLENGE: u8 = 3;
 /// The proof did not match any credential: the server closes the connection.
 pub const WELCOME_AUTH_FAILED: u8 = 4;
+/// The server already serves as many UCX sessions as it takes (`--max-clients`): the
+/// client may try again later or another server.
+pub const WELCOME_FULL: u8 = 5;
 
 /// Bytes of a challenge's nonce.
 pub const NONCE_LEN: usize = 32;
@@ -723,5 +734,89 @@ mod tests {
             let _ = decode_proof(&b);
             let _ = request_ids(&b);
         }
+    }
+}
+
+/// What a client says about a move (docs/fabric-protocol.md 1.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MoveStep {
+    /// Sent on the new endpoint, once every request the client sent on the old one is
+    /// answered and before any request on the new one: the client has closed the old
+    /// endpoint and uses the new one from now on (so the server may close its old one).
+    Arrived = 1,
+    /// Sent on the old endpoint: the client cannot reach the worker it was sent to and
+    /// stays where it is.
+    Refused = 2,
+}
+
+/// The header of an [`AM_MOVE_ANSWER`] message: `b"MV"`, the step, a reserved byte, the
+/// session id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveAnswer {
+    pub step: MoveStep,
+    pub session: u32,
+}
+
+/// Bytes of a [`MoveAnswer`].
+pub const MOVE_ANSWER_LEN: usize = 8;
+
+impl MoveAnswer {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(MOVE_ANSWER_LEN);
+        out.extend_from_slice(b"MV");
+        out.push(self.step as u8);
+        out.push(0);
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out
+    }
+}
+
+pub fn decode_move_answer(b: &[u8]) -> Result<MoveAnswer, DecodeError> {
+    if b.len() < MOVE_ANSWER_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if b.len() > MOVE_ANSWER_LEN {
+        return Err(DecodeError::Trailing);
+    }
+    if &b[..2] != b"MV" {
+        return Err(DecodeError::BadMagic);
+    }
+    let step = match b[2] {
+        1 => MoveStep::Arrived,
+        2 => MoveStep::Refused,
+        _ => return Err(DecodeError::WrongFrame),
+    };
+    let session = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    Ok(MoveAnswer { step, session })
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+
+    #[test]
+    fn move_answers_round_trip_and_refuse_junk() {
+        for step in [MoveStep::Arrived, MoveStep::Refused] {
+            let a = MoveAnswer {
+                step,
+                session: 0xdead_beef,
+            };
+            let e = a.encode();
+            assert_eq!(e.len(), MOVE_ANSWER_LEN);
+            assert_eq!(decode_move_answer(&e), Ok(a));
+            assert_eq!(decode_move_answer(&e[..7]), Err(DecodeError::Truncated));
+            let mut long = e.clone();
+            long.push(0);
+            assert_eq!(decode_move_answer(&long), Err(DecodeError::Trailing));
+        }
+        assert_eq!(
+            decode_move_answer(b"MX\x01\0\0\0\0\0"),
+            Err(DecodeError::BadMagic)
+        );
+        assert_eq!(
+            decode_move_answer(b"MV\x03\0\0\0\0\0"),
+            Err(DecodeError::WrongFrame)
+        );
     }
 }
