@@ -269,6 +269,30 @@ pub struct Args {
     /// large GETs and SETs wait until some complete (one transfer is always let through).
     #[arg(long = "ucx-session-inflight-max", value_name = "size", default_value = "64m", value_parser = parse_size_arg)]
     pub ucx_session_inflight_max: u64,
+    /// UCX: sessions served at once; a HELLO beyond them is refused (the client is told
+    /// the server is full). Also UCX's estimate of the endpoints it will hold, by which it
+    /// picks transports (UCX_NUM_EPS overrides). UCX sessions count toward -c as well
+    #[arg(long = "max-clients", value_name = "num", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients: u32,
+    /// UCX: the hot tier's transports (a UCX_TLS list; default: UCX_TLS, else UCX's own
+    /// choice). Up to --hot-clients busy sessions are served on it (docs/scaling.md)
+    #[arg(long = "ucx-hot-tls", value_name = "list")]
+    pub ucx_hot_tls: Option<String>,
+    /// UCX: the cold tier's transports (a UCX_TLS list), for sessions beyond the hot tier:
+    /// transports whose cost stays small per client. "none": one tier
+    #[arg(long = "ucx-cold-tls", value_name = "list", default_value = crate::settings::DEFAULT_COLD_TLS)]
+    pub ucx_cold_tls: String,
+    /// UCX: sessions served on the hot tier at most; the others are served on the cold
+    /// tier, and move between them by how busy they are
+    #[arg(long = "hot-clients", value_name = "num", default_value_t = 256)]
+    pub hot_clients: u32,
+    /// UCX: requests per second at which a cold session is promoted to the hot tier
+    #[arg(long = "promote-rate", value_name = "per_second", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub promote_rate: u32,
+    /// UCX: seconds below --promote-rate after which a hot session is demoted (0: only
+    /// when the hot tier is full and a busier client needs its place)
+    #[arg(long = "hot-idle", value_name = "seconds", default_value_t = 10)]
+    pub hot_idle: u32,
     /// Test store (for tests only): retrievals of keys starting with this prefix stay
     /// pending until a client sends `debug release`
     #[arg(long = "debug-hold-keys", value_name = "prefix", hide = true)]
@@ -628,6 +652,16 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.auth_timeout = a.auth_timeout;
     s.ucx_transfer_timeout = a.ucx_transfer_timeout;
     s.ucx_session_inflight_max = a.ucx_session_inflight_max;
+    s.ucx_max_clients = a.max_clients;
+    s.ucx_hot_tls = a.ucx_hot_tls.clone();
+    s.ucx_cold_tls_default = a.ucx_cold_tls == crate::settings::DEFAULT_COLD_TLS;
+    s.ucx_cold_tls = match a.ucx_cold_tls.as_str() {
+        "none" | "" => None,
+        list => Some(list.to_string()),
+    };
+    s.ucx_hot_clients = a.hot_clients;
+    s.ucx_promote_rate = a.promote_rate;
+    s.ucx_hot_idle = a.hot_idle;
     s.debug_hold_keys = a.debug_hold_keys.map(String::into_bytes);
     if a.sasl {
         s.sasl = Some(sasl_settings(a.auth_file.is_some(), &s)?);

@@ -25,12 +25,19 @@ pub enum RunError {
     Io(#[from] io::Error),
 }
 
-/// Raise the open-file limit to fit `-c` connections (as memcached does), and the core
-/// size limit for `-r`.
+/// Raise the open-file limit to fit `-c` connections (as memcached does) and what UCX
+/// opens for the UCX sessions among them (up to two sockets each over its TCP transport),
+/// and the core size limit for `-r`.
 fn adjust_limits(settings: &Settings) {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let want = (settings.max_connections as u64).saturating_add(64);
+        let conns = settings.max_connections as u64;
+        let ucx_sessions = if settings.ucx_port == 0 {
+            0
+        } else {
+            u64::from(settings.ucx_max_clients).min(conns)
+        };
+        let want = conns.saturating_add(2 * ucx_sessions).saturating_add(64);
         if soft < want {
             let new_soft = want.min(hard);
             if setrlimit(Resource::RLIMIT_NOFILE, new_soft, hard).is_err() || new_soft < want {
@@ -135,8 +142,28 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let ucx_memory = if listeners.ucx.is_empty() {
         None
     } else {
-        match memfabric_ucx::Context::new_server("memfabricd") {
+        // With a cold tier, the hot context holds at most --hot-clients endpoints: UCX
+        // picks its transports for that many (RC on InfiniBand), the cold context's for
+        // --max-clients (DC/UD there).
+        let hot_eps = if settings.ucx_cold_tls.is_some() {
+            settings.ucx_hot_clients.min(settings.ucx_max_clients)
+        } else {
+            settings.ucx_max_clients
+        };
+        match memfabric_ucx::Context::new_server(
+            "memfabricd",
+            hot_eps.max(1) as usize,
+            settings.ucx_hot_tls.as_deref(),
+            true,
+            true,
+        ) {
             Ok(ctx) => Some(crate::ucx_context::StoreMemory::new(ctx)),
+            Err(e) if settings.ucx_hot_tls.is_some() => {
+                return Err(RunError::Io(io::Error::other(format!(
+                    "--ucx-hot-tls {}: UCX cannot use these transports: {e}",
+                    settings.ucx_hot_tls.as_deref().unwrap_or_default()
+                ))));
+            }
             Err(e) => {
                 tracing::warn!("UCX unavailable ({e}): serving TCP/UDP/unix only");
                 listeners.ucx.clear();
@@ -205,11 +232,34 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     }
     if let Some(m) = ucx_memory.as_ref().filter(|_| !listeners.ucx.is_empty()) {
         let ctx = Arc::clone(m.context());
+        let cold = match shared.settings.ucx_cold_tls.as_deref() {
+            None => None,
+            Some(list) => match memfabric_ucx::Context::new_server(
+                "memfabricd-cold",
+                shared.settings.ucx_max_clients as usize,
+                Some(list),
+                !shared.settings.ucx_cold_tls_default,
+                // Served two-sided: no one-sided reader, no RMA lanes.
+                false,
+            ) {
+                Ok(c) => Some(c),
+                Err(e) if shared.settings.ucx_cold_tls_default => {
+                    tracing::warn!("UCX cold tier ({list}) unavailable ({e}): one tier");
+                    None
+                }
+                Err(e) => {
+                    return Err(RunError::Io(io::Error::other(format!(
+                        "--ucx-cold-tls {list}: UCX cannot use these transports: {e}"
+                    ))))
+                }
+            },
+        };
         match crate::ucx_context::FabricShared::new(
             ctx,
+            cold,
             Some(m),
             &shared.store,
-            shared.settings.ucx_eager_max,
+            &shared.settings,
         ) {
             Ok(f) => shared.fabric = Some(f),
             Err(e) => {

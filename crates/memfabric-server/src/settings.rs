@@ -4,6 +4,11 @@
 /// next request on one host (a few µs), far shorter than a wake-up's cost adds up to.
 pub const DEFAULT_UCX_POLL_US: u64 = 50;
 
+/// The cold tier's transports unless `--ucx-cold-tls` says otherwise: those whose cost
+/// does not grow per peer the way RC queue pairs and shared-memory mappings do — DC and
+/// UD on InfiniBand/RoCE, TCP elsewhere (UCX uses those of them the machine has).
+pub const DEFAULT_COLD_TLS: &str = "dc,ud,tcp";
+
 /// Everything memfabricd is configured with. Field defaults match memcached 1.6.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -49,6 +54,20 @@ pub struct Settings {
     pub ucx_transfer_timeout: u32,
     /// Rendezvous bytes in flight per UCX session (`--ucx-session-inflight-max`).
     pub ucx_session_inflight_max: u64,
+    /// UCX sessions served at once (`--max-clients`); also UCX's endpoint-count hint.
+    pub ucx_max_clients: u32,
+    /// The hot tier's transports (`--ucx-hot-tls`; None: `UCX_TLS` / UCX's choice).
+    pub ucx_hot_tls: Option<String>,
+    /// The cold tier's transports (`--ucx-cold-tls`; None: one tier), and whether they are
+    /// the default list (whose transports this machine may lack without a warning).
+    pub ucx_cold_tls: Option<String>,
+    pub ucx_cold_tls_default: bool,
+    /// Sessions the hot tier holds at most (`--hot-clients`).
+    pub ucx_hot_clients: u32,
+    /// Requests per second that get a cold session promoted (`--promote-rate`).
+    pub ucx_promote_rate: u32,
+    /// Seconds below that rate after which a hot session is demoted (`--hot-idle`).
+    pub ucx_hot_idle: u32,
     /// `-C`: disable CAS.
     pub use_cas: bool,
     /// Max bytes of a single ascii request line before the connection is judged hostile.
@@ -187,6 +206,13 @@ impl Default for Settings {
             ucx_hello_timeout: 10,
             ucx_transfer_timeout: 30,
             ucx_session_inflight_max: 64 << 20,
+            ucx_max_clients: 4096,
+            ucx_hot_tls: None,
+            ucx_cold_tls: Some(DEFAULT_COLD_TLS.to_string()),
+            ucx_cold_tls_default: true,
+            ucx_hot_clients: 256,
+            ucx_promote_rate: 100,
+            ucx_hot_idle: 10,
             use_cas: true,
             max_line: 2048,
             idle_timeout: 0,

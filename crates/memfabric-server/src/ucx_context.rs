@@ -85,9 +85,17 @@ impl StoreMemory {
     }
 }
 
-/// Process-wide UCX state: the context and the exported store mappings.
+/// The hot tier: sessions on the transports chosen for latency (RC, shared memory).
+pub const HOT: usize = 0;
+/// The cold tier: sessions on the transports chosen for scale (DC/UD, TCP).
+pub const COLD: usize = 1;
+
+/// Process-wide UCX state: the contexts and the exported store mappings.
 pub struct FabricShared {
+    /// The hot tier's context (it also exports the store for one-sided reads).
     pub(crate) ctx: Arc<mf::Context>,
+    /// The cold tier's context, when there is one (`--ucx-cold-tls`).
+    pub(crate) cold_ctx: Option<Arc<mf::Context>>,
     pub(crate) arena: Exported,
     pub(crate) index: Exported,
     /// Values above this many bytes go by rendezvous.
@@ -130,6 +138,30 @@ pub struct FabricShared {
     /// `--ucx-session-inflight-max`, and sessions closed for piling up more than that.
     pub requests_deferred: AtomicU64,
     pub sessions_overflowed: AtomicU64,
+    /// HELLOs refused because `--max-clients` sessions were being served.
+    pub sessions_refused: AtomicU64,
+    /// `--max-clients`.
+    pub max_clients: u64,
+    /// Sessions per tier (a session being moved counts where it goes).
+    pub tier_sessions: [AtomicU64; 2],
+    /// `--hot-clients`, `--promote-rate`, `--hot-idle`.
+    pub hot_clients: u64,
+    pub promote_rate: u32,
+    pub hot_idle: u32,
+    /// Moves to the hot tier and to the cold tier, completed (the client arrived).
+    pub promotions: AtomicU64,
+    pub demotions: AtomicU64,
+    /// Moves the client could not make (it cannot reach the other tier) or we could not
+    /// start (no endpoint to the client there).
+    pub moves_refused: AtomicU64,
+    /// New sessions put on the hot tier over its cap because the cold tier cannot reach
+    /// the client (no transport in common).
+    pub tier_fallbacks: AtomicU64,
+    /// memfabricd's own memory for the sessions now served (UCX's endpoints not included).
+    pub session_bytes: AtomicU64,
+    /// Hot places wanted by busy cold sessions of workers that had no quiet hot session
+    /// of their own to demote: other workers demote one of theirs per unit.
+    pub hot_wanted: AtomicU64,
 }
 
 impl FabricShared {
@@ -143,9 +175,10 @@ impl FabricShared {
     /// already are registered; others are registered here.
     pub fn new(
         ctx: Arc<mf::Context>,
+        cold_ctx: Option<Arc<mf::Context>>,
         memory: Option<&StoreMemory>,
         store: &memfabric_store::Store,
-        eager_max: usize,
+        settings: &crate::settings::Settings,
     ) -> Result<FabricShared, mf::Error> {
         let allocated = memory
             .map(|m| {
@@ -159,9 +192,10 @@ impl FabricShared {
         let index = Exported::new(&ctx, store.index_region(), &allocated)?;
         Ok(FabricShared {
             ctx,
+            cold_ctx,
             arena,
             index,
-            eager_max,
+            eager_max: settings.ucx_eager_max,
             next_session: AtomicU32::new(1),
             curr_sessions: AtomicU64::new(0),
             total_sessions: AtomicU64::new(0),
@@ -182,7 +216,40 @@ impl FabricShared {
             bootstrap_rejects: AtomicU64::new(0),
             requests_deferred: AtomicU64::new(0),
             sessions_overflowed: AtomicU64::new(0),
+            sessions_refused: AtomicU64::new(0),
+            max_clients: u64::from(settings.ucx_max_clients),
+            tier_sessions: [AtomicU64::new(0), AtomicU64::new(0)],
+            hot_clients: u64::from(settings.ucx_hot_clients),
+            promote_rate: settings.ucx_promote_rate,
+            hot_idle: settings.ucx_hot_idle,
+            promotions: AtomicU64::new(0),
+            demotions: AtomicU64::new(0),
+            moves_refused: AtomicU64::new(0),
+            tier_fallbacks: AtomicU64::new(0),
+            session_bytes: AtomicU64::new(0),
+            hot_wanted: AtomicU64::new(0),
         })
+    }
+
+    /// Whether sessions are served on two tiers.
+    pub fn tiered(&self) -> bool {
+        self.cold_ctx.is_some()
+    }
+
+    /// Take a place on `tier` for a session (the hot tier has `--hot-clients` of them;
+    /// the cold tier is bounded by `--max-clients` already). `false`: the tier is full.
+    pub fn reserve(&self, tier: usize) -> bool {
+        let n = self.tier_sessions[tier].fetch_add(1, Ordering::Relaxed);
+        if tier == HOT && self.tiered() && n >= self.hot_clients {
+            self.tier_sessions[tier].fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Give a session's place on `tier` back.
+    pub fn release(&self, tier: usize) {
+        self.tier_sessions[tier].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -210,10 +277,31 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             ("ucx_bootstrap_rejects", &fs.bootstrap_rejects),
             ("ucx_requests_deferred", &fs.requests_deferred),
             ("ucx_sessions_overflowed", &fs.sessions_overflowed),
+            ("ucx_sessions_refused", &fs.sessions_refused),
+            ("ucx_hot_sessions", &fs.tier_sessions[HOT]),
+            ("ucx_cold_sessions", &fs.tier_sessions[COLD]),
+            ("ucx_promotions", &fs.promotions),
+            ("ucx_demotions", &fs.demotions),
+            ("ucx_moves_refused", &fs.moves_refused),
+            ("ucx_tier_fallbacks", &fs.tier_fallbacks),
+            ("ucx_session_bytes", &fs.session_bytes),
         ];
         for (name, c) in counters {
             v.push((name.into(), c.load(Ordering::Relaxed).to_string()));
         }
+        v.push(("ucx_max_clients".into(), fs.max_clients.to_string()));
+        v.push((
+            "ucx_hot_clients".into(),
+            if fs.tiered() {
+                fs.hot_clients.to_string()
+            } else {
+                fs.max_clients.to_string()
+            },
+        ));
+        v.push((
+            "ucx_tiers".into(),
+            if fs.tiered() { "2" } else { "1" }.into(),
+        ));
         v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
         v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
         v.push((

@@ -19,7 +19,7 @@ use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
 use crate::counters::ThreadStats;
 use crate::exec::Shared;
 use crate::shared::{Inbox, Target};
-use crate::ucx_frontend::{FabricWorker, EFD_TOKEN};
+use crate::ucx_frontend::FabricWorker;
 use crate::udp::UdpPort;
 
 const WAKER: Token = Token(0);
@@ -240,7 +240,9 @@ impl Worker {
             // a timeout after which UCX has work means its event fd missed a wake-up.
             let blocked = timeout != Some(Duration::ZERO) && ucx_armed;
             let woke_by_timer = blocked && events.is_empty();
-            let ucx_event = events.iter().any(|ev| ev.token() == EFD_TOKEN);
+            let ucx_event = events
+                .iter()
+                .any(|ev| FabricWorker::is_event_fd(ev.token()));
             if blocked && ucx_event {
                 self.stats.ucx_wakeups_by_event.incr();
             }
@@ -258,7 +260,7 @@ impl Worker {
                 if t == WAKER {
                     self.take_new_conns(now);
                     self.take_ready(now);
-                } else if t == EFD_TOKEN {
+                } else if FabricWorker::is_event_fd(t) {
                     // Progressed below.
                 } else if FabricWorker::owns(t) {
                     if let Some(f) = self.fabric.as_mut() {

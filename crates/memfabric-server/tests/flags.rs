@@ -182,6 +182,46 @@ fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
     assert!(!mem.exists(), "-e must not create its memory file");
 }
 
+/// A UCX tier whose transports UCX cannot use is refused, not silently dropped (a
+/// server that looked as if it had the tier it was asked for would not have it).
+#[test]
+fn ucx_tier_transports_that_ucx_cannot_use_refuse_to_start() {
+    for flag in ["--ucx-hot-tls", "--ucx-cold-tls"] {
+        let port = free_port();
+        let ucx_port = free_port();
+        let mut g = Guard::spawn(
+            Command::new(BIN)
+                .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+                .args([
+                    "--ucx-port",
+                    &ucx_port.to_string(),
+                    flag,
+                    "no-such-transport",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        let status = g.exit_status();
+        let mut err = String::new();
+        g.child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read stderr");
+        assert!(!status.success(), "{flag}: started anyway: {err}");
+        assert!(
+            err.contains(&format!("{flag} no-such-transport")),
+            "{flag}: the message names the flag: {err}"
+        );
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "{flag}: something listens on {port}"
+        );
+    }
+}
+
 #[test]
 fn unknown_extended_option_exits_1_with_memcacheds_message() {
     let mut g = Guard::spawn(

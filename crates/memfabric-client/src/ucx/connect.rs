@@ -86,6 +86,7 @@ impl UcxTransport {
                 eager_max: welcome.eager_max as usize,
                 rma,
                 am_inflight: 0,
+                moving: None,
             },
         );
         Ok(id)
@@ -176,6 +177,10 @@ impl UcxTransport {
                         .map_or("", |c| c.username.as_str())
                 ),
             }),
+            fp::WELCOME_FULL => Err(Error::Io {
+                server,
+                msg: "the server is full (it serves --max-clients UCX sessions already)".into(),
+            }),
             fp::WELCOME_BAD_VERSION => Err(Error::Protocol(format!(
                 "{server}: fabric protocol version {} not supported (server speaks {})",
                 fp::VERSION,
@@ -219,6 +224,13 @@ impl UcxTransport {
         if let Some(ep) = c.ep.take() {
             self.w.close(ep, true);
         }
+        let queued = match c.moving.take() {
+            Some(m) => {
+                self.w.close(m.ep, true);
+                m.queued
+            }
+            None => Default::default(),
+        };
         let err = || {
             if msg.is_empty() {
                 Error::Closed
@@ -246,6 +258,13 @@ impl UcxTransport {
             self.inflight.remove(&opaque);
             self.onesided.remove(&opaque);
             self.receiving.remove(&opaque);
+            done.push(Completion {
+                id,
+                result: Err(err()),
+            });
+        }
+        // Requests waiting for a move never went out.
+        for (id, _) in queued {
             done.push(Completion {
                 id,
                 result: Err(err()),

@@ -18,6 +18,7 @@
 //! GETs and access hints), `wait` (progress, spinning and sleeping on the event fd).
 
 mod connect;
+mod moves;
 mod requests;
 mod rma;
 mod wait;
@@ -71,6 +72,17 @@ struct Conn {
     am_inflight: usize,
     /// The server's instance id from its WELCOME (as `stats fabric` names it).
     instance: String,
+    /// The server asked us to move to another of its workers (another transport tier).
+    moving: Option<Moving>,
+}
+
+/// A move the server asked for (docs/fabric-protocol.md 1.6): the endpoint to the new
+/// worker is open; requests submitted meanwhile wait here until every request sent on
+/// the old endpoint is answered, then the old endpoint closes and they go on the new one.
+struct Moving {
+    ep: mf::Endpoint,
+    welcome: fp::Welcome,
+    queued: std::collections::VecDeque<(u64, Op)>,
 }
 
 /// A server's memory as this endpoint reads it.
@@ -109,6 +121,9 @@ struct GetCounters {
     hint_messages: u64,
     onesided_conns: u64,
     twosided_conns: u64,
+    /// Moves to another of a server's workers made, and refused (unreachable).
+    moves: u64,
+    moves_refused: u64,
 }
 
 /// How the waits of `progress` on the event fd ended, for `Transport::counters`.
@@ -159,6 +174,9 @@ pub struct UcxTransport {
     last_lifeline_check: Instant,
     /// Who to be to a server that challenges the bootstrap (`-Y`).
     credentials: Option<crate::transport::Credentials>,
+    /// Connections with a move in progress (`Conn::moving`), as an upper bound: checked
+    /// after each progress round only while it is not 0.
+    moves_pending: usize,
 }
 
 impl UcxTransport {
@@ -172,6 +190,8 @@ impl UcxTransport {
             .map_err(ucx)?;
         // Earlier servers' reachability probe: received and ignored.
         w.set_am_handler(fp::AM_PROBE).map_err(ucx)?;
+        // A server moving our session to another of its workers.
+        w.set_am_handler(fp::AM_MOVE).map_err(ucx)?;
         let address = w.address().map_err(ucx)?;
         let poll = Poll::new().map_err(|e| Error::Protocol(format!("poll: {e}")))?;
         let efd = w.event_fd().map_err(ucx)?;
@@ -201,6 +221,7 @@ impl UcxTransport {
             events_buf: std::collections::VecDeque::new(),
             last_lifeline_check: Instant::now(),
             credentials: None,
+            moves_pending: 0,
         })
     }
 }
@@ -238,6 +259,9 @@ impl Drop for UcxTransport {
             if let Some(ep) = c.ep.take() {
                 self.w.close(ep, false);
             }
+            if let Some(m) = c.moving.take() {
+                self.w.close(m.ep, false);
+            }
         }
         self.w.finish_closes(Duration::from_secs(2));
         drop(conns);
@@ -256,6 +280,13 @@ impl Transport for UcxTransport {
         if op.key().is_some_and(|k| !crate::op::valid_key(k)) {
             // Same rule as the TCP transport, so a key works on every transport or none.
             return Err(Error::InvalidKey);
+        }
+        if c.moving.is_some() {
+            // Sent once the old endpoint has drained (in submission order).
+            if let Some(m) = self.conns.get_mut(&conn).and_then(|c| c.moving.as_mut()) {
+                m.queued.push_back((id, op));
+            }
+            return Ok(());
         }
         // Requests on a connection take effect in order. A one-sided GET reads memory the
         // moment it runs, so it may start only when no earlier request is still on its way
@@ -337,6 +368,8 @@ impl Transport for UcxTransport {
         v.push(("onesided_hint_messages".into(), c.hint_messages));
         v.push(("conns_onesided".into(), c.onesided_conns));
         v.push(("conns_twosided".into(), c.twosided_conns));
+        v.push(("ucx_moves".into(), c.moves));
+        v.push(("ucx_moves_refused".into(), c.moves_refused));
         v.push(("ucx_waits_by_event".into(), self.waits.by_event));
         v.push(("ucx_waits_by_timer".into(), self.waits.by_timer));
         v

@@ -87,6 +87,7 @@ impl UcxTransport {
 
     pub(super) fn handle(&mut self, e: mf::Event, done: &mut Vec<Completion>) {
         match e {
+            mf::Event::Am(msg) if msg.id == fp::AM_MOVE => self.on_move(msg, done),
             mf::Event::Am(msg) if msg.id != fp::AM_RESPONSE => {}
             mf::Event::Am(msg) => {
                 let Ok(r) = fp::decode_response(&msg.header) else {
@@ -143,10 +144,10 @@ impl UcxTransport {
                 }
             }
             mf::Event::EpFailed { ep, error } => {
-                let dead = self
-                    .conns
-                    .iter()
-                    .find_map(|(&id, c)| (c.ep.as_ref().map(|e| e.id()) == Some(ep)).then_some(id));
+                let dead = self.conns.iter().find_map(|(&id, c)| {
+                    let moving = c.moving.as_ref().map(|m| m.ep.id());
+                    (c.ep.as_ref().map(|e| e.id()) == Some(ep) || moving == Some(ep)).then_some(id)
+                });
                 if let Some(id) = dead {
                     self.fail_conn(id, &format!("UCX endpoint failed: {error}"), done);
                     self.failed_conns.push(id);

@@ -16,7 +16,9 @@ const SPIN: Duration = Duration::from_micros(250);
 
 impl UcxTransport {
     pub(super) fn has_work(&self) -> bool {
-        !self.inflight.is_empty() || !self.onesided.is_empty()
+        !self.inflight.is_empty()
+            || !self.onesided.is_empty()
+            || (self.moves_pending > 0 && self.conns.values().any(|c| c.moving.is_some()))
     }
 
     pub(super) fn wait(
@@ -48,6 +50,9 @@ impl UcxTransport {
                 }
                 while let Some(e) = events.pop_front() {
                     self.handle(e, done);
+                }
+                if self.moves_pending > 0 {
+                    self.finish_moves(done);
                 }
             }
             failed.append(&mut self.failed_conns);

@@ -34,18 +34,22 @@ use crate::command::{self, Arith, Delivery, Lookup, Retrieval, StoreAccounting, 
 use crate::counters::ThreadStats;
 use crate::exec::{ExecCtx, Shared, Transport};
 use crate::shared::{Inbox, Target, Waiter};
+use crate::ucx_context::{COLD, HOT};
 
 mod replies;
 mod requests;
 mod session;
+mod tiers;
 
 use requests::{behind_a_receive, must_wait, waiting_shape, waiting_size};
 use session::session_ep;
 
 /// mio tokens of UCX bootstrap/lifeline connections start here (far above TCP conns).
 pub const TOKEN_BASE: usize = 1 << 40;
-/// The worker's UCX event fd.
+/// The worker's UCX event fd (the hot tier's worker).
 pub const EFD_TOKEN: Token = Token(usize::MAX - 10);
+/// The cold tier's UCX event fd.
+pub const EFD_COLD_TOKEN: Token = Token(usize::MAX - 12);
 /// The fabric's deadline timer (HELLO and transfer deadlines).
 const TIMER_TOKEN: Token = Token(usize::MAX - 11);
 /// How often deadlines are checked while any is pending.
@@ -70,19 +74,64 @@ struct Client {
     refused: bool,
     /// With `-Y`: the HELLO held back (its worker address not yet shown to UCX) and the
     /// nonce of the challenge sent for it, until the client's proof comes.
-    challenged: Option<(fp::Hello, [u8; fp::NONCE_LEN])>,
-    session: Option<(u32, mf::Endpoint)>,
+    challenged: Option<Box<(fp::Hello, [u8; fp::NONCE_LEN])>>,
+    session: Option<Session>,
     /// When the bootstrap connection was accepted (HELLO deadline).
     accepted: Instant,
     /// Rendezvous bytes in flight to and from this session.
     inflight: u64,
     /// Requests waiting for `inflight` to fall, or for a value of their key still
     /// arriving (in arrival order), and their size.
-    waiting: VecDeque<mf::AmMessage>,
+    waiting: VecDeque<(usize, mf::AmMessage)>,
     waiting_bytes: u64,
     /// Keys of the values this session is sending by rendezvous (received, then stored,
     /// after requests sent behind them have arrived), and how many of each.
     receiving_keys: HashMap<Box<[u8]>, u32>,
+}
+
+/// A session: its endpoint on the tier that serves it, a move to the other tier in
+/// progress, and how busy it is (docs/scaling.md).
+struct Session {
+    id: u32,
+    /// The tier whose UCX worker holds `ep` (`HOT` or `COLD`).
+    tier: usize,
+    ep: mf::Endpoint,
+    /// The client has been told to move to this tier (`fp::AM_MOVE`) and has not arrived
+    /// yet: our endpoint there. Replies go on `ep` until it arrives.
+    moving: Option<Box<(usize, mf::Endpoint)>>,
+    /// The client's worker address, for an endpoint on the other tier.
+    address: Box<[u8]>,
+    /// Requests since the last policy tick; ticks in a row at or above the promotion
+    /// rate; the last such tick (or the session's start).
+    requests: u32,
+    busy_ticks: u8,
+    last_busy: Instant,
+    /// No move is started before this (one just made, refused or failed).
+    settle_until: Instant,
+}
+
+impl Session {
+    /// The tier the session is served on, or is moving to.
+    fn assigned(&self) -> usize {
+        self.moving.as_ref().map_or(self.tier, |m| m.0)
+    }
+
+    /// Whether `id` is one of this session's endpoints on `tier`.
+    fn has_ep(&self, tier: usize, id: mf::EpId) -> bool {
+        (self.tier == tier && self.ep.id() == id)
+            || self
+                .moving
+                .as_ref()
+                .is_some_and(|m| m.0 == tier && m.1.id() == id)
+    }
+
+    /// memfabricd's own memory for one session (its client entry with this session, its
+    /// lookup entry), counted in `ucx_session_bytes`.
+    fn bytes(&self) -> u64 {
+        (std::mem::size_of::<(Token, Client)>()
+            + std::mem::size_of::<(u32, Token)>()
+            + self.address.len()) as u64
+    }
 }
 
 /// A rendezvous send in flight (a large GET value, pinned, or a large stats text).
@@ -120,7 +169,10 @@ impl mf::RecvBuf for ItemTarget {
 /// A worker thread's share of the fabric: its UCX worker and its clients.
 pub struct FabricWorker {
     fs: Arc<SharedRef>,
-    w: mf::Worker,
+    /// This thread's UCX workers, one per tier (`HOT`, then `COLD` when there is one).
+    tiers: Vec<mf::Worker>,
+    /// Whether each tier's transports support UCX peer-failure handling (probed once).
+    peer_errors: Vec<bool>,
     clients: HashMap<Token, Client>,
     by_session: HashMap<u32, Token>,
     next_client: usize,
@@ -133,6 +185,8 @@ pub struct FabricWorker {
     timer_armed: bool,
     /// Reused between progress rounds.
     events_buf: std::collections::VecDeque<mf::Event>,
+    /// When the tier policy last looked at the sessions' request rates.
+    last_policy: Instant,
     /// Reused for eager GET values.
     scratch: Vec<u8>,
     /// Where this worker hears that a pending command is ready.
@@ -149,7 +203,22 @@ pub struct FabricWorker {
     /// `FAILED_SESSIONS_KEPT`): rendezvous offers still coming from them are abandoned,
     /// not received or released (see `mf::RndvData::abandon`).
     failed_sessions: VecDeque<u32>,
+    /// Sessions ended since the C heap was last trimmed, and when that was: the heap is
+    /// trimmed (on the deadline timer) at most once per `TRIM_EVERY` while sessions end.
+    ended_since_trim: u64,
+    last_trim: std::time::Instant,
+    /// Sessions each tier's worker has served since it was created (see `recycle`).
+    served: [u64; 2],
 }
+
+/// A tier's UCX worker that has served this many sessions and has none left is replaced
+/// by a new one: UCX keeps what it allocated per endpoint (pools, match tables) for the
+/// life of the worker, so after a crowd of clients has gone only a new worker gives it
+/// back.
+const RECYCLE_AFTER: u64 = 8;
+
+/// The least time between two trims of the C heap (see `mf::release_free_heap`).
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How many failed sessions are remembered: offers from one stop within a progress round
 /// or two of its failure (the sender is dead); this is ample.
@@ -195,15 +264,14 @@ impl FabricWorker {
         let Some(fs) = shared.fabric.as_ref() else {
             return Ok(None);
         };
-        let mut w = mf::Worker::new(&fs.ctx).map_err(io::Error::other)?;
-        w.set_am_handler(fp::AM_REQUEST).map_err(io::Error::other)?;
-        w.set_am_handler(fp::AM_HINTS).map_err(io::Error::other)?;
-        let efd = w.event_fd().map_err(io::Error::other)?;
-        registry.register(
-            &mut mio::unix::SourceFd(&efd),
-            EFD_TOKEN,
-            Interest::READABLE,
-        )?;
+        let mut tiers = Vec::with_capacity(2);
+        let mut peer_errors = Vec::with_capacity(2);
+        let contexts = std::iter::once(&fs.ctx).chain(fs.cold_ctx.as_ref());
+        for (tier, ctx) in contexts.enumerate() {
+            let mut w = tier_worker(ctx, registry, tier)?;
+            peer_errors.push(supports_peer_errors(ctx, &mut w));
+            tiers.push(w);
+        }
         use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
         let timer = TimerFd::new(
             ClockId::CLOCK_MONOTONIC,
@@ -220,7 +288,8 @@ impl FabricWorker {
         }
         Ok(Some(FabricWorker {
             fs: Arc::new(SharedRef(Arc::clone(shared))),
-            w,
+            tiers,
+            peer_errors,
             clients: HashMap::new(),
             by_session: HashMap::new(),
             next_client: 0,
@@ -231,6 +300,7 @@ impl FabricWorker {
             timer,
             timer_armed: false,
             events_buf: std::collections::VecDeque::new(),
+            last_policy: Instant::now(),
             scratch: Vec::new(),
             inbox: None,
             held: HashMap::new(),
@@ -239,6 +309,9 @@ impl FabricWorker {
             dormant: false,
             closes_seen: None,
             failed_sessions: VecDeque::new(),
+            ended_since_trim: 0,
+            last_trim: std::time::Instant::now(),
+            served: [0; 2],
         }))
     }
 
@@ -281,7 +354,7 @@ impl FabricWorker {
     /// Whether endpoint closes are in progress and have not all been stuck for
     /// `UCX_CLOSE_PATIENCE` (the clock is read only while closes are pending).
     fn closes_progressing(&mut self) -> bool {
-        let n = self.w.closing();
+        let n: usize = self.tiers.iter().map(|w| w.closing()).sum();
         if n == 0 {
             self.closes_seen = None;
             return false;
@@ -298,17 +371,26 @@ impl FabricWorker {
 
     /// Before sleeping: `false` if UCX has work right now (do not block).
     pub fn arm(&mut self) -> bool {
-        matches!(self.w.arm(), Ok(true))
+        self.tiers.iter_mut().all(|w| matches!(w.arm(), Ok(true)))
     }
 
     /// Progress UCX until it is idle and serve what arrived. Returns whether anything
     /// happened.
     pub fn progress(&mut self, registry: &Registry, stats: &ThreadStats) -> bool {
         let mut active = false;
+        for tier in 0..self.tiers.len() {
+            active |= self.progress_tier(registry, stats, tier);
+        }
+        active
+    }
+
+    /// `progress` for one tier's UCX worker.
+    fn progress_tier(&mut self, registry: &Registry, stats: &ThreadStats, tier: usize) -> bool {
+        let mut active = false;
         let mut events = std::mem::take(&mut self.events_buf);
         for _ in 0..64 {
-            let n = self.w.progress();
-            self.w.drain_into(&mut events);
+            let n = self.tiers[tier].progress();
+            self.tiers[tier].drain_into(&mut events);
             if n == 0 && events.is_empty() {
                 break;
             }
@@ -335,17 +417,20 @@ impl FabricWorker {
                 self.transfer_failed(registry, session);
             }
             while let Some(e) = events.pop_front() {
-                self.handle(registry, stats, e);
+                self.handle(registry, stats, tier, e);
             }
         }
         self.events_buf = events;
         active
     }
 
-    fn handle(&mut self, registry: &Registry, stats: &ThreadStats, e: mf::Event) {
+    fn handle(&mut self, registry: &Registry, stats: &ThreadStats, tier: usize, e: mf::Event) {
         match e {
             mf::Event::Am(msg) if msg.id == fp::AM_HINTS => self.hints(stats, msg),
-            mf::Event::Am(msg) => self.request(registry, stats, msg, false),
+            mf::Event::Am(msg) if msg.id == fp::AM_MOVE_ANSWER => {
+                self.move_answer(stats, tier, msg)
+            }
+            mf::Event::Am(msg) => self.request(registry, stats, tier, msg, false),
             mf::Event::Done { token, result, buf } => {
                 if token == SEND_TOKEN {
                     return; // the response buffer is released here
@@ -374,10 +459,10 @@ impl FabricWorker {
             mf::Event::EpFailed { ep, error } => {
                 // The peer is gone (UCX noticed before the lifeline did): end its session.
                 tracing::debug!("ucx endpoint {ep} failed: {error}");
-                let dead = self.clients.iter().find_map(|(t, c)| {
-                    let (_, e) = c.session.as_ref()?;
-                    (e.id() == ep).then_some(*t)
-                });
+                let dead = self
+                    .clients
+                    .iter()
+                    .find_map(|(t, c)| c.session.as_ref()?.has_ep(tier, ep).then_some(*t));
                 if let Some(t) = dead {
                     self.drop_client(registry, t);
                 }
@@ -396,8 +481,140 @@ impl FabricWorker {
 
     /// Whether `token` is one of ours.
     pub fn owns(token: Token) -> bool {
-        token.0 >= TOKEN_BASE && token != EFD_TOKEN
+        token.0 >= TOKEN_BASE && !Self::is_event_fd(token)
     }
+
+    /// Whether `token` is one of the UCX workers' event fds.
+    pub fn is_event_fd(token: Token) -> bool {
+        token == EFD_TOKEN || token == EFD_COLD_TOKEN
+    }
+}
+
+/// A UCX worker for `tier` on `ctx`, its handlers set and its event fd registered.
+fn tier_worker(ctx: &Arc<mf::Context>, registry: &Registry, tier: usize) -> io::Result<mf::Worker> {
+    let mut w = mf::Worker::new(ctx).map_err(io::Error::other)?;
+    w.set_am_handler(fp::AM_REQUEST).map_err(io::Error::other)?;
+    w.set_am_handler(fp::AM_HINTS).map_err(io::Error::other)?;
+    w.set_am_handler(fp::AM_MOVE_ANSWER)
+        .map_err(io::Error::other)?;
+    let efd = w.event_fd().map_err(io::Error::other)?;
+    registry.register(
+        &mut mio::unix::SourceFd(&efd),
+        efd_token(tier),
+        Interest::READABLE,
+    )?;
+    Ok(w)
+}
+
+fn efd_token(tier: usize) -> Token {
+    if tier == HOT {
+        EFD_TOKEN
+    } else {
+        EFD_COLD_TOKEN
+    }
+}
+
+impl FabricWorker {
+    /// Replace the UCX worker of each tier that has served `RECYCLE_AFTER` sessions and
+    /// has nothing left: no session on it or moving to it, no transfer of this thread in
+    /// flight, no endpoint closing. Clients are told the new worker's address as before
+    /// (WELCOME and moves read it when they are made).
+    pub(super) fn recycle(&mut self, registry: &Registry) {
+        if !(self.sending.is_empty() && self.receiving.is_empty() && self.held.is_empty()) {
+            return;
+        }
+        for tier in 0..self.tiers.len() {
+            if self.served[tier] < RECYCLE_AFTER || self.tiers[tier].closing() > 0 {
+                continue;
+            }
+            let used = self.clients.values().any(|c| {
+                c.session
+                    .as_ref()
+                    .is_some_and(|s| s.tier == tier || s.assigned() == tier)
+            });
+            if used {
+                continue;
+            }
+            let ctx = Arc::clone(self.tiers[tier].context());
+            if let Ok(efd) = self.tiers[tier].event_fd() {
+                let _ = registry.deregister(&mut mio::unix::SourceFd(&efd));
+            }
+            match tier_worker(&ctx, registry, tier) {
+                Ok(w) => {
+                    // The old one goes now (UCX frees what it held for its endpoints).
+                    drop(std::mem::replace(&mut self.tiers[tier], w));
+                    self.served[tier] = 0;
+                    tracing::debug!(
+                        "ucx worker {} ({} tier) renewed after its clients left",
+                        self.worker_index,
+                        if tier == HOT { "hot" } else { "cold" }
+                    );
+                }
+                Err(e) => {
+                    // Keep serving on the old one.
+                    tracing::warn!("cannot renew a UCX worker: {e}");
+                    if let Ok(efd) = self.tiers[tier].event_fd() {
+                        let _ = registry.register(
+                            &mut mio::unix::SourceFd(&efd),
+                            efd_token(tier),
+                            Interest::READABLE,
+                        );
+                    }
+                    self.served[tier] = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Whether `w`'s transports can carry an endpoint with UCX peer-failure handling: tried
+/// once, towards a scratch worker of the same context (a peer no client will ever be, so
+/// the attempt uses up no connection sequence number towards a client).
+fn supports_peer_errors(ctx: &Arc<mf::Context>, w: &mut mf::Worker) -> bool {
+    let Ok(mut scratch) = mf::Worker::new(ctx) else {
+        return false;
+    };
+    let Ok(address) = scratch.address() else {
+        return false;
+    };
+    w.set_peer_errors(true);
+    let ok = match w.connect_address(&address) {
+        Ok(ep) => {
+            // Let a connecting transport (TCP) finish connecting while the scratch
+            // worker still listens: closing or dropping it earlier has UCX log a refused
+            // connection.
+            for _ in 0..20 {
+                let n = w.progress() + scratch.progress();
+                if n == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            w.close(ep, true);
+            w.finish_closes(Duration::from_secs(1));
+            true
+        }
+        Err(_) => false,
+    };
+    w.set_peer_errors(false);
+    for _ in 0..5 {
+        scratch.progress();
+        w.progress();
+    }
+    drop(scratch);
+    // Whatever the probe left behind (its close, a reset from the scratch worker) is
+    // settled and dropped here, so that the worker starts with no UCX work (which would
+    // start its adaptive poll before any client came).
+    let mut events = VecDeque::new();
+    for _ in 0..20 {
+        let n = w.progress();
+        w.drain_into(&mut events);
+        events.clear();
+        if n == 0 && w.closing() == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ok
 }
 
 #[cfg(test)]

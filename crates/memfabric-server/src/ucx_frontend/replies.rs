@@ -15,16 +15,17 @@ impl FabricWorker {
         r: Response,
         data: Option<Box<dyn mf::SendBuf>>,
     ) {
-        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
+        let Some((tier, ep)) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
+        let w = &mut self.tiers[tier];
         let header = r.to_bytes();
         // Fast path: most eager responses complete inside the call, with no copies of
         // header or value into owned buffers. (Rendezvous replies go by `send_rndv`.)
         let now = match &data {
-            None => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, &[], false),
+            None => w.am_send_now(ep, fp::AM_RESPONSE, &header, &[], false),
             Some(d) => match d.slices().as_slice() {
-                [one] => self.w.am_send_now(ep, fp::AM_RESPONSE, &header, one, false),
+                [one] => w.am_send_now(ep, fp::AM_RESPONSE, &header, one, false),
                 _ => Ok(false),
             },
         };
@@ -40,10 +41,7 @@ impl FabricWorker {
             proto: mf::Proto::Eager,
             reply: false,
         };
-        if let Err(e) = self
-            .w
-            .am_send(ep, fp::AM_RESPONSE, header.to_vec(), data, how, SEND_TOKEN)
-        {
+        if let Err(e) = w.am_send(ep, fp::AM_RESPONSE, header.to_vec(), data, how, SEND_TOKEN) {
             tracing::debug!("ucx send to session {session} failed: {e}");
         }
     }
@@ -51,13 +49,10 @@ impl FabricWorker {
     /// Send an eager response whose value is borrowed: sent at once when UCX can, else
     /// copied into an owned buffer for an asynchronous send.
     pub(super) fn respond_value(&mut self, session: u32, r: Response, value: &[u8]) {
-        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
+        let Some((tier, ep)) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
-        match self
-            .w
-            .am_send_now(ep, fp::AM_RESPONSE, &r.to_bytes(), value, false)
-        {
+        match self.tiers[tier].am_send_now(ep, fp::AM_RESPONSE, &r.to_bytes(), value, false) {
             Ok(true) => {}
             Ok(false) => {
                 let data =
@@ -78,10 +73,10 @@ impl FabricWorker {
         r: Response,
         key: &[u8],
     ) {
-        let Some(ep) = session_ep(&self.by_session, &self.clients, session) else {
+        let Some((tier, ep)) = session_ep(&self.by_session, &self.clients, session) else {
             return;
         };
-        let w = &mut self.w;
+        let w = &mut self.tiers[tier];
         let outcome = store.with_locked_value(key, |info, slices| {
             let r = Response {
                 item_flags: info.flags,
@@ -137,16 +132,17 @@ impl FabricWorker {
         let Some(&t) = self.by_session.get(&session) else {
             return;
         };
-        let Some((_, ep)) = self.clients.get(&t).and_then(|c| c.session.as_ref()) else {
+        let Some(s) = self.clients.get(&t).and_then(|c| c.session.as_ref()) else {
             return;
         };
+        let (tier, ep) = (s.tier, &s.ep);
         let token = self.next_token;
         self.next_token = self.next_token.wrapping_add(1).max(1);
         let how = mf::SendHow {
             proto: mf::Proto::Rndv,
             reply: false,
         };
-        match self.w.am_send(
+        match self.tiers[tier].am_send(
             ep,
             fp::AM_RESPONSE,
             r.to_bytes().to_vec(),
@@ -205,15 +201,15 @@ impl FabricWorker {
             let Some(front) = c.waiting.front() else {
                 break;
             };
-            let (op, rndv) = waiting_shape(front);
-            if must_wait(c.inflight, cap, op, rndv) || behind_a_receive(c, front) {
+            let (op, rndv) = waiting_shape(&front.1);
+            if must_wait(c.inflight, cap, op, rndv) || behind_a_receive(c, &front.1) {
                 break;
             }
-            let Some(msg) = c.waiting.pop_front() else {
+            let Some((tier, msg)) = c.waiting.pop_front() else {
                 break;
             };
             c.waiting_bytes = c.waiting_bytes.saturating_sub(waiting_size(&msg));
-            self.request(registry, stats, msg, true);
+            self.request(registry, stats, tier, msg, true);
         }
         self.arm_timer();
     }

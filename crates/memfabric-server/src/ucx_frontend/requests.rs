@@ -45,6 +45,7 @@ impl FabricWorker {
         &mut self,
         registry: &Registry,
         stats: &ThreadStats,
+        tier: usize,
         msg: mf::AmMessage,
         replayed: bool,
     ) {
@@ -55,6 +56,9 @@ impl FabricWorker {
             return;
         };
         let known = self.by_session.contains_key(&ids.session);
+        if known && !replayed {
+            self.note_request(ids.session, tier);
+        }
         if !known && self.failed_sessions.contains(&ids.session) {
             let n = super::session::abandon(msg);
             if let Some(fs) = shared.fabric.as_ref() {
@@ -75,7 +79,7 @@ impl FabricWorker {
                         || behind_a_receive(c, &msg)
                 });
             if wait {
-                self.defer(registry, ids.session, msg);
+                self.defer(registry, ids.session, tier, msg);
                 return;
             }
         }
@@ -93,7 +97,7 @@ impl FabricWorker {
                 if known {
                     self.respond(ids.session, r, None);
                 } else if msg.has_reply_ep() {
-                    let _ = self.w.reply(&msg, fp::AM_RESPONSE, r.encode(), SEND_TOKEN);
+                    let _ = self.tiers[tier].reply(&msg, fp::AM_RESPONSE, r.encode(), SEND_TOKEN);
                 }
                 return;
             }
@@ -153,7 +157,7 @@ impl FabricWorker {
             match data {
                 None => self.store_value(&mut ctx, &req, &[], noreply),
                 Some(Ok(v)) => self.store_value(&mut ctx, &req, &v, noreply),
-                Some(Err(d)) => self.receive_value(&mut ctx, &req, d, noreply),
+                Some(Err(d)) => self.receive_value(&mut ctx, tier, &req, d, noreply),
             }
             return;
         }
@@ -162,7 +166,13 @@ impl FabricWorker {
 
     /// Park a request of `session` until its transfers in flight fall under the cap; a
     /// session that piles up more than the cap in waiting requests is closed.
-    pub(super) fn defer(&mut self, registry: &Registry, session: u32, msg: mf::AmMessage) {
+    pub(super) fn defer(
+        &mut self,
+        registry: &Registry,
+        session: u32,
+        tier: usize,
+        msg: mf::AmMessage,
+    ) {
         let cap = self.shared().settings.ucx_session_inflight_max;
         let Some(&t) = self.by_session.get(&session) else {
             return;
@@ -171,7 +181,7 @@ impl FabricWorker {
             return;
         };
         c.waiting_bytes += waiting_size(&msg);
-        c.waiting.push_back(msg);
+        c.waiting.push_back((tier, msg));
         let over = c.waiting_bytes > cap.max(1 << 20) || c.waiting.len() > WAITING_MAX;
         if let Some(fs) = self.fs.0.fabric.as_ref() {
             fs.requests_deferred.fetch_add(1, Ordering::Relaxed);
@@ -239,6 +249,7 @@ impl FabricWorker {
     pub(super) fn receive_value(
         &mut self,
         ctx: &mut ExecCtx<'_>,
+        tier: usize,
         req: &Request<'_>,
         d: mf::RndvData,
         noreply: bool,
@@ -281,7 +292,8 @@ impl FabricWorker {
             exptime,
             key: req.key.to_vec(),
         };
-        match self.w.recv_rndv(d, target, token) {
+        // Received through the worker the offer came to.
+        match self.tiers[tier].recv_rndv(d, target, token) {
             Ok(mf::Posted::Pending) => {
                 if let Some(fs) = ctx.shared.fabric.as_ref() {
                     fs.receives.fetch_add(1, Ordering::Relaxed);

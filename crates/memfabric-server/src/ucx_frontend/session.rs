@@ -45,7 +45,8 @@ impl FabricWorker {
             settings.ucx_hello_timeout > 0 && self.clients.values().any(|c| c.session.is_none());
         let watch_transfers = settings.ucx_transfer_timeout > 0
             && !(self.sending.is_empty() && self.receiving.is_empty());
-        let want = watch_hello || watch_transfers;
+        let tiered = self.tiers.len() > 1 && !self.by_session.is_empty();
+        let want = watch_hello || watch_transfers || self.ended_since_trim > 0 || tiered;
         if want == self.timer_armed {
             return;
         }
@@ -68,8 +69,20 @@ impl FabricWorker {
     /// cannot cancel one request: closing the endpoint cancels them all).
     pub(super) fn on_timer(&mut self, registry: &Registry) {
         let _ = self.timer.wait();
-        let settings = &self.fs.0.settings;
+        let fs = Arc::clone(&self.fs);
+        let settings = &fs.0.settings;
         let now = Instant::now();
+        if self.ended_since_trim > 0 && now.duration_since(self.last_trim) >= super::TRIM_EVERY {
+            self.recycle(registry);
+            // What the ended sessions' endpoints held goes back to the system, so that the
+            // process shrinks back when many clients leave (or are killed) at once.
+            mf::release_free_heap();
+            self.ended_since_trim = 0;
+            self.last_trim = now;
+        }
+        if self.tiers.len() > 1 {
+            self.tier_policy(now);
+        }
         let hello = Duration::from_secs(u64::from(settings.ucx_hello_timeout));
         let transfer = Duration::from_secs(u64::from(settings.ucx_transfer_timeout));
         if !hello.is_zero() {
@@ -210,7 +223,7 @@ impl FabricWorker {
             nonce,
         };
         c.outbuf.extend_from_slice(&frame.encode());
-        c.challenged = Some((hello, nonce));
+        c.challenged = Some(Box::new((hello, nonce)));
     }
 
     /// The client's answer to its challenge: a MAC of the nonce and its HELLO's worker
@@ -221,6 +234,7 @@ impl FabricWorker {
             .clients
             .get_mut(&token)
             .and_then(|c| c.challenged.take())
+            .map(|b| *b)
         else {
             return;
         };
@@ -258,7 +272,9 @@ impl FabricWorker {
     }
 
     /// Answer a HELLO: connect to the client's worker and queue WELCOME (a refusal is
-    /// sent too; `flush_out` then drops the client).
+    /// sent too; `flush_out` then drops the client). With two tiers a new session goes
+    /// to the hot one while it has room, else to the cold one (or, when the cold tier
+    /// cannot reach the client, to the hot one over its cap: `ucx_tier_fallbacks`).
     pub(super) fn welcome(&mut self, token: Token, hello: fp::Hello) {
         let shared = Arc::clone(&self.fs);
         let shared = &shared.0;
@@ -270,72 +286,177 @@ impl FabricWorker {
             version: fp::VERSION,
             ..Default::default()
         };
+        // A slot among `--max-clients`, taken before UCX hears of the client (so that
+        // workers racing for the last one cannot both win it) and given back if no
+        // session comes of it.
+        let slot = fs.curr_sessions.fetch_add(1, Ordering::Relaxed) < fs.max_clients;
+        if !slot {
+            fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
+        }
         if hello.version != fp::VERSION {
             reply.status = fp::WELCOME_BAD_VERSION;
+        } else if !slot {
+            fs.sessions_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                "ucx bootstrap: {} sessions served (--max-clients); refusing a client",
+                fs.max_clients
+            );
+            reply.status = fp::WELCOME_FULL;
         } else {
-            match (self.connect_client(&hello.worker_address), self.w.address()) {
-                (Ok(ep), Ok(addr)) => {
+            let placed = self.place(fs, &hello.worker_address);
+            let id = fs.next_session.fetch_add(1, Ordering::Relaxed);
+            let welcomed = match placed {
+                Ok((tier, ep)) => match self.welcome_for(tier, id) {
+                    Ok(w) => Ok((w, tier, ep)),
+                    Err(e) => {
+                        self.tiers[tier].close(ep, true);
+                        fs.release(tier);
+                        Err(e)
+                    }
+                },
+                Err(e) => Err(e),
+            };
+            match welcomed {
+                Ok((w, tier, ep)) => {
+                    reply = w;
                     reply.peer_errors = ep.peer_errors();
                     if ep.peer_errors() {
                         fs.peer_error_sessions.fetch_add(1, Ordering::Relaxed);
                     }
-                    let id = fs.next_session.fetch_add(1, Ordering::Relaxed);
-                    let store = &shared.store;
-                    reply.session = id;
-                    reply.eager_max = fs.eager_max as u32;
-                    reply.item_size_max = store.config().item_size_max as u64;
-                    reply.clock = store.clock().now();
-                    reply.started_unix = u64::from(store.clock().started());
-                    reply.instance = shared.instance;
-                    reply.arena_base = fs.arena.base;
-                    reply.arena_len = fs.arena.len;
-                    reply.index_base = fs.index.base;
-                    reply.index_len = fs.index.len;
-                    reply.worker_address = addr;
-                    reply.arena_rkey = fs.arena.rkey.clone();
-                    reply.index_rkey = fs.index.rkey.clone();
-                    fs.curr_sessions.fetch_add(1, Ordering::Relaxed);
                     fs.total_sessions.fetch_add(1, Ordering::Relaxed);
+                    let now = Instant::now();
+                    let session = Session {
+                        id,
+                        tier,
+                        ep,
+                        moving: None,
+                        address: hello.worker_address.as_slice().into(),
+                        requests: 0,
+                        busy_ticks: 0,
+                        last_busy: now,
+                        settle_until: now,
+                    };
+                    fs.session_bytes
+                        .fetch_add(session.bytes(), Ordering::Relaxed);
+                    self.served[tier] += 1;
                     self.by_session.insert(id, token);
                     if let Some(c) = self.clients.get_mut(&token) {
-                        c.session = Some((id, ep));
+                        c.session = Some(session);
                     }
                     tracing::debug!(
-                        "ucx session {id} on worker {} (client address {} bytes)",
+                        "ucx session {id} on worker {}, {} tier (client address {} bytes)",
                         self.worker_index,
+                        if tier == HOT { "hot" } else { "cold" },
                         hello.worker_address.len()
                     );
                 }
-                (Err(e), _) | (_, Err(e)) => {
+                Err(e) => {
                     tracing::debug!("cannot connect to a UCX client: {e}");
                     reply.status = fp::WELCOME_REFUSED;
                 }
             }
         }
+        if slot && reply.status != fp::WELCOME_OK {
+            fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(c) = self.clients.get_mut(&token) {
-            c.inbuf.clear();
+            c.inbuf = Vec::new();
             c.outbuf.extend_from_slice(&reply.encode());
             c.refused = reply.status != fp::WELCOME_OK;
         }
+        self.arm_timer();
     }
 
-    /// An endpoint to a client: with UCX peer-failure handling when the transports in use
-    /// support it (then a client that dies mid-transfer has its transfers cancelled and
-    /// their items freed at once), otherwise without (UCX 1.13's shared-memory transports;
-    /// the lifeline still ends the session). UCX refuses to create the endpoint in peer
-    /// mode when no transport can carry it so.
+    /// The tier and endpoint of a new session (its place on the tier reserved).
+    fn place(
+        &mut self,
+        fs: &crate::ucx_context::FabricShared,
+        address: &[u8],
+    ) -> mf::Result<(usize, mf::Endpoint)> {
+        if self.tiers.len() > 1 && !fs.reserve(HOT) {
+            fs.reserve(COLD);
+            match self.connect_client(COLD, address) {
+                Ok(ep) => return Ok((COLD, ep)),
+                Err(e) => {
+                    // No transport in common with the client: it can only be served hot.
+                    tracing::debug!("cold tier cannot reach a client ({e}); serving it hot");
+                    fs.release(COLD);
+                    fs.tier_sessions[HOT].fetch_add(1, Ordering::Relaxed);
+                    fs.tier_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        } else if self.tiers.len() == 1 {
+            fs.reserve(HOT);
+        }
+        self.connect_client(HOT, address)
+            .map(|ep| (HOT, ep))
+            .inspect_err(|_| fs.release(HOT))
+    }
+
+    /// The WELCOME (or, for a move, the AM_MOVE header) that sends session `id` to
+    /// `tier`'s worker: the store's rkeys only on the hot tier (the cold tier is served
+    /// two-sided).
+    pub(super) fn welcome_for(&self, tier: usize, id: u32) -> mf::Result<fp::Welcome> {
+        let shared = &self.fs.0;
+        let fs = shared
+            .fabric
+            .as_ref()
+            .expect("fabric worker without fabric");
+        let store = &shared.store;
+        let mut w = fp::Welcome {
+            version: fp::VERSION,
+            session: id,
+            eager_max: fs.eager_max as u32,
+            item_size_max: store.config().item_size_max as u64,
+            clock: store.clock().now(),
+            started_unix: u64::from(store.clock().started()),
+            instance: shared.instance,
+            worker_address: self.tiers[tier].address()?,
+            ..Default::default()
+        };
+        if tier == HOT {
+            w.arena_base = fs.arena.base;
+            w.arena_len = fs.arena.len;
+            w.index_base = fs.index.base;
+            w.index_len = fs.index.len;
+            w.arena_rkey = fs.arena.rkey.clone();
+            w.index_rkey = fs.index.rkey.clone();
+        }
+        Ok(w)
+    }
+
+    /// An endpoint to a client on `tier`'s worker: with UCX peer-failure handling when the
+    /// tier's transports support it (then a client that dies mid-transfer has its
+    /// transfers cancelled and their items freed at once), otherwise without (UCX 1.13's
+    /// shared-memory transports; the lifeline still ends the session). Which of the two
+    /// is known per tier (`FabricWorker::new` probes it): a refused attempt in the other
+    /// mode would still use up one of UCX's connection sequence numbers towards that
+    /// client, so that our endpoints and the client's stop pairing up — and a later
+    /// endpoint of the client's was then paired with an old one of ours, whose close
+    /// left the client's requests nowhere to go.
     ///
     /// Nothing is sent on the endpoint here: the client's endpoint to us wires the pair up
     /// when the client first sends. (A probe sent from here made us open the transport
     /// connection to the client ourselves, and UCX 1.13 aborts the process when that
     /// fails mid wire-up, as it does for a client that died after HELLO.)
-    pub(super) fn connect_client(&mut self, address: &[u8]) -> mf::Result<mf::Endpoint> {
-        self.w.set_peer_errors(true);
-        let ep = self.w.connect_address(address).or_else(|_| {
-            self.w.set_peer_errors(false);
-            self.w.connect_address(address)
+    pub(super) fn connect_client(
+        &mut self,
+        tier: usize,
+        address: &[u8],
+    ) -> mf::Result<mf::Endpoint> {
+        let peer_errors = self.peer_errors[tier];
+        let w = &mut self.tiers[tier];
+        w.set_peer_errors(peer_errors);
+        let ep = w.connect_address(address).or_else(|e| {
+            if !peer_errors {
+                return Err(e);
+            }
+            // A client that shares only transports without it (rare: the probe found
+            // one with it among the tier's transports).
+            w.set_peer_errors(false);
+            w.connect_address(address)
         });
-        self.w.set_peer_errors(false);
+        w.set_peer_errors(false);
         ep
     }
 
@@ -355,6 +476,9 @@ impl FabricWorker {
                 Err(_) => return false,
             }
         }
+        // Sent: nothing more is written on a lifeline, so its buffer goes (a session
+        // lives on with what it holds, thousands of them).
+        c.outbuf = Vec::new();
         // A refused client has been told; now let it go.
         !c.refused
     }
@@ -381,10 +505,10 @@ impl FabricWorker {
         let Some(c) = self.clients.get_mut(&t) else {
             return;
         };
-        if c.session.as_ref().is_some_and(|(_, ep)| ep.peer_errors()) {
+        if c.session.as_ref().is_some_and(|s| s.ep.peer_errors()) {
             return;
         }
-        let abandoned: u64 = c.waiting.drain(..).map(abandon).sum();
+        let abandoned: u64 = c.waiting.drain(..).map(|(_, m)| abandon(m)).sum();
         c.waiting_bytes = 0;
         if self.failed_sessions.len() >= super::FAILED_SESSIONS_KEPT {
             self.failed_sessions.pop_front();
@@ -412,8 +536,31 @@ impl FabricWorker {
         // Requests still waiting are dropped unanswered (the client is gone, or is told
         // by the lifeline closing); their rendezvous descriptors go back to UCX.
         c.waiting.clear();
-        if let Some((id, ep)) = c.session.take() {
+        if let Some(session) = c.session.take() {
+            if let Some(fs) = self.shared().fabric.as_ref() {
+                fs.release(session.assigned());
+                fs.session_bytes
+                    .fetch_sub(session.bytes(), Ordering::Relaxed);
+            }
+            let Session {
+                id,
+                tier,
+                ep,
+                moving,
+                ..
+            } = session;
             self.by_session.remove(&id);
+            self.ended_since_trim += 1;
+            // After a crowd has gone, the tables shrink with it (their capacity is memory
+            // held per session at the peak).
+            if self.clients.capacity() > 64 && self.clients.len() * 4 < self.clients.capacity() {
+                self.clients.shrink_to_fit();
+                self.by_session.shrink_to_fit();
+            }
+            if let Some(m) = moving {
+                let (t, e) = *m;
+                self.tiers[t].close(e, true);
+            }
             let receiving = self.receiving.values().filter(|r| r.session == id).count();
             let sending = self.sending.values().filter(|r| r.session == id).count();
             if let Some(fs) = self.shared().fabric.as_ref() {
@@ -433,7 +580,7 @@ impl FabricWorker {
             // in flight to it with an error, which frees pending items and unpins items.
             // Without peer-failure handling UCX completes none of them; sends then let go
             // of their items' pins here (UCX keeps reading, if ever, from mapped memory).
-            self.w.close(ep, true);
+            self.tiers[tier].close(ep, true);
             let gone: Vec<mf::Token> = self
                 .sending
                 .iter()
@@ -451,6 +598,7 @@ impl FabricWorker {
             tracing::debug!(
                 "ucx session {id} closed ({receiving} receives, {sending} sends in flight)"
             );
+            self.arm_timer();
         }
     }
 }
@@ -461,9 +609,9 @@ pub(super) fn session_ep<'a>(
     by_session: &HashMap<u32, Token>,
     clients: &'a HashMap<Token, Client>,
     session: u32,
-) -> Option<&'a mf::Endpoint> {
+) -> Option<(usize, &'a mf::Endpoint)> {
     let t = by_session.get(&session)?;
-    clients.get(t)?.session.as_ref().map(|(_, ep)| ep)
+    clients.get(t)?.session.as_ref().map(|s| (s.tier, &s.ep))
 }
 
 /// Lets go of a request from a session whose endpoint failed: rendezvous data is
