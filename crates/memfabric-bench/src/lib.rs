@@ -19,6 +19,7 @@ pub mod report;
 pub mod resilience;
 pub mod responder;
 pub mod rng;
+pub mod scale;
 pub mod server;
 pub mod textproto;
 pub mod transport;

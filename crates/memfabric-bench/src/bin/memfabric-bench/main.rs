@@ -1,5 +1,5 @@
 //! memfabric-bench: throughput, latency, YCSB, the memcached comparison and the RAM + flash
-//! (hybrid) comparison, the client libraries and the burst buffer (bursty). This file holds the command line's top level and dispatch; each
+//! (hybrid) comparison, the client libraries, the burst buffer (bursty) and thousands of clients (scale). This file holds the command line's top level and dispatch; each
 //! subcommand's arguments and driver live in its `*_cmd` module, shared arguments in `args`,
 //! file output in `output`.
 
@@ -11,6 +11,7 @@ mod hybrid_cmd;
 mod latency_cmd;
 mod output;
 mod resilience_cmd;
+mod scale_cmd;
 mod throughput_cmd;
 mod ycsb_cmd;
 
@@ -23,6 +24,7 @@ use compare_cmd::{compare_cmd, CompareArgs};
 use hybrid_cmd::{hybrid_cmd, HybridArgs};
 use latency_cmd::{latency_cmd, LatencyArgs};
 use resilience_cmd::{resilience_cmd, ResilienceArgs};
+use scale_cmd::{scale_cmd, scale_worker_cmd, ScaleArgs, ScaleWorkerArgs};
 use throughput_cmd::{throughput_cmd, ThroughputArgs};
 use ycsb_cmd::{ycsb_cmd, YcsbArgs};
 
@@ -63,6 +65,13 @@ enum Cmd {
     /// backing directory with fsync, then flushed there (Boldio's bursty I/O): speed-ups
     /// and the flush against the directory's raw write speed, in one run.
     Bursty(Box<BurstyArgs>),
+    /// Thousands of UCX client endpoints on one memfabricd: server memory, descriptors
+    /// and maps per client, hot and cold latency, churn between tiers, reclaim after
+    /// SIGKILL; every client dedicated, every client cold and hybrid, in one run.
+    Scale(Box<ScaleArgs>),
+    /// A client process of `scale` (started by it).
+    #[command(hide = true)]
+    ScaleWorker(ScaleWorkerArgs),
 }
 
 /// What a subcommand returns: its error is printed on stderr and exits with status 2.
@@ -78,6 +87,8 @@ fn main() -> ExitCode {
         Cmd::Hybrid(a) => hybrid_cmd(*a).map(|()| true),
         Cmd::Clients(a) => clients_cmd(*a).map(|()| true),
         Cmd::Bursty(a) => bursty_cmd(*a).map(|()| true),
+        Cmd::Scale(a) => scale_cmd(*a).map(|()| true),
+        Cmd::ScaleWorker(a) => scale_worker_cmd(a).map(|()| true),
         Cmd::Compare(a) => {
             let check = a.check;
             compare_cmd(*a).map(|pass| pass || !check)
