@@ -356,6 +356,10 @@ pub struct Churn {
     pub hot: Latency,
     pub promotions: u64,
     pub demotions: u64,
+    /// Per rotation (tiered servers): seconds from the rotation until the server had
+    /// promoted as many sessions as had become busy (the time to cross the threshold
+    /// included); `None` if not within the rotation's period.
+    pub promote_s: Vec<Option<f64>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -606,6 +610,8 @@ pub fn run_mode(
     let mut rotations = 0u64;
     let every = Duration::from_secs_f64(cfg.churn_every_s.max(0.1));
     let mut churn_h = new_hist();
+    let tiered = stat_u64(&before, "ucx_tiers") > 1;
+    let mut promote_s = Vec::new();
     while churn_start.elapsed() < window {
         rotations += 1;
         let (i, j) = if rotations % 2 == 1 {
@@ -613,8 +619,25 @@ pub fn run_mode(
         } else {
             (0, hot_busy)
         };
+        let promoted_before = stat_u64(&stats()?, "ucx_promotions");
         hot.send(&format!("busy {i} {j}"));
-        std::thread::sleep(every.min(window.saturating_sub(churn_start.elapsed())));
+        let rotated = Instant::now();
+        let period = every.min(window.saturating_sub(churn_start.elapsed()));
+        // How long until the server has promoted as many sessions as became busy (the
+        // tiered mode only; the others never promote).
+        let mut promoted_in = None;
+        while rotated.elapsed() < period {
+            std::thread::sleep(Duration::from_millis(50).min(period));
+            if promoted_in.is_none() && tiered {
+                let now = stat_u64(&stats()?, "ucx_promotions");
+                if now >= promoted_before + (j - i) as u64 {
+                    promoted_in = Some(rotated.elapsed().as_secs_f64());
+                }
+            }
+        }
+        if tiered {
+            promote_s.push(promoted_in);
+        }
         let r = hot.report()?;
         absorb(&r, &mut totals);
         add_pairs(&mut churn_h, &r.busy);
@@ -629,6 +652,7 @@ pub fn run_mode(
         rotations,
         hot: Latency::of(&churn_h),
         promotions: stat_u64(&after, "ucx_promotions") - stat_u64(&before, "ucx_promotions"),
+        promote_s,
         demotions: stat_u64(&after, "ucx_demotions") - stat_u64(&before, "ucx_demotions"),
     };
     say(format!(

@@ -247,3 +247,88 @@ fn the_session_past_max_clients_is_refused_clearly() {
     let mut fifth = client(&server);
     round_trip(&mut fifth, b"max-5", 5);
 }
+
+/// Thousands of HELLOs at once, a part of them from clients that die mid-connect: every
+/// live client gets its session (the listener queues, never drops), and what the dead
+/// ones held is given back (no session, no connection left of them).
+#[test]
+fn a_connect_storm_is_queued_and_half_connected_clients_cost_nothing() {
+    use memfabric_client::transport::{GetMode, Transport};
+    use memfabric_client::ucx::UcxTransport;
+    use memfabric_client::ServerAddr;
+    use std::io::Write;
+    client_reaches_both_tiers();
+    let server = Server::start(
+        Kind::MemfabricdUcx,
+        &[TIERS, &["-c", "4096", "--ucx-hello-timeout", "1"]].concat(),
+    );
+    const THREADS: usize = 8;
+    const EACH: usize = 128;
+    let url = ServerAddr::parse(&server.url()).unwrap();
+    let ucx_port = server.ucx_port.unwrap();
+    let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS + 1));
+    // The clients stay connected until the main thread has counted their sessions.
+    let counted = std::sync::Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut live = Vec::new();
+    for _ in 0..THREADS {
+        let (url, start, counted, tx) = (url.clone(), start.clone(), counted.clone(), tx.clone());
+        live.push(std::thread::spawn(move || {
+            let mut t = UcxTransport::new(GetMode::Auto, false).unwrap();
+            start.wait();
+            let conns: Vec<_> = (0..EACH)
+                .map(|_| t.connect(&url, Duration::from_secs(60)))
+                .collect();
+            let ok = conns.iter().filter(|c| c.is_ok()).count();
+            let first_error = conns
+                .into_iter()
+                .find_map(|c| c.err().map(|e| e.to_string()));
+            tx.send((ok, first_error)).unwrap();
+            counted.wait();
+            drop(t);
+        }));
+    }
+    // Beside them, clients that die mid-connect: half a HELLO, or nothing, then gone.
+    let dying = std::thread::spawn(move || {
+        for i in 0..200 {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", ucx_port)) {
+                if i % 2 == 0 {
+                    let _ = s.write_all(b"MFAB\x01\x00");
+                }
+            }
+        }
+    });
+    start.wait();
+    let results: Vec<(usize, Option<String>)> = (0..THREADS).map(|_| rx.recv().unwrap()).collect();
+    dying.join().unwrap();
+    for (ok, first_error) in &results {
+        assert_eq!(*ok, EACH, "a connect failed: {first_error:?}");
+    }
+    assert_eq!(stat(&server, "ucx_curr_sessions"), (THREADS * EACH) as u64);
+    assert_eq!(stat(&server, "ucx_sessions_refused"), 0);
+    counted.wait();
+    for h in live {
+        h.join().unwrap();
+    }
+    // Everything goes back: the live clients' sessions, and the dead ones' connections
+    // (closed at once, or by the HELLO deadline).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let conns = |server: &Server| {
+        let mut c = Client::new(server.addr().as_str(), Config::default()).unwrap();
+        let stats = c.stats(None).remove(0).1.unwrap();
+        stats
+            .iter()
+            .find(|(k, _)| k == "curr_connections")
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .unwrap()
+    };
+    while (stat(&server, "ucx_curr_sessions") > 0 || conns(&server) > 2)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(stat(&server, "ucx_curr_sessions"), 0);
+    assert!(conns(&server) <= 2, "{} connections left", conns(&server));
+    assert_eq!(stat(&server, "ucx_hot_sessions"), 0);
+    assert_eq!(stat(&server, "ucx_cold_sessions"), 0);
+}

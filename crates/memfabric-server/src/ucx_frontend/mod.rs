@@ -207,8 +207,10 @@ pub struct FabricWorker {
     /// trimmed (on the deadline timer) at most once per `TRIM_EVERY` while sessions end.
     ended_since_trim: u64,
     last_trim: std::time::Instant,
-    /// Sessions each tier's worker has served since it was created (see `recycle`).
+    /// Sessions each tier's worker has served since it was created (see `recycle`), and
+    /// the trims in a row that found a worker to renew but could not yet.
     served: [u64; 2],
+    recycle_tries: u8,
 }
 
 /// A tier's UCX worker that has served this many sessions and has none left is replaced
@@ -312,6 +314,7 @@ impl FabricWorker {
             ended_since_trim: 0,
             last_trim: std::time::Instant::now(),
             served: [0; 2],
+            recycle_tries: 0,
         }))
     }
 
@@ -518,21 +521,34 @@ impl FabricWorker {
     /// Replace the UCX worker of each tier that has served `RECYCLE_AFTER` sessions and
     /// has nothing left: no session on it or moving to it, no transfer of this thread in
     /// flight, no endpoint closing. Clients are told the new worker's address as before
-    /// (WELCOME and moves read it when they are made).
-    pub(super) fn recycle(&mut self, registry: &Registry) {
-        if !(self.sending.is_empty() && self.receiving.is_empty() && self.held.is_empty()) {
-            return;
+    /// (WELCOME and moves read it when they are made). Returns whether a worker is due
+    /// but has to wait (transfers or endpoint closes still running).
+    pub(super) fn recycle(&mut self, registry: &Registry) -> bool {
+        let idle = |me: &Self, tier: usize| {
+            me.served[tier] >= RECYCLE_AFTER
+                && !me.clients.values().any(|c| {
+                    c.session
+                        .as_ref()
+                        .is_some_and(|s| s.tier == tier || s.assigned() == tier)
+                })
+        };
+        let due = (0..self.tiers.len()).any(|t| idle(self, t));
+        if !due {
+            return false;
         }
+        if !(self.sending.is_empty() && self.receiving.is_empty() && self.held.is_empty()) {
+            return true;
+        }
+        let mut waiting = false;
+        // Closes still running are waited for, unless they have all been stuck for
+        // `UCX_CLOSE_PATIENCE` (those UCX 1.13 never finishes: see there).
+        let closes_stuck = !self.closes_progressing();
         for tier in 0..self.tiers.len() {
-            if self.served[tier] < RECYCLE_AFTER || self.tiers[tier].closing() > 0 {
+            if !idle(self, tier) {
                 continue;
             }
-            let used = self.clients.values().any(|c| {
-                c.session
-                    .as_ref()
-                    .is_some_and(|s| s.tier == tier || s.assigned() == tier)
-            });
-            if used {
+            if self.tiers[tier].closing() > 0 && !closes_stuck {
+                waiting = true;
                 continue;
             }
             let ctx = Arc::clone(self.tiers[tier].context());
@@ -542,7 +558,9 @@ impl FabricWorker {
             match tier_worker(&ctx, registry, tier) {
                 Ok(w) => {
                     // The old one goes now (UCX frees what it held for its endpoints).
-                    drop(std::mem::replace(&mut self.tiers[tier], w));
+                    let mut old = std::mem::replace(&mut self.tiers[tier], w);
+                    old.abandon_closes();
+                    drop(old);
                     self.served[tier] = 0;
                     tracing::debug!(
                         "ucx worker {} ({} tier) renewed after its clients left",
@@ -564,6 +582,7 @@ impl FabricWorker {
                 }
             }
         }
+        waiting
     }
 }
 

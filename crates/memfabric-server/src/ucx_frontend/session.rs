@@ -73,11 +73,14 @@ impl FabricWorker {
         let settings = &fs.0.settings;
         let now = Instant::now();
         if self.ended_since_trim > 0 && now.duration_since(self.last_trim) >= super::TRIM_EVERY {
-            self.recycle(registry);
+            let waiting = self.recycle(registry);
             // What the ended sessions' endpoints held goes back to the system, so that the
             // process shrinks back when many clients leave (or are killed) at once.
             mf::release_free_heap();
-            self.ended_since_trim = 0;
+            // A worker waiting to be renewed (closes still running) is looked at again
+            // on the next trims, a bounded number of times.
+            self.recycle_tries = if waiting { self.recycle_tries + 1 } else { 0 };
+            self.ended_since_trim = u64::from(waiting && self.recycle_tries < 10);
             self.last_trim = now;
         }
         if self.tiers.len() > 1 {

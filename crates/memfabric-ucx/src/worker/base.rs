@@ -242,6 +242,19 @@ impl Worker {
         self.closing.borrow().len()
     }
 
+    /// Give up on the endpoint closes still in progress (ones UCX will never finish, such
+    /// as the force-close of a shared-memory endpoint whose dead peer left its FIFO
+    /// full), so that the worker can be dropped at once: their requests are released and
+    /// their small state is left to UCX, which frees it with the worker.
+    pub fn abandon_closes(&mut self) {
+        for req in self.closing.borrow_mut().drain(..) {
+            // SAFETY: req is an in-flight close request returned by ucp_ep_close_nbx and
+            // not yet completed (the callback removes completed ones); freeing it only
+            // tells UCX we will not wait for it.
+            unsafe { sys::ucp_request_free(req as *mut c_void) };
+        }
+    }
+
     /// Progress until every endpoint close has finished or `limit` has passed (see
     /// [`Worker::closing`] for what is left). A peer that never answers a flush is
     /// force-closed by UCX's own timeouts; this only bounds how long we wait for that.

@@ -371,6 +371,16 @@ fn print_tables(results: &[ModeResult]) {
                 r.churn.rotations.to_string(),
                 r.churn.promotions.to_string(),
                 r.churn.demotions.to_string(),
+                {
+                    let all: Vec<f64> = r.churn.promote_s.iter().flatten().copied().collect();
+                    let missed = r.churn.promote_s.len() - all.len();
+                    match all.iter().copied().reduce(f64::max) {
+                        Some(m) if missed == 0 => format!("{m:.2}"),
+                        Some(m) => format!("{m:.2} ({missed} late)"),
+                        None if missed > 0 => format!("({missed} late)"),
+                        None => "-".into(),
+                    }
+                },
                 format!("{:.1}", r.churn.hot.p50_us),
                 r.failures.to_string(),
                 r.first_failure.clone().unwrap_or_default(),
@@ -388,6 +398,7 @@ fn print_tables(results: &[ModeResult]) {
                 "rotations",
                 "promotions",
                 "demotions",
+                "promoted in (max s)",
                 "hot p50",
                 "failed",
                 "first failure",
