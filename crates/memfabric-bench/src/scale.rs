@@ -389,28 +389,11 @@ pub struct ModeResult {
     pub fabric_stats: Vec<(String, String)>,
 }
 
-/// `stats fabric` of the server at `addr`.
-pub fn fabric_stats(addr: std::net::SocketAddr) -> std::io::Result<Vec<(String, String)>> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"stats fabric\r\n")?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.ends_with(b"END\r\n") {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    Ok(String::from_utf8_lossy(&buf)
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.strip_prefix("STAT ")?.splitn(2, ' ');
-            Some((w.next()?.to_string(), w.next()?.to_string()))
-        })
-        .collect())
+/// `stats fabric` of the server at `addr` (hybrid's stats reader, one connection each).
+pub fn fabric_stats(addr: std::net::SocketAddr) -> Result<Vec<(String, String)>, String> {
+    crate::hybrid::stats("memfabricd", addr, "stats fabric")
+        .map(|m| m.into_iter().collect())
+        .map_err(|e| e.to_string())
 }
 
 fn stat_u64(stats: &[(String, String)], name: &str) -> u64 {
@@ -496,7 +479,7 @@ pub fn run_mode(
         }
     };
     let sample = || ProcSample::of(pid).map_err(|e| format!("server /proc: {e}"));
-    let stats = || fabric_stats(stats_addr).map_err(|e| format!("stats fabric: {e}"));
+    let stats = || fabric_stats(stats_addr);
     let window = Duration::from_secs_f64(cfg.duration_s);
     std::thread::sleep(Duration::from_millis(500));
     let baseline = sample()?;

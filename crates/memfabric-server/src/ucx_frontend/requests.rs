@@ -56,7 +56,8 @@ impl FabricWorker {
             return;
         };
         let known = self.by_session.contains_key(&ids.session);
-        if known && !replayed {
+        // Request rates matter only to the tier policy (one tier: nothing to count).
+        if known && !replayed && self.tiers.len() > 1 {
             self.note_request(ids.session, tier);
         }
         if !known && self.failed_sessions.contains(&ids.session) {

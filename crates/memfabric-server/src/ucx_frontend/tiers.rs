@@ -22,6 +22,13 @@ impl FabricWorker {
         self.clients.get_mut(t)?.session.as_mut()
     }
 
+    /// End `session`'s move: the session, the tier it was moving to and our endpoint there.
+    fn take_move(&mut self, session: u32) -> Option<(&mut Session, usize, mf::Endpoint)> {
+        let s = self.session_mut(session)?;
+        let (to, ep) = *s.moving.take()?;
+        Some((s, to, ep))
+    }
+
     /// A request of `session` came through `tier`: counted for the policy. One that
     /// comes through the tier the session is moving to means the client is there.
     pub(super) fn note_request(&mut self, session: u32, tier: usize) {
@@ -57,23 +64,15 @@ impl FabricWorker {
     /// the old endpoint (which the client has closed, with every request it sent there
     /// answered) is closed.
     fn arrived(&mut self, session: u32) {
-        let Some(s) = self.session_mut(session) else {
+        let Some((s, to, ep)) = self.take_move(session) else {
             return;
         };
-        let Some(m) = s.moving.take() else {
-            return;
-        };
-        let (to, ep) = *m;
         let from = s.tier;
         let old = std::mem::replace(&mut s.ep, ep);
         s.tier = to;
         self.served[to] += 1;
-        // Forced: a graceful close tells the client's worker that its endpoint is gone,
-        // naming it by the id UCX gave it there; clients use pointers as ids (see
-        // `mf::Context::new_server`), and the client's new endpoint, allocated where its
-        // old one was, took that message for itself and stopped (a returning client's
-        // requests then never left it). The client has closed its end already, with
-        // every request it sent there answered.
+        // Forced: the client has closed its end already, with every request it sent there
+        // answered; there is nothing left to flush.
         self.tiers[from].close(old, true);
         if let Some(fs) = self.shared().fabric.as_ref() {
             let moves = if to == HOT {
@@ -91,13 +90,9 @@ impl FabricWorker {
 
     /// The client of `session` cannot reach the tier it was sent to: it stays.
     fn move_refused(&mut self, session: u32) {
-        let Some(s) = self.session_mut(session) else {
+        let Some((s, to, ep)) = self.take_move(session) else {
             return;
         };
-        let Some(m) = s.moving.take() else {
-            return;
-        };
-        let (to, ep) = *m;
         let from = s.tier;
         s.settle_until = Instant::now() + SETTLE_REFUSED;
         self.tiers[to].close(ep, true);
