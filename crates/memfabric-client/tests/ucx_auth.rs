@@ -138,6 +138,7 @@ fn hello(server: &Server, address: &[u8]) -> (TcpStream, Vec<u8>) {
     s.set_read_timeout(Some(WAIT)).unwrap();
     let h = fp::Hello {
         version: fp::VERSION,
+        ucx_version: 0,
         worker_address: address.to_vec(),
     };
     s.write_all(&h.encode()).unwrap();
@@ -279,6 +280,7 @@ fn thousands_of_hostile_bootstraps_are_refused_counted_and_harm_no_one() {
     };
     let valid_hello = fp::Hello {
         version: fp::VERSION,
+        ucx_version: 0,
         worker_address: garbage.clone(),
     }
     .encode();

@@ -208,6 +208,10 @@ fn hello(url: &str, frame: &[u8]) -> Option<u8> {
 fn hello_frame(address: &[u8]) -> Vec<u8> {
     memfabric_proto::ucx_wire::Hello {
         version: memfabric_proto::ucx_wire::VERSION,
+        ucx_version: {
+            let (major, minor, _) = memfabric_ucx::version_numbers();
+            memfabric_proto::ucx_wire::ucx_version_code(major, minor)
+        },
         worker_address: address.to_vec(),
     }
     .encode()
@@ -289,6 +293,72 @@ fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).unwrap();
     let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
     assert!(!matches!(state, Some('Z' | 'X')), "server exited: {stat}");
+}
+
+/// A client of another UCX release is refused before UCX sees its address (WELCOME status
+/// 6, carrying the server's UCX version; `ucx_version_mismatches`): UCX peers of different
+/// releases abort on each other's wireup (1.13 on 1.22). A client that does not say its
+/// UCX (older clients: 0) is taken as before; the server keeps serving throughout.
+#[test]
+fn a_client_of_another_ucx_release_is_refused_before_ucx_sees_it() {
+    use memfabric_proto::ucx_wire as fp;
+    let (_server, url) = start_ucx_server();
+    let ctx = memfabric_ucx::Context::new("version-test").unwrap();
+    let mut worker = memfabric_ucx::Worker::new(&ctx).unwrap();
+    let address = worker.address().unwrap();
+    let (major, minor, _) = memfabric_ucx::version_numbers();
+    let ours = fp::ucx_version_code(major, minor);
+    let mut c = Client::new(&url, Config::default()).unwrap();
+    // The server says which UCX it runs: the same library as this test (one build).
+    let served: Vec<String> = c
+        .stats(Some("fabric"))
+        .into_iter()
+        .flat_map(|(_, r)| r.expect("stats fabric"))
+        .filter(|(k, _)| k == "ucx_version")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(served, vec![memfabric_ucx::version()]);
+    if let Ok(expected) = std::env::var("MEMFABRIC_EXPECT_UCX") {
+        // scripts/ucx-newer.sh: the build and the run picked the UCX it fetched.
+        assert_eq!(memfabric_ucx::version(), expected, "the UCX this test runs");
+    }
+    for other in [
+        fp::ucx_version_code(major, minor + 1),
+        fp::ucx_version_code(major + 1, 0),
+    ] {
+        let frame = fp::Hello {
+            version: fp::VERSION,
+            ucx_version: other,
+            worker_address: address.clone(),
+        }
+        .encode();
+        let w = read_welcome(&mut send_to_bootstrap(&url, &frame)).expect("a WELCOME");
+        assert_eq!(w.status, fp::WELCOME_UCX_MISMATCH, "client UCX {other:#x}");
+        assert_eq!(
+            w.session,
+            u32::from(ours),
+            "the refusal names the server's UCX"
+        );
+    }
+    assert_eq!(fabric_stat(&mut c, "ucx_version_mismatches"), 2);
+    // Not said (0) and the same release: accepted.
+    for said in [0, ours] {
+        let frame = fp::Hello {
+            version: fp::VERSION,
+            ucx_version: said,
+            worker_address: address.clone(),
+        }
+        .encode();
+        let w = read_welcome(&mut send_to_bootstrap(&url, &frame)).expect("a WELCOME");
+        assert_eq!(w.status, fp::WELCOME_OK, "client UCX {said:#x}");
+        worker.progress();
+    }
+    assert_eq!(fabric_stat(&mut c, "ucx_version_mismatches"), 2);
+    c.set(b"after", b"still serving", 0, 0).unwrap();
+    assert_eq!(
+        &c.get(b"after").unwrap().unwrap().data[..],
+        b"still serving"
+    );
 }
 
 /// User plus system CPU time of process `pid` so far, in clock ticks.

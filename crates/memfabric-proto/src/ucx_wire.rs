@@ -283,7 +283,23 @@ pub fn decode_response(b: &[u8]) -> Result<Response, DecodeError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub version: u16,
+    /// The UCX library the client runs, as [`ucx_version_code`] packs it; 0 = not said
+    /// (clients before it was sent). UCX's own wire format changes between releases (a
+    /// 1.13 peer aborts on a 1.22 peer's wireup), so the server refuses a client whose UCX
+    /// differs from its own before UCX ever sees the client's address.
+    pub ucx_version: u16,
     pub worker_address: Vec<u8>,
+}
+
+/// A UCX version (major, minor) as HELLO and a [`WELCOME_UCX_MISMATCH`] refusal carry it:
+/// `major << 8 | minor` (releases within one minor version speak the same wire format).
+pub fn ucx_version_code(major: u32, minor: u32) -> u16 {
+    ((major.min(255) as u16) << 8) | minor.min(255) as u16
+}
+
+/// "1.13" for a [`ucx_version_code`].
+pub fn ucx_version_text(code: u16) -> String {
+    format!("{}.{}", code >> 8, code & 0xff)
 }
 
 impl Hello {
@@ -291,7 +307,7 @@ impl Hello {
         let mut out = Vec::with_capacity(12 + self.worker_address.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.ucx_version.to_le_bytes());
         put_blob(&mut out, &self.worker_address);
         out
     }
@@ -303,10 +319,11 @@ pub fn decode_hello(b: &[u8]) -> Result<Option<(Hello, usize)>, DecodeError> {
     decode_frame(b, |r| {
         r.take(4)?;
         let version = r.u16()?;
-        r.take(2)?;
+        let ucx_version = r.u16()?;
         let worker_address = r.blob()?;
         Ok(Hello {
             version,
+            ucx_version,
             worker_address,
         })
     })
@@ -368,6 +385,11 @@ pub const WELCOME_AUTH_FAILED: u8 = 4;
 /// The server already serves as many UCX sessions as it takes (`--max-clients`): the
 /// client may try again later or another server.
 pub const WELCOME_FULL: u8 = 5;
+/// The client's UCX (its HELLO's `ucx_version`) is not the server's: UCX peers of
+/// different releases cannot be trusted to understand each other's wireup (an older one
+/// aborts the process). The refusal's `session` field carries the server's
+/// [`ucx_version_code`].
+pub const WELCOME_UCX_MISMATCH: u8 = 6;
 
 /// Bytes of a challenge's nonce.
 pub const NONCE_LEN: usize = 32;
@@ -660,9 +682,13 @@ mod tests {
     fn bootstrap_frames_roundtrip_and_report_short_input() {
         let h = Hello {
             version: VERSION,
+            ucx_version: ucx_version_code(1, 13),
             worker_address: vec![1, 2, 3, 4, 5],
         };
         let b = h.encode();
+        // Where the UCX version sits (docs/fabric-protocol.md 1.1): offset 6, little endian.
+        assert_eq!(&b[6..8], &[13, 1]);
+        assert_eq!(ucx_version_text(h.ucx_version), "1.13");
         for cut in 0..b.len() {
             assert_eq!(decode_hello(&b[..cut]).unwrap(), None, "cut {cut}");
         }

@@ -140,6 +140,8 @@ pub struct FabricShared {
     pub sessions_overflowed: AtomicU64,
     /// HELLOs refused because `--max-clients` sessions were being served.
     pub sessions_refused: AtomicU64,
+    /// HELLOs refused because the client's UCX release is not ours (`WELCOME_UCX_MISMATCH`).
+    pub version_mismatches: AtomicU64,
     /// `--max-clients`.
     pub max_clients: u64,
     /// Sessions per tier (a session being moved counts where it goes).
@@ -217,6 +219,7 @@ impl FabricShared {
             requests_deferred: AtomicU64::new(0),
             sessions_overflowed: AtomicU64::new(0),
             sessions_refused: AtomicU64::new(0),
+            version_mismatches: AtomicU64::new(0),
             max_clients: u64::from(settings.ucx_max_clients),
             tier_sessions: [AtomicU64::new(0), AtomicU64::new(0)],
             hot_clients: u64::from(settings.ucx_hot_clients),
@@ -278,6 +281,7 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             ("ucx_requests_deferred", &fs.requests_deferred),
             ("ucx_sessions_overflowed", &fs.sessions_overflowed),
             ("ucx_sessions_refused", &fs.sessions_refused),
+            ("ucx_version_mismatches", &fs.version_mismatches),
             ("ucx_hot_sessions", &fs.tier_sessions[HOT]),
             ("ucx_cold_sessions", &fs.tier_sessions[COLD]),
             ("ucx_promotions", &fs.promotions),
@@ -302,6 +306,7 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             "ucx_tiers".into(),
             if fs.tiered() { "2" } else { "1" }.into(),
         ));
+        v.push(("ucx_version".into(), memfabric_ucx::version()));
         v.push(("ucx_eager_max".into(), fs.eager_max.to_string()));
         v.push(("ucx_arena_registered".into(), fs.arena.len.to_string()));
         v.push((

@@ -116,8 +116,10 @@ impl UcxTransport {
                 .max(Duration::from_millis(1))
         };
         s.set_write_timeout(Some(left(deadline))).map_err(io)?;
+        let (major, minor, _) = mf::version_numbers();
         let hello = fp::Hello {
             version: fp::VERSION,
+            ucx_version: fp::ucx_version_code(major, minor),
             worker_address: self.address.clone(),
         };
         s.write_all(&hello.encode()).map_err(io)?;
@@ -181,6 +183,14 @@ impl UcxTransport {
                 server,
                 msg: "the server is full (it serves --max-clients UCX sessions already)".into(),
             }),
+            fp::WELCOME_UCX_MISMATCH => Err(Error::Protocol(format!(
+                "{server}: the server runs UCX {}, this client UCX {} ({}): UCX peers of \
+                 different releases cannot talk to each other; use the same UCX on both \
+                 sides, or the memcached protocol over TCP",
+                fp::ucx_version_text(welcome.session as u16),
+                fp::ucx_version_text(hello.ucx_version),
+                mf::version()
+            ))),
             fp::WELCOME_BAD_VERSION => Err(Error::Protocol(format!(
                 "{server}: fabric protocol version {} not supported (server speaks {})",
                 fp::VERSION,

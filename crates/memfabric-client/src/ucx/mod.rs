@@ -39,6 +39,9 @@ use crate::op::Op;
 use crate::transport::{Completion, ConnId, GetMode, Transport};
 use connect::context;
 
+/// The UCX library this process runs (its own version string, e.g. "1.13.1").
+pub use memfabric_ucx::version as library_version;
+
 /// Response values of at least this many bytes stay in UCX's receive buffer (no copy).
 const HOLD_MIN: usize = 2048;
 

@@ -296,8 +296,21 @@ impl FabricWorker {
         if !slot {
             fs.curr_sessions.fetch_sub(1, Ordering::Relaxed);
         }
+        let (major, minor, _) = mf::version_numbers();
+        let ours = fp::ucx_version_code(major, minor);
         if hello.version != fp::VERSION {
             reply.status = fp::WELCOME_BAD_VERSION;
+        } else if hello.ucx_version != 0 && hello.ucx_version != ours {
+            // Refused before UCX sees the address: a peer of another UCX release can make
+            // UCX abort (1.13 on a 1.22 peer's wireup).
+            fs.version_mismatches.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                "ucx bootstrap: a client runs UCX {}, we run {}; refusing it",
+                fp::ucx_version_text(hello.ucx_version),
+                fp::ucx_version_text(ours)
+            );
+            reply.status = fp::WELCOME_UCX_MISMATCH;
+            reply.session = u32::from(ours);
         } else if !slot {
             fs.sessions_refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(

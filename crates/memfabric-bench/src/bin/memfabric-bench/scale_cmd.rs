@@ -91,9 +91,11 @@ struct ScaleOutput {
     results: Vec<ModeResult>,
 }
 
-/// The UCX library this process loaded (the benchmark says which UCX ran).
+/// The UCX library this process loaded, its version and its file (the benchmark says which
+/// UCX ran).
 fn ucx_version() -> String {
-    std::fs::read_to_string("/proc/self/maps")
+    let version = memfabric_client::ucx::library_version();
+    let file = std::fs::read_to_string("/proc/self/maps")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -104,7 +106,8 @@ fn ucx_version() -> String {
                         .map_or_else(|_| p.to_string(), |c| c.display().to_string())
                 })
         })
-        .unwrap_or_else(|| "libucp (not mapped)".into())
+        .unwrap_or_else(|| "libucp (not mapped)".into());
+    format!("UCX {version} ({file})")
 }
 
 pub(crate) fn scale_cmd(a: ScaleArgs) -> Fallible<()> {
