@@ -72,4 +72,32 @@ for tls in posix,cma,self tcp,self; do
   echo "==> UCX $VERSION, UCX_TLS=$tls: memfabric-ucx, memfabric-client, memfabric-bench"
   UCX_TLS=$tls cargo test --release -p memfabric-ucx -p memfabric-client -p memfabric-bench
 done
+
+# --- mixed releases: a client of one UCX and a server of the other are refused cleanly ---------
+# (UCX peers of different releases abort on each other's wireup; the HELLO says the
+# client's UCX and the server refuses another one before UCX sees it.) Needs the Debian
+# build beside this one (cargo build --release): skipped, and said, without it.
+DEBIAN=$REPO/target/release
+if [[ -x $DEBIAN/memfabricd && -x $DEBIAN/memfabric ]]; then
+  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  cross() {  # cross SERVER_DIR CLIENT_DIR
+    local tcp ucx pid out
+    tcp=$(free_port); ucx=$(free_port)
+    UCX_TLS=tcp,self "$1/memfabricd" -l 127.0.0.1 -p "$tcp" -U 0 --ucx-port "$ucx" 2>/dev/null &
+    pid=$!
+    trap 'kill $pid 2>/dev/null' RETURN
+    for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$ucx") 2>/dev/null && break; sleep 0.1; done
+    if out=$(UCX_TLS=tcp,self timeout 30 "$2/memfabric" --servers "ucx://127.0.0.1:$ucx" set k v 2>&1); then
+      die "a client of another UCX release was served ($1 server, $2 client)"
+    fi
+    grep -q "cannot talk to each other" <<<"$out" || die "unexpected refusal ($1 server, $2 client): $out"
+    kill -0 "$pid" || die "the server ($1) died on a client of another UCX release"
+    echo "    refused cleanly: $(grep -o 'the server runs UCX [0-9.]*, this client UCX [0-9.]*' <<<"$out")"
+  }
+  echo "==> mixed UCX releases (Debian's and $VERSION), both ways"
+  cross "$CARGO_TARGET_DIR/release" "$DEBIAN"
+  cross "$DEBIAN" "$CARGO_TARGET_DIR/release"
+else
+  echo "==> mixed UCX releases: skipped (no Debian build in target/release: cargo build --release)"
+fi
 echo "==> UCX $VERSION: all UCX tests passed"

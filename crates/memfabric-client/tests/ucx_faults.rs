@@ -452,12 +452,21 @@ fn clients_killed_mid_burst_leave_the_server_serving_and_idle() {
         if s1 == s0 && cpu1 - cpu0 <= 10 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the server never went idle: {} stalled rounds, {} ticks of CPU in a second",
-            s1 - s0,
-            cpu1 - cpu0
-        );
+        if Instant::now() >= deadline {
+            let fabric: Vec<String> = t
+                .stats(Some("fabric"))
+                .into_iter()
+                .flat_map(|(_, r)| r.unwrap_or_default())
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            panic!(
+                "the server never went idle: {} stalled rounds, {} ticks of CPU in a second; \
+                 stats fabric: {}",
+                s1 - s0,
+                cpu1 - cpu0,
+                fabric.join(" ")
+            );
+        }
     }
     println!(
         "stalled rounds {}, sessions failed {}, offers abandoned {}",

@@ -199,6 +199,9 @@ pub struct FabricWorker {
     dormant: bool,
     /// Endpoint closes in progress, and since when that number has not changed.
     closes_seen: Option<(usize, std::time::Instant)>,
+    /// Receives whose session has ended (orphaned: UCX still owns them), and since when
+    /// that number has not changed.
+    orphans_seen: Option<(usize, std::time::Instant)>,
     /// Sessions ended because a transfer on their endpoint failed (the newest
     /// `FAILED_SESSIONS_KEPT`): rendezvous offers still coming from them are abandoned,
     /// not received or released (see `mf::RndvData::abandon`).
@@ -310,6 +313,7 @@ impl FabricWorker {
             quiet_since: std::time::Instant::now().checked_sub(UCX_LINGER),
             dormant: false,
             closes_seen: None,
+            orphans_seen: None,
             failed_sessions: VecDeque::new(),
             ended_since_trim: 0,
             last_trim: std::time::Instant::now(),
@@ -334,7 +338,7 @@ impl FabricWorker {
     /// call per sleep.
     pub fn in_use(&mut self) -> bool {
         let busy = !self.clients.is_empty()
-            || !self.receiving.is_empty()
+            || self.receives_progressing()
             || !self.sending.is_empty()
             || !self.held.is_empty()
             || self.closes_progressing();
@@ -352,6 +356,40 @@ impl FabricWorker {
         let lingering = now.duration_since(*self.quiet_since.get_or_insert(now)) < UCX_LINGER;
         self.dormant = !lingering;
         lingering
+    }
+
+    /// Whether receives are in flight that need UCX progress: any of a live session, or
+    /// orphaned ones (their session ended; UCX can neither cancel nor fail them without
+    /// peer-failure handling) until their number has not changed for
+    /// `UCX_CLOSE_PATIENCE`. UCX 1.22 keeps a rendezvous receive from a dead
+    /// shared-memory sender busy for good: without this the worker would never sleep.
+    /// Orphans keep their pending items (counted in `ucx_orphaned_receives`) until UCX
+    /// lets go of them, if ever.
+    fn receives_progressing(&mut self) -> bool {
+        if self.receiving.is_empty() {
+            self.orphans_seen = None;
+            return false;
+        }
+        if self.has_live_receives() {
+            self.orphans_seen = None;
+            return true;
+        }
+        let n = self.receiving.len();
+        let now = std::time::Instant::now();
+        match self.orphans_seen {
+            Some((seen, since)) if seen == n => now.duration_since(since) < UCX_CLOSE_PATIENCE,
+            _ => {
+                self.orphans_seen = Some((n, now));
+                true
+            }
+        }
+    }
+
+    /// Whether a receive in flight belongs to a session still served.
+    fn has_live_receives(&self) -> bool {
+        self.receiving
+            .values()
+            .any(|r| self.by_session.contains_key(&r.session))
     }
 
     /// Whether endpoint closes are in progress and have not all been stuck for

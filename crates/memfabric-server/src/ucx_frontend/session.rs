@@ -43,8 +43,9 @@ impl FabricWorker {
         let settings = &self.shared().settings;
         let watch_hello =
             settings.ucx_hello_timeout > 0 && self.clients.values().any(|c| c.session.is_none());
+        // Orphaned receives (their session ended) have no session left to end.
         let watch_transfers = settings.ucx_transfer_timeout > 0
-            && !(self.sending.is_empty() && self.receiving.is_empty());
+            && (!self.sending.is_empty() || self.has_live_receives());
         let tiered = self.tiers.len() > 1 && !self.by_session.is_empty();
         let want = watch_hello || watch_transfers || self.ended_since_trim > 0 || tiered;
         if want == self.timer_armed {
