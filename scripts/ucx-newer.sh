@@ -70,7 +70,10 @@ export MEMFABRICD=$CARGO_TARGET_DIR/release/memfabricd
 "$MEMFABRICD" --version >/dev/null
 for tls in posix,cma,self tcp,self; do
   echo "==> UCX $VERSION, UCX_TLS=$tls: memfabric-ucx, memfabric-client, memfabric-bench"
-  UCX_TLS=$tls cargo test --release -p memfabric-ucx -p memfabric-client -p memfabric-bench
+  # Skipped: the clients benchmark's smoke test, which drives the Python package in .venv
+  # (built by scripts/setup.sh against Debian's UCX: a client of another release).
+  UCX_TLS=$tls cargo test --release -p memfabric-ucx -p memfabric-client -p memfabric-bench \
+    -- --skip clients_tiny_run_measures_every_library_it_names
 done
 
 # --- mixed releases: a client of one UCX and a server of the other are refused cleanly ---------
