@@ -142,6 +142,11 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     let ucx_memory = if listeners.ucx.is_empty() {
         None
     } else {
+        // Before UCX allocates anything: what thousands of clients' endpoints take must be
+        // returnable when they go (acceptance 5 of the scaling work, docs/scaling.md).
+        if !memfabric_ucx::keep_heap_returnable() {
+            tracing::debug!("malloc's mmap threshold left as the environment sets it");
+        }
         // With a cold tier, the hot context holds at most --hot-clients endpoints: UCX
         // picks its transports for that many (RC on InfiniBand), the cold context's for
         // --max-clients (DC/UD there).
