@@ -206,12 +206,18 @@ fn hello(url: &str, frame: &[u8]) -> Option<u8> {
 }
 
 fn hello_frame(address: &[u8]) -> Vec<u8> {
+    let (major, minor, _) = memfabric_ucx::version_numbers();
+    hello_saying(
+        memfabric_proto::ucx_wire::ucx_version_code(major, minor),
+        address,
+    )
+}
+
+/// A HELLO that says the client runs UCX release `ucx_version` (0: says nothing).
+fn hello_saying(ucx_version: u16, address: &[u8]) -> Vec<u8> {
     memfabric_proto::ucx_wire::Hello {
         version: memfabric_proto::ucx_wire::VERSION,
-        ucx_version: {
-            let (major, minor, _) = memfabric_ucx::version_numbers();
-            memfabric_proto::ucx_wire::ucx_version_code(major, minor)
-        },
+        ucx_version,
         worker_address: address.to_vec(),
     }
     .encode()
@@ -326,13 +332,8 @@ fn a_client_of_another_ucx_release_is_refused_before_ucx_sees_it() {
         fp::ucx_version_code(major, minor + 1),
         fp::ucx_version_code(major + 1, 0),
     ] {
-        let frame = fp::Hello {
-            version: fp::VERSION,
-            ucx_version: other,
-            worker_address: address.clone(),
-        }
-        .encode();
-        let w = read_welcome(&mut send_to_bootstrap(&url, &frame)).expect("a WELCOME");
+        let w = read_welcome(&mut send_to_bootstrap(&url, &hello_saying(other, &address)))
+            .expect("a WELCOME");
         assert_eq!(w.status, fp::WELCOME_UCX_MISMATCH, "client UCX {other:#x}");
         assert_eq!(
             w.session,
@@ -343,13 +344,8 @@ fn a_client_of_another_ucx_release_is_refused_before_ucx_sees_it() {
     assert_eq!(fabric_stat(&mut c, "ucx_version_mismatches"), 2);
     // Not said (0) and the same release: accepted.
     for said in [0, ours] {
-        let frame = fp::Hello {
-            version: fp::VERSION,
-            ucx_version: said,
-            worker_address: address.clone(),
-        }
-        .encode();
-        let w = read_welcome(&mut send_to_bootstrap(&url, &frame)).expect("a WELCOME");
+        let w = read_welcome(&mut send_to_bootstrap(&url, &hello_saying(said, &address)))
+            .expect("a WELCOME");
         assert_eq!(w.status, fp::WELCOME_OK, "client UCX {said:#x}");
         worker.progress();
     }

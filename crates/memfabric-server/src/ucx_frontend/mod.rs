@@ -236,6 +236,19 @@ const FAILED_SESSIONS_KEPT: usize = 256;
 /// state stays allocated (a few hundred bytes per dead client) until the process exits.
 const UCX_CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Whether a count of stuck-prone UCX work (`n`, not zero) has changed within the last
+/// `UCX_CLOSE_PATIENCE`; `seen` remembers the count and since when it has stood.
+fn changed_within_patience(seen: &mut Option<(usize, std::time::Instant)>, n: usize) -> bool {
+    let now = std::time::Instant::now();
+    match *seen {
+        Some((count, since)) if count == n => now.duration_since(since) < UCX_CLOSE_PATIENCE,
+        _ => {
+            *seen = Some((n, now));
+            true
+        }
+    }
+}
+
 /// How long a worker keeps arming and progressing UCX after its last client, transfer
 /// and endpoint close are gone (for messages still in flight from a departed peer).
 const UCX_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
@@ -374,15 +387,7 @@ impl FabricWorker {
             self.orphans_seen = None;
             return true;
         }
-        let n = self.receiving.len();
-        let now = std::time::Instant::now();
-        match self.orphans_seen {
-            Some((seen, since)) if seen == n => now.duration_since(since) < UCX_CLOSE_PATIENCE,
-            _ => {
-                self.orphans_seen = Some((n, now));
-                true
-            }
-        }
+        changed_within_patience(&mut self.orphans_seen, self.receiving.len())
     }
 
     /// Whether a receive in flight belongs to a session still served.
@@ -400,14 +405,7 @@ impl FabricWorker {
             self.closes_seen = None;
             return false;
         }
-        let now = std::time::Instant::now();
-        match self.closes_seen {
-            Some((seen, since)) if seen == n => now.duration_since(since) < UCX_CLOSE_PATIENCE,
-            _ => {
-                self.closes_seen = Some((n, now));
-                true
-            }
-        }
+        changed_within_patience(&mut self.closes_seen, n)
     }
 
     /// Before sleeping: `false` if UCX has work right now (do not block).
