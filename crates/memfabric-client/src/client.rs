@@ -232,7 +232,9 @@ pub struct Client {
     pub(crate) background_inflight: usize,
     pub(crate) counters: PoolCounters,
     /// The pool's erasure code, when `config.ec` is set.
-    pub(crate) ec_code: Option<Code>,
+    /// Shared, so that an erasure-coded SET can hold it while it issues the fragments
+    /// (which may open connections, whose set-up asks whether the pool is resilient).
+    pub(crate) ec_code: Option<std::sync::Arc<Code>>,
     /// The last stripe id this client gave a write (ids only grow).
     pub(crate) last_stripe: u64,
     /// Keys known to hold a coded value (`ec_known_keys`).
@@ -292,7 +294,10 @@ impl Client {
             .collect();
         let ring = Continuum::new(&nodes, config.distribution);
         // `Client::new` refuses a geometry the code cannot have; here one is just off.
-        let ec_code = config.ec.and_then(|g| Code::new(g.k, g.m).ok());
+        let ec_code = config
+            .ec
+            .and_then(|g| Code::new(g.k, g.m).ok())
+            .map(std::sync::Arc::new);
         let servers = list
             .into_iter()
             .map(|addr| Server {

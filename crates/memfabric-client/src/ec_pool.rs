@@ -94,9 +94,10 @@ impl Client {
             self.counters.ops_short += 1;
             return self.fail_now(e);
         }
-        // Out of self while the fragments are issued (put back below; nothing in between
-        // reads it).
-        let Some(code) = self.ec_code.take() else {
+        // Held apart from self while the fragments are issued; it stays in self too, where
+        // opening a connection looks (a connection opened here is probed and gets its
+        // hints like any other).
+        let Some(code) = self.ec_code.clone() else {
             return self.fail_now(Error::Protocol("no code".into()));
         };
         let stripe = self.next_stripe();
@@ -163,7 +164,6 @@ impl Client {
                 task.last_err = Some(Error::Protocol(e.to_string()));
             }
         }
-        self.ec_code = Some(code);
         self.decide(h.0, &mut task);
         self.tasks.insert(h.0, task);
         self.settling = was;

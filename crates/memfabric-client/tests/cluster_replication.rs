@@ -350,3 +350,41 @@ fn paused_and_cut_servers_never_hang_an_operation_nor_serve_a_stale_value() {
         "{counters:?}"
     );
 }
+
+/// A restarted server first reached again by an erasure-coded SET (the connection opened
+/// while the SET issues its fragments) is recognised as restarted, as one first reached by
+/// any other operation is. (An EC SET once opened that connection without asking the
+/// server who it was, and a pool whose every later use of that server went over it never
+/// saw the restart: no repair followed, and the deletes owed to it were not sent.)
+#[test]
+fn a_restart_first_met_by_an_erasure_coded_set_is_recognised() {
+    if memfabric_cluster::skip_netns_tests() {
+        return;
+    }
+    let mut cluster = cluster(6);
+    let mut c = erasure_coded_pool(&cluster, Duration::from_secs(2));
+    let big = value(1, 1, 64 * 1024);
+    // RS(4,2) over 6 servers: every server holds a fragment and has a connection.
+    c.set_acked(b"ec:first", &big, 0, 0).expect("healthy set");
+    assert!(c.pool_counters().ec_writes == 1, "{:?}", c.pool_counters());
+    cluster.restart(3).unwrap();
+    // The old connection is found dead by this write (its fragment fails; the quorum
+    // holds) and server 3 is marked down for the retry time.
+    let _ = c.set_acked(b"ec:second", &big, 0, 0);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!c.is_down(3));
+    // The first operation to reach server 3 again: an EC SET, which opens the connection.
+    c.set_acked(b"ec:third", &big, 0, 0)
+        .expect("set after the restart");
+    assert!(c.drain(Duration::from_secs(5)));
+    let counters = c.pool_counters();
+    assert_eq!(counters.restarts_detected, 1, "{counters:?}");
+    assert_eq!(counters.ec_writes, 3, "{counters:?}");
+    // The fragment "ec:second" could not leave on server 3 is deleted there when the
+    // connection opens, before the new fragment goes out on it.
+    assert!(
+        counters.hints_recorded >= 1 && counters.hinted_deletes == counters.hints_recorded,
+        "{counters:?}"
+    );
+    assert_eq!(c.get(b"ec:third").unwrap().unwrap().data.as_ref(), &big[..]);
+}
