@@ -6,12 +6,13 @@
 use libfuzzer_sys::fuzz_target;
 use memfabric_proto::meta_client::{decode, Decoded, Expect, Reply};
 
-const EXPECTS: [Expect; 9] = [
+const EXPECTS: [Expect; 10] = [
     Expect::Get,
     Expect::Store,
     Expect::Delete,
     Expect::Arith,
     Expect::Touch,
+    Expect::Ttl,
     Expect::FlushAll,
     Expect::Stats,
     Expect::Version,

@@ -11,7 +11,7 @@ use crate::addr::{check_one_scheme, Scheme, ServerAddr};
 use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
-use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
 pub use crate::tls::TlsConfig;
@@ -547,6 +547,14 @@ impl Client {
     /// Issues any keyed operation to the key's server, or a server-wide one to the first server.
     /// The result is collected with [`Client::test`], [`Client::wait`] or [`Client::wait_all`].
     pub fn submit(&mut self, op: Op) -> Handle {
+        if let (true, Op::Ttl { key }) = (self.resilient(), &op) {
+            // Every copy has the same expiry time: the first live one answers.
+            let copies = self.ring.successors(key, self.plain_copies());
+            return match copies.into_iter().find(|&s| self.is_up(s)) {
+                Some(s) => self.issue_to(s, op),
+                None => self.fail_now(Error::NoServers),
+            };
+        }
         if self.resilient() && op.key().is_some() {
             return self.submit_resilient(op);
         }
@@ -1037,6 +1045,15 @@ impl Client {
     }
 
     /// `false` if the key was not found.
+    /// How long `key` still lives (`None`: not found), its value left on the server:
+    /// `mg <key> t` over TCP (memcached answers it too), the TTL request over UCX.
+    pub fn ttl(&mut self, key: &[u8]) -> Result<Option<Ttl>, Error> {
+        match self.call(Op::Ttl { key: key.to_vec() })? {
+            Reply::Ttl(t) => Ok(t),
+            r => Err(unexpected(r)),
+        }
+    }
+
     pub fn touch(&mut self, key: &[u8], exptime: u32) -> Result<bool, Error> {
         match self.call(Op::Touch {
             key: key.to_vec(),

@@ -440,21 +440,37 @@ impl Client {
         let servers = read.servers.clone();
         let flags = read.flags;
         t.acked = count(stripe);
-        if self.config.read_repair && !missing.is_empty() {
+        // A gat gives the expiry time; after a plain get, a server holding a fragment of
+        // this write is asked for it (`repair_copies`).
+        let exptime = match &t.kind {
+            Kind::Read {
+                op: Op::Gat { exptime, .. },
+                ..
+            } => Some(*exptime),
+            _ => None,
+        };
+        let source = read
+            .frags
+            .iter()
+            .find(|f| f.1.stripe == stripe)
+            .map(|f| servers[f.0]);
+        if let (true, false, Some(source)) = (self.config.read_repair, missing.is_empty(), source) {
             if let Some(Ok(frags)) = self.ec_code.as_ref().map(|c| c.encode(stripe, &value)) {
-                for pos in missing {
-                    let op = Op::Store {
-                        mode: StoreMode::Add,
-                        key: t.key.clone(),
-                        value: Bytes::from(frags[pos].clone()),
-                        flags,
-                        exptime: 0,
-                        cas: 0,
-                    };
-                    if !self.in_background(servers[pos], Background::FragmentRepair, op) {
-                        self.counters.read_repairs_skipped += 1;
-                    }
-                }
+                let writes = missing
+                    .into_iter()
+                    .map(|pos| {
+                        let op = Op::Store {
+                            mode: StoreMode::Add,
+                            key: t.key.clone(),
+                            value: Bytes::from(frags[pos].clone()),
+                            flags,
+                            exptime: 0,
+                            cas: 0,
+                        };
+                        (servers[pos], Background::FragmentRepair, op)
+                    })
+                    .collect();
+                self.repair_copies(source, exptime, writes);
             }
         }
         self.deliver(

@@ -58,7 +58,7 @@ pub use client::{Client, Config, Credentials, Handle, IntoServers, TlsConfig};
 pub use ec::EcGeometry;
 pub use error::Error;
 pub use ketama::{Distribution, KeyHash};
-pub use op::{Op, Reply, StoreMode, StoreStatus, Value};
+pub use op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 pub use repair::RepairCounters;
 pub use tasks::{Acks, PoolCounters, WritePolicy};
 pub use transport::{Completion, ConnId, GetMode, Transport};

@@ -128,6 +128,7 @@ pub fn encode(op: Op, out: &mut OutQueue) -> Result<Expect, Error> {
         },
         Op::Version => codec::Request::Version,
         Op::Noop => codec::Request::Noop,
+        Op::Ttl { key } => codec::Request::Ttl { key },
     };
     let expect = codec::encode(&request, &mut line).map_err(|e| match e {
         codec::EncodeError::InvalidKey => Error::InvalidKey,
@@ -188,6 +189,7 @@ pub fn parse(buf: &mut BytesMut, expect: Expect) -> Result<Parsed, String> {
         Ok(codec::Reply::Deleted(found)) => Ok(Reply::Deleted(found)),
         Ok(codec::Reply::Counter(n)) => Ok(Reply::Counter(n)),
         Ok(codec::Reply::Touched(found)) => Ok(Reply::Touched(found)),
+        Ok(codec::Reply::Ttl(t)) => Ok(Reply::Ttl(t)),
         Ok(codec::Reply::Ok) => Ok(Reply::Ok),
         Ok(codec::Reply::Stats(stats)) => Ok(Reply::Stats(stats)),
         Ok(codec::Reply::Version(v)) => Ok(Reply::Version(v)),

@@ -62,6 +62,11 @@ pub enum Op {
     },
     Version,
     Noop,
+    /// How long the item still lives (its value is not sent): `mg <key> t` over TCP,
+    /// the TTL request over UCX. memcached answers it over TCP too.
+    Ttl {
+        key: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -73,7 +78,8 @@ impl Op {
             | Op::Store { key, .. }
             | Op::Delete { key }
             | Op::Arith { key, .. }
-            | Op::Touch { key, .. } => Some(key),
+            | Op::Touch { key, .. }
+            | Op::Ttl { key } => Some(key),
             Op::FlushAll { .. } | Op::Stats { .. } | Op::Version | Op::Noop => None,
         }
     }
@@ -113,11 +119,15 @@ pub enum Reply {
     Counter(Option<u64>),
     /// Touch: `false` = not found.
     Touched(bool),
+    /// Ttl: `None` = not found.
+    Ttl(Option<Ttl>),
     /// flush_all, noop.
     Ok,
     Stats(Vec<(String, String)>),
     Version(String),
 }
+
+pub use memfabric_proto::meta_client::Ttl;
 
 /// The longest key memcached accepts.
 pub use memfabric_proto::KEY_MAX_LEN as MAX_KEY_LEN;

@@ -31,7 +31,7 @@ use bytes::Bytes;
 
 use crate::client::{Client, Done, Handle};
 use crate::error::Error;
-use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::refill;
 use crate::repair::{RepairCounters, RepairJob};
 pub use crate::tasks::{Acks, PoolCounters, WritePolicy};
@@ -563,6 +563,17 @@ impl Client {
                         }
                     }
                 }
+                Role::RepairTtl(writes) => {
+                    self.background_inflight -= 1;
+                    match result.map(|r| match r {
+                        Reply::Ttl(Some(Ttl::Never)) => Some(0),
+                        Reply::Ttl(Some(Ttl::Seconds(left))) if left > 0 => Some(exptime_in(left)),
+                        _ => None,
+                    }) {
+                        Ok(Some(exptime)) => self.repair_copies(s, Some(exptime), writes),
+                        _ => self.counters.read_repairs_skipped += writes.len() as u64,
+                    }
+                }
                 Role::Background(kind) => {
                     self.background_inflight -= 1;
                     if let Ok(Reply::Stored(StoreStatus::Stored { .. })) = result {
@@ -586,7 +597,7 @@ impl Client {
                 Ok(Reply::Value(Some(v))) if self.is_fragment(&v) => {
                     self.ec_read_begin(id, t, s, v)
                 }
-                Ok(Reply::Value(Some(v))) => self.read_hit(id, t, v),
+                Ok(Reply::Value(Some(v))) => self.read_hit(id, t, s, v),
                 Ok(Reply::Value(None)) => {
                     missed.push(s);
                     self.read_next(id, t);
@@ -714,7 +725,7 @@ impl Client {
 
     /// A read found the value on copy `s`: deliver it, write it back to the copies that
     /// missed it, and for gat give the other copies the new expiry time too.
-    fn read_hit(&mut self, id: u64, t: &mut Task, v: Value) {
+    fn read_hit(&mut self, id: u64, t: &mut Task, source: usize, v: Value) {
         let Kind::Read {
             op, missed, asked, ..
         } = &t.kind
@@ -730,21 +741,23 @@ impl Client {
         };
         let missed = missed.clone();
         t.acked = 1 + missed.len();
-        if self.config.read_repair {
-            for m in missed {
-                // `add`: never overwrite a value written meanwhile.
-                let op = Op::Store {
-                    mode: StoreMode::Add,
-                    key: t.key.clone(),
-                    value: Bytes::clone(&v.data),
-                    flags: v.flags,
-                    exptime: exptime.unwrap_or(0),
-                    cas: 0,
-                };
-                if !self.in_background(m, Background::Repair, op) {
-                    self.counters.read_repairs_skipped += 1;
-                }
-            }
+        if self.config.read_repair && !missed.is_empty() {
+            // `add`: never overwrite a value written meanwhile.
+            let writes = missed
+                .into_iter()
+                .map(|m| {
+                    let op = Op::Store {
+                        mode: StoreMode::Add,
+                        key: t.key.clone(),
+                        value: Bytes::clone(&v.data),
+                        flags: v.flags,
+                        exptime: 0,
+                        cas: 0,
+                    };
+                    (m, Background::Repair, op)
+                })
+                .collect();
+            self.repair_copies(source, exptime, writes);
         }
         if let Some(exptime) = exptime {
             let Kind::Read { order, next, .. } = &t.kind else {
@@ -762,6 +775,44 @@ impl Client {
             }
         }
         self.deliver(id, t, Ok(Reply::Value(Some(v))));
+    }
+
+    /// Read repair: sends `writes` (stores whose expiry time is still to be filled in)
+    /// with the expiry time of the value they copy, read from server `source`. A plain
+    /// read does not learn that time, so `source` is asked first (`exptime` is `None`);
+    /// a gat gives it. A copy written without its expiry time would outlive the value
+    /// and later serve it after it expired; when the time cannot be learnt (a server
+    /// too old to answer, or the value gone or in its last second) nothing is written.
+    pub(crate) fn repair_copies(
+        &mut self,
+        source: usize,
+        exptime: Option<u32>,
+        mut writes: Vec<(usize, Background, Op)>,
+    ) {
+        let Some(exptime) = exptime else {
+            let Some(key) = writes.first().and_then(|w| w.2.key().map(<[u8]>::to_vec)) else {
+                return;
+            };
+            if self.background_inflight >= self.config.max_background {
+                self.counters.read_repairs_skipped += writes.len() as u64;
+                return;
+            }
+            self.background_inflight += 1;
+            let child = Child {
+                role: Role::RepairTtl(writes),
+                server: source,
+            };
+            self.issue(source, Op::Ttl { key }, Some(child));
+            return;
+        };
+        for (s, kind, mut op) in writes.drain(..) {
+            if let Op::Store { exptime: e, .. } = &mut op {
+                *e = exptime;
+            }
+            if !self.in_background(s, kind, op) {
+                self.counters.read_repairs_skipped += 1;
+            }
+        }
     }
 
     /// Issues `op` to server `s` in the background (nobody waits for it), unless
@@ -794,6 +845,19 @@ impl Client {
             .map_or_else(String::new, |&s| self.servers[s].name.clone());
         Some(Error::Timeout { server })
     }
+}
+
+/// The memcached expiry time for `secs` seconds from now: relative up to 30 days, an
+/// absolute unix time beyond (memcached reads larger numbers as absolute times).
+fn exptime_in(secs: u32) -> u32 {
+    const RELATIVE_MAX: u32 = 60 * 60 * 24 * 30;
+    if secs <= RELATIVE_MAX {
+        return secs;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    u32::try_from(now + u64::from(secs)).unwrap_or(u32::MAX)
 }
 
 /// Whether a conditional operation took effect.

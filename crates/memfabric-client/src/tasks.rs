@@ -160,6 +160,10 @@ pub(crate) enum Role {
     Probe,
     /// Work nobody waits for, bounded by `max_background`.
     Background(Background),
+    /// Read repair of a value read without its expiry time: ask the server it was read
+    /// from how long it still lives (one background request), then send these writes
+    /// (server, counter, store) with that time.
+    RepairTtl(Vec<(usize, Background, Op)>),
 }
 
 /// What a background request does (its counter).

@@ -11,7 +11,7 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use common::{key_on, Kind, Server};
-use memfabric_client::{Acks, Client, Config, Error, StoreStatus, WritePolicy};
+use memfabric_client::{Acks, Client, Config, Error, StoreStatus, Ttl, WritePolicy};
 
 fn pool(servers: &[Server], config: Config) -> Client {
     let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
@@ -128,6 +128,108 @@ fn miss_is_read_past_and_repaired(kind: Kind) {
 fn a_miss_on_the_primary_is_read_past_and_repaired() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
         miss_is_read_past_and_repaired(kind);
+    }
+}
+
+/// Drives a pool's background work until `done` says it is over (at most 5 s).
+fn until(c: &mut Client, done: impl Fn(&Client) -> bool) {
+    for _ in 0..500 {
+        if done(c) {
+            return;
+        }
+        let _ = c.drain(Duration::from_millis(10));
+    }
+}
+
+fn seconds(t: Option<Ttl>) -> u32 {
+    match t {
+        Some(Ttl::Seconds(s)) => s,
+        other => panic!("expected a time to live, got {other:?}"),
+    }
+}
+
+/// A copy written back by read repair expires when the value it copies does: a plain
+/// read asks the server it read from how long the value still lives (relative times,
+/// times beyond memcached's 30 days given as unix times, and no expiry at all); a gat
+/// gives its own time; erasure-coded fragments likewise. (Written without it, the copy
+/// would outlive the value and serve it after it expired.)
+fn read_repair_keeps_the_expiry_time(kind: Kind) {
+    let servers = start(kind, 6);
+    let mut c = pool(&servers, replicated(1, WritePolicy::All));
+    let mut direct = direct(&servers);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32;
+    let forty_days = 40 * 24 * 3600;
+    let cases: [(&str, u32); 3] = [("rel", 1000), ("never", 0), ("abs", now + forty_days)];
+    for (i, (tag, exptime)) in cases.into_iter().enumerate() {
+        let key = key_on(&c, i, &format!("ttl-{tag}:"));
+        c.set(&key, b"kept", 3, exptime).unwrap();
+        assert!(direct[i].delete(&key).unwrap(), "{kind:?} {tag}");
+        let repairs = c.pool_counters().read_repairs;
+        assert_eq!(&c.get(&key).unwrap().unwrap().data[..], b"kept");
+        until(&mut c, |c| c.pool_counters().read_repairs > repairs);
+        let repaired = direct[i].ttl(&key).unwrap();
+        // The pool's own answer comes from the primary, now repaired.
+        assert!(c.ttl(&key).unwrap().is_some(), "{kind:?} {tag}");
+        match tag {
+            "never" => assert_eq!(repaired, Some(Ttl::Never), "{kind:?}"),
+            // memcached's clock may round a second up.
+            "rel" => assert!((1..=1001).contains(&seconds(repaired)), "{kind:?}"),
+            _ => {
+                let left = seconds(repaired);
+                // memcached's clock runs up to two seconds behind the wall clock its
+                // unix times are read against: the original's time left and the copy's
+                // each carry that.
+                assert!(
+                    left > 30 * 24 * 3600 && left <= forty_days + 4,
+                    "{kind:?}: {left} s left"
+                );
+            }
+        }
+    }
+    // gat: the copy gets the gat's time.
+    let key = key_on(&c, 3, "ttl-gat:");
+    c.set(&key, b"kept", 0, 0).unwrap();
+    assert!(direct[3].delete(&key).unwrap());
+    let repairs = c.pool_counters().read_repairs;
+    assert!(c.gat(&key, 500).unwrap().is_some());
+    until(&mut c, |c| c.pool_counters().read_repairs > repairs);
+    assert!((1..=501).contains(&seconds(direct[3].ttl(&key).unwrap())));
+    // A miss has no time to live; no repair was skipped.
+    assert_eq!(c.ttl(b"ttl-never-written").unwrap(), None);
+    assert_eq!(c.pool_counters().read_repairs_skipped, 0);
+
+    // Erasure coded: the fragment written back carries the value's time.
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::All)
+    };
+    let mut ec = pool(&servers, config);
+    let value = big(3, 100_000);
+    ec.set(b"ttl-ec", &value, 0, 2000).unwrap();
+    assert_eq!(ec.get(b"ttl-ec").unwrap().unwrap().data.len(), 100_000);
+    // The first data fragment's server: always among those a read asks.
+    let holder = homes(&ec, b"ttl-ec", 6)[0];
+    assert!(direct[holder].delete(b"ttl-ec").unwrap());
+    // A read that has k fragments before the miss arrives decodes without waiting for
+    // it; one of a few sees the miss and repairs.
+    for _ in 0..20 {
+        assert_eq!(&ec.get(b"ttl-ec").unwrap().unwrap().data[..], &value[..]);
+        until(&mut ec, |c| c.pool_counters().fragment_repairs > 0);
+        if ec.pool_counters().fragment_repairs > 0 {
+            break;
+        }
+    }
+    assert!(ec.pool_counters().fragment_repairs > 0, "{kind:?}");
+    assert!((1..=2001).contains(&seconds(direct[holder].ttl(b"ttl-ec").unwrap())));
+}
+
+#[test]
+fn read_repair_writes_copies_that_expire_with_the_value() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        read_repair_keeps_the_expiry_time(kind);
     }
 }
 

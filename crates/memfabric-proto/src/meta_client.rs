@@ -79,6 +79,10 @@ pub enum Request<'a> {
         key: &'a [u8],
         exptime: u32,
     },
+    /// How long the item still lives (`mg <key> t`), its value left where it is.
+    Ttl {
+        key: &'a [u8],
+    },
     FlushAll {
         delay: u32,
     },
@@ -89,6 +93,15 @@ pub enum Request<'a> {
     Noop,
 }
 
+/// How long an item that exists still lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// It has no expiry time (`t-1`).
+    Never,
+    /// It expires in this many seconds (memcached answers 0 in its last second).
+    Seconds(u32),
+}
+
 /// What reply a request waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
@@ -97,6 +110,7 @@ pub enum Expect {
     Delete,
     Arith,
     Touch,
+    Ttl,
     FlushAll,
     Stats,
     Version,
@@ -185,6 +199,11 @@ pub fn encode(req: &Request<'_>, out: &mut Vec<u8>) -> Result<Expect, EncodeErro
             let _ = write!(out, " {exptime}\r\n");
             Expect::Touch
         }
+        Request::Ttl { key } => {
+            verb_and_key(out, b"mg", key);
+            out.extend_from_slice(b" t\r\n");
+            Expect::Ttl
+        }
         Request::FlushAll { delay: 0 } => {
             out.extend_from_slice(b"flush_all\r\n");
             Expect::FlushAll
@@ -223,7 +242,8 @@ impl Request<'_> {
             | Request::Store { key, .. }
             | Request::Delete { key }
             | Request::Arith { key, .. }
-            | Request::Touch { key, .. } => Some(key),
+            | Request::Touch { key, .. }
+            | Request::Ttl { key } => Some(key),
             Request::FlushAll { .. } | Request::Stats { .. } | Request::Version | Request::Noop => {
                 None
             }
@@ -265,6 +285,8 @@ pub enum Reply {
     Counter(Option<u64>),
     /// `false` = not found.
     Touched(bool),
+    /// `mg <key> t`: `None` = not found.
+    Ttl(Option<Ttl>),
     /// flush_all, noop.
     Ok,
     Stats(Vec<(String, String)>),
@@ -417,6 +439,14 @@ pub fn decode(buf: &[u8], expect: Expect) -> Result<Decoded, DecodeError> {
         (Expect::Delete, b"HD") => Reply::Deleted(true),
         (Expect::Delete, b"NF") => Reply::Deleted(false),
         (Expect::Arith, b"NF") => Reply::Counter(None),
+        (Expect::Ttl, b"HD") => {
+            let t = toks.find(|t| t[0] == b't').ok_or_else(unexpected)?;
+            Reply::Ttl(Some(match &t[1..] {
+                b"-1" => Ttl::Never,
+                n => Ttl::Seconds(num(n)?),
+            }))
+        }
+        (Expect::Ttl, b"EN") => Reply::Ttl(None),
         (Expect::Touch, b"TOUCHED") => Reply::Touched(true),
         (Expect::Touch, b"NOT_FOUND") => Reply::Touched(false),
         (Expect::FlushAll, b"OK") | (Expect::Noop, b"MN") => Reply::Ok,
@@ -595,6 +625,18 @@ mod tests {
     #[test]
     fn decodes_replies() {
         assert_eq!(decode_all(b"EN\r\n", Expect::Get), Ok(Reply::Value(None)));
+        assert_eq!(encoded(Request::Ttl { key: b"k" }), b"mg k t\r\n");
+        assert_eq!(
+            decode_all(b"HD t-1\r\n", Expect::Ttl),
+            Ok(Reply::Ttl(Some(Ttl::Never)))
+        );
+        assert_eq!(
+            decode_all(b"HD t86400\r\n", Expect::Ttl),
+            Ok(Reply::Ttl(Some(Ttl::Seconds(86400))))
+        );
+        assert_eq!(decode_all(b"EN\r\n", Expect::Ttl), Ok(Reply::Ttl(None)));
+        assert!(decode(b"HD\r\n", Expect::Ttl).is_err());
+        assert!(decode(b"HD t-2\r\n", Expect::Ttl).is_err());
         assert_eq!(
             decode_all(b"HD c12\r\n", Expect::Store),
             Ok(Reply::Stored(StoreStatus::Stored { cas: 12 }))

@@ -98,6 +98,9 @@ byte_enum!(
         Stats = 14,
         Version = 15,
         Noop = 16,
+        /// How long the item still lives, its value left where it is: `value` in the
+        /// response is the seconds left, or [`TTL_NEVER`] for an item without expiry.
+        Ttl = 17,
     }
 );
 
@@ -127,6 +130,9 @@ byte_enum!(
         Failed = 0x84,
     }
 );
+
+/// A TTL response's `value` for an item that never expires.
+pub const TTL_NEVER: u64 = u64::MAX;
 
 /// Request flag: send no response on success (errors are still answered).
 pub const FLAG_NOREPLY: u8 = 1;

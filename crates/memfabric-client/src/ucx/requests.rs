@@ -8,7 +8,7 @@ use memfabric_ucx as mf;
 use super::connect::lifeline_open;
 use super::{BytesBuf, InFlight, UcxTransport, RMA_TOKEN, SEND_TOKEN};
 use crate::error::Error;
-use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::transport::{Completion, ConnId};
 
 impl UcxTransport {
@@ -260,6 +260,10 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
         Opcode::Delete => Reply::Deleted(r.status == S::Ok),
         Opcode::Incr | Opcode::Decr => Reply::Counter((r.status == S::Ok).then_some(r.value)),
         Opcode::Touch => Reply::Touched(r.status == S::Ok),
+        Opcode::Ttl => Reply::Ttl((r.status == S::Ok).then_some(match r.value {
+            fp::TTL_NEVER => Ttl::Never,
+            left => Ttl::Seconds(u32::try_from(left).unwrap_or(u32::MAX)),
+        })),
         Opcode::FlushAll | Opcode::Noop => Reply::Ok,
         Opcode::Stats => {
             if r.status != S::Ok {
@@ -317,5 +321,6 @@ fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
         ),
         Op::Version => (Opcode::Version, 0, 0, 0, Vec::new(), None),
         Op::Noop => (Opcode::Noop, 0, 0, 0, Vec::new(), None),
+        Op::Ttl { key } => (Opcode::Ttl, 0, 0, 0, key, None),
     }
 }

@@ -301,6 +301,20 @@ pub fn touch(ctx: &ExecCtx<'_>, key: &[u8], exptime: u32) -> Option<ItemInfo> {
     hit
 }
 
+/// UCX TTL: how long `key` still lives, its value left unread (a replicated pool's read
+/// repair asks before it writes a copy back, so the copy expires when the original does).
+/// `None`: a miss; `Some(None)`: no expiry. Counted as a get, as memcached counts an `mg`.
+pub fn ttl(ctx: &ExecCtx<'_>, key: &[u8]) -> Option<Option<u32>> {
+    let store = &ctx.shared.store;
+    let hit = store.transact(key, |t| t.item());
+    count_retrieval(ctx, Retrieval::Get, hit.map(|i| i.class_id));
+    hit.map(|i| match i.exptime {
+        0 => None,
+        // An item whose time is up is not found; in its last second, 0 is left.
+        e => Some(e.saturating_sub(store.clock().now())),
+    })
+}
+
 /// delete (ascii), DELETE (binary), `md` without flags, UCX DELETE. `cas` 0: any value.
 /// A CAS mismatch (`Exists`) is counted as memcached does: not at all.
 pub fn delete(ctx: &ExecCtx<'_>, key: &[u8], cas: u64) -> DeleteStatus {

@@ -514,6 +514,13 @@ impl FabricWorker {
                     self.respond_status(session, op, opaque, st);
                 }
             }
+            Opcode::Ttl => match command::ttl(ctx, req.key) {
+                Some(left) => {
+                    let value = left.map_or(fp::TTL_NEVER, u64::from);
+                    self.respond(session, Response { value, ..ok }, None);
+                }
+                None => self.respond_status(session, op, opaque, Status::NotFound),
+            },
             Opcode::FlushAll => match command::flush_all(ctx, req.exptime, false) {
                 Ok(()) => {
                     if !noreply {
