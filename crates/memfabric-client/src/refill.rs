@@ -10,6 +10,11 @@
 //! fragments of the newest write that has them, exactly as the write made it. A key
 //! deleted at its source while it was being copied is deleted again on the refilled
 //! server (the `add` may have brought it back).
+//!
+//! The keys are handled a batch at a time ([`BATCH_KEYS`], [`BATCH_BYTES`]): the batch's
+//! reads at the source go out together, then its writes at the target, then the reads
+//! that check the source still holds them, each pipelined on its connection, so a key
+//! costs a fraction of a round trip instead of three.
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -22,10 +27,11 @@ use memfabric_proto::ec_fragment::FragmentHeader;
 use memfabric_proto::metadump::{parse_line, DumpEntry, DumpLine, LINE_MAX};
 
 use crate::addr::{Scheme, ServerAddr};
+use crate::client::Handle;
 use crate::client::{Client, Config};
 use crate::ec::{Code, EcGeometry};
 use crate::ketama::Continuum;
-use crate::op::{Reply, Value};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
 use crate::repair::{RepairJob, RepairTally};
 use crate::transport::{Credentials, GetMode};
 
@@ -62,6 +68,26 @@ pub const CLAIM_PREFIX: &[u8] = b"memfabric.repair.claim";
 const CLAIM_TTL: u32 = 30;
 const CLAIM_RENEW: Duration = Duration::from_secs(10);
 const DONE_TTL: u32 = 600;
+
+/// A batch of keys to refill is handled once it holds this many keys, or this many
+/// bytes of items by the dump's sizes (what the batch holds in memory at once).
+pub(crate) const BATCH_KEYS: usize = 32;
+pub(crate) const BATCH_BYTES: u64 = 4 << 20;
+
+/// A key the walk found the target should hold, `source` being its first live copy.
+struct Candidate {
+    key: Vec<u8>,
+    exptime: u32,
+    copies: Vec<usize>,
+}
+
+/// A candidate read at its source, and what to write to the target.
+struct Copy {
+    key: Vec<u8>,
+    exptime: u32,
+    flags: u32,
+    write: Bytes,
+}
 
 /// How often a `BUSY` server (another dump or crawl running) is asked again, and how
 /// long apart.
@@ -121,6 +147,9 @@ struct Refill<'a> {
     budget: Budget,
     /// When the claim on the target was last renewed.
     claimed: Instant,
+    /// Keys of the source being walked waiting to be refilled, and their dump sizes.
+    batch: Vec<Candidate>,
+    batch_bytes: u64,
 }
 
 impl<'a> Refill<'a> {
@@ -153,6 +182,8 @@ impl<'a> Refill<'a> {
             code,
             budget,
             claimed: Instant::now(),
+            batch: Vec::new(),
+            batch_bytes: 0,
         }
     }
 
@@ -273,6 +304,9 @@ impl<'a> Refill<'a> {
 
     /// Reads server `s`'s key list and repairs the keys it is the source of.
     fn walk(&mut self, s: usize) -> Result<(), Halt> {
+        // What an earlier walk that ended early left is not this source's.
+        self.batch.clear();
+        self.batch_bytes = 0;
         let addr = self.text_address(s)?;
         let io = |e: std::io::Error| Halt::Source(e.to_string());
         let mut busy = 0;
@@ -322,7 +356,7 @@ impl<'a> Refill<'a> {
                     return Err(Halt::Source("closed before END".into()));
                 }
                 match parse_line(&line) {
-                    Ok(DumpLine::End) => return Ok(()),
+                    Ok(DumpLine::End) => return self.flush(s),
                     Ok(DumpLine::Refused { busy: true, .. }) if first && busy < BUSY_RETRIES => {
                         busy += 1;
                         self.pause(BUSY_PAUSE)?;
@@ -376,7 +410,16 @@ impl<'a> Refill<'a> {
                 Err(_) => return self.skip(),
             },
         };
-        self.repair(source, &e.key, exptime, &copies)
+        self.batch.push(Candidate {
+            key: e.key.clone(),
+            exptime,
+            copies,
+        });
+        self.batch_bytes += e.size;
+        if self.batch.len() >= BATCH_KEYS || self.batch_bytes >= BATCH_BYTES {
+            return self.flush(source);
+        }
+        Ok(())
     }
 
     fn skip(&self) -> Result<(), Halt> {
@@ -384,69 +427,92 @@ impl<'a> Refill<'a> {
         Ok(())
     }
 
-    fn repair(
-        &mut self,
-        source: usize,
-        key: &[u8],
-        exptime: u32,
-        copies: &[usize],
-    ) -> Result<(), Halt> {
-        let target = self.plan.target;
+    /// Refills the batch's keys from `source`: reads them there, writes them to the
+    /// target, and checks that the source still holds them, each step's requests
+    /// pipelined.
+    fn flush(&mut self, source: usize) -> Result<(), Halt> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.stopped()?;
+        let timeout = self.plan.timeout;
         let Some(src) = self.direct[source].as_mut() else {
-            return self.skip();
+            RepairTally::add(&self.tally.skipped, batch.len() as u64);
+            return Ok(());
         };
-        let original = match src.gets(key) {
-            Ok(Some(v)) => v,
-            // Deleted or evicted since the dump listed it, or the source failed.
-            _ => return self.skip(),
-        };
-        // A fragment of another code is another pool's (pools with different settings
-        // may share servers): repairing it here would put it where that pool does not
-        // expect it. Plain values are copied whoever wrote them (the pool reads only
-        // the copies it places).
-        let coded = match FragmentHeader::decode(&original.data) {
-            Ok((h, _)) => match self.code.as_ref() {
-                Some(c)
-                    if usize::from(h.k) == c.data_shards()
-                        && usize::from(h.k) + usize::from(h.m) == c.total_shards() =>
-                {
-                    true
+        let hs: Vec<Handle> = batch
+            .iter()
+            .map(|c| {
+                src.submit(Op::Get {
+                    key: c.key.clone(),
+                    cas: true,
+                })
+            })
+            .collect();
+        let originals = src.wait_all(&hs, timeout);
+        let mut copies = Vec::with_capacity(batch.len());
+        let mut read = 0;
+        for (c, got) in batch.into_iter().zip(originals) {
+            let original = match got {
+                Ok(Reply::Value(Some(v))) => v,
+                // Deleted or evicted since the dump listed it, or the source failed.
+                _ => {
+                    self.skip()?;
+                    continue;
                 }
-                _ => return Ok(()),
-            },
-            Err(_) => false,
-        };
-        let (write, read) = if coded {
-            match self.rebuild_fragment(source, key, &original, copies) {
-                Some(Some(w)) => w,
-                Some(None) => return self.skip(),
-                None => return Ok(()), // not one of the target's
+            };
+            if let Some((write, bytes)) = self.what_to_write(source, &c, &original)? {
+                read += bytes;
+                copies.push(Copy {
+                    key: c.key,
+                    exptime: c.exptime,
+                    flags: original.flags,
+                    write,
+                });
             }
-        } else {
-            let mine = copies[..self.plan.plain_copies.min(copies.len())].contains(&target);
-            if !mine {
-                return Ok(());
-            }
-            (original.data.clone(), original.data.len())
-        };
-        RepairTally::add(&self.tally.scanned, 1);
-        self.budget.take((read + write.len()) as u64, &self.stop)?;
-        RepairTally::add(&self.tally.bytes, (read + write.len()) as u64);
+        }
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let written: u64 = copies.iter().map(|c| c.write.len() as u64).sum();
+        RepairTally::add(&self.tally.scanned, copies.len() as u64);
+        self.budget.take(read as u64 + written, &self.stop)?;
+        RepairTally::add(&self.tally.bytes, read as u64 + written);
+        let target = self.plan.target;
         let Some(t) = self.direct[target].as_mut() else {
             return Err(Halt::TargetFailed);
         };
-        match t.add(key, &write, original.flags, exptime) {
-            Ok(true) => RepairTally::add(&self.tally.written, 1),
-            Ok(false) => {
-                RepairTally::add(&self.tally.present, 1);
-                return Ok(());
+        let hs: Vec<Handle> = copies
+            .iter()
+            .map(|c| {
+                t.submit(Op::Store {
+                    mode: StoreMode::Add,
+                    key: c.key.clone(),
+                    value: c.write.clone(),
+                    flags: c.flags,
+                    exptime: c.exptime,
+                    cas: 0,
+                })
+            })
+            .collect();
+        let results = t.wait_all(&hs, timeout);
+        let mut added = Vec::new();
+        let mut failed = 0;
+        for (c, r) in copies.into_iter().zip(results) {
+            match r {
+                Ok(Reply::Stored(StoreStatus::Stored { .. })) => added.push(c.key),
+                Ok(Reply::Stored(_)) => RepairTally::add(&self.tally.present, 1),
+                _ => failed += 1,
             }
-            Err(_) => {
-                if self.answers(target) {
-                    return self.skip();
-                }
+        }
+        RepairTally::add(&self.tally.written, added.len() as u64);
+        if failed > 0 {
+            if !self.answers(target) {
                 return Err(Halt::TargetFailed);
             }
+            RepairTally::add(&self.tally.skipped, failed);
         }
         // Deleted at the source while it was copied: a client's delete may have reached
         // the refilled server before the `add`, which then brought the value back; it
@@ -456,14 +522,74 @@ impl<'a> Refill<'a> {
         // deletes that copy itself (a hint). Deleting here could delete that newer
         // write's copy — for a coded value, one of its fragments, which can leave a
         // write acknowledged with exactly k fragments unreadable.
-        let now = self.direct[source].as_mut().map(|c| c.get(key));
-        if matches!(now, Some(Ok(None))) {
-            if let Some(t) = self.direct[target].as_mut() {
-                let _ = t.delete(key);
-            }
-            RepairTally::add(&self.tally.undone, 1);
+        let Some(src) = self.direct[source].as_mut() else {
+            return Ok(());
+        };
+        let hs: Vec<Handle> = added
+            .iter()
+            .map(|k| {
+                src.submit(Op::Get {
+                    key: k.clone(),
+                    cas: false,
+                })
+            })
+            .collect();
+        let now = src.wait_all(&hs, timeout);
+        let gone: Vec<&Vec<u8>> = added
+            .iter()
+            .zip(now)
+            .filter(|(_, r)| matches!(r, Ok(Reply::Value(None))))
+            .map(|(k, _)| k)
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
         }
+        if let Some(t) = self.direct[target].as_mut() {
+            let hs: Vec<Handle> = gone
+                .iter()
+                .map(|k| t.submit(Op::Delete { key: k.to_vec() }))
+                .collect();
+            let _ = t.wait_all(&hs, timeout);
+        }
+        RepairTally::add(&self.tally.undone, gone.len() as u64);
         Ok(())
+    }
+
+    /// What the target should get of candidate `c`, read at `source` as `original`,
+    /// with the bytes read for it: the value itself, or for a coded key the target's
+    /// fragment rebuilt; `None` when the target is not to hold it (or it was skipped).
+    fn what_to_write(
+        &mut self,
+        source: usize,
+        c: &Candidate,
+        original: &Value,
+    ) -> Result<Option<(Bytes, usize)>, Halt> {
+        // A fragment of another code is another pool's (pools with different settings
+        // may share servers): repairing it here would put it where that pool does not
+        // expect it. Plain values are copied whoever wrote them (the pool reads only
+        // the copies it places).
+        let coded = match FragmentHeader::decode(&original.data) {
+            Ok((h, _)) => match self.code.as_ref() {
+                Some(code)
+                    if usize::from(h.k) == code.data_shards()
+                        && usize::from(h.k) + usize::from(h.m) == code.total_shards() =>
+                {
+                    true
+                }
+                _ => return Ok(None),
+            },
+            Err(_) => false,
+        };
+        if coded {
+            return match self.rebuild_fragment(source, &c.key, original, &c.copies) {
+                Some(Some(w)) => Ok(Some(w)),
+                Some(None) => self.skip().map(|()| None),
+                None => Ok(None), // not one of the target's
+            };
+        }
+        let target = self.plan.target;
+        let mine = c.copies[..self.plan.plain_copies.min(c.copies.len())].contains(&target);
+        Ok(mine.then(|| (original.data.clone(), original.data.len())))
     }
 
     /// The refilled server's fragment of a coded key, rebuilt from the other servers'
