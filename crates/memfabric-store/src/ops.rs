@@ -360,42 +360,37 @@ fn concat_locked(
     }
 }
 
-/// memcached's `safe_strtoull` on an item's data: optional leading whitespace, an
-/// optional sign, digits, then whitespace or the end; overflow and negative numbers are
-/// rejected; an empty value is not a number.
+/// memcached's `safe_strtoull` on an item's data, which it hands over as a C string (it
+/// ends at the first NUL): optional leading whitespace, an optional sign, digits, then
+/// whitespace or the end; overflow is rejected, and so is a result that is negative as a
+/// signed number when the string holds a `-` anywhere (memcached's `strchr`); an empty
+/// value is not a number.
 pub fn parse_counter(raw: &[u8]) -> Option<u64> {
-    if raw.is_empty() {
-        return None;
-    }
-    let mut i = 0;
-    while i < raw.len() && matches!(raw[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
-        i += 1;
-    }
+    let raw = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let mut i = raw.iter().take_while(|&&b| space(b)).count();
     let mut negative = false;
-    if i < raw.len() && (raw[i] == b'+' || raw[i] == b'-') {
-        negative = raw[i] == b'-';
+    if let Some(&sign @ (b'+' | b'-')) = raw.get(i) {
+        negative = sign == b'-';
         i += 1;
     }
     let digits_start = i;
     let mut v: u64 = 0;
-    while i < raw.len() && raw[i].is_ascii_digit() {
-        v = v.checked_mul(10)?.checked_add((raw[i] - b'0') as u64)?;
+    while let Some(&d @ b'0'..=b'9') = raw.get(i) {
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
         i += 1;
     }
     if i == digits_start {
         return None;
     }
     // What follows the number must be whitespace (memcached's data ends in "\r\n").
-    if i < raw.len() && !matches!(raw[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
+    if raw.get(i).is_some_and(|&b| !space(b)) {
         return None;
     }
-    if negative {
-        // strtoull negates; memcached rejects results that look negative as signed.
-        let neg = v.wrapping_neg();
-        if (neg as i64) < 0 {
-            return None;
-        }
-        return Some(neg);
+    // strtoull negates a `-` number.
+    let v = if negative { v.wrapping_neg() } else { v };
+    if (v as i64) < 0 && raw.contains(&b'-') {
+        return None;
     }
     Some(v)
 }
@@ -408,6 +403,16 @@ mod tests {
     fn counters_parse_like_memcached() {
         assert_eq!(parse_counter(b"10"), Some(10));
         assert_eq!(parse_counter(b"9 "), Some(9));
+        // Checked against memcached 1.6.18: the data is a C string, and a `-` anywhere
+        // in it refuses a number that looks negative.
+        assert_eq!(parse_counter(b"5\0x"), Some(5));
+        assert_eq!(parse_counter(b"\05"), None);
+        assert_eq!(parse_counter(b"\t0"), Some(0));
+        assert_eq!(parse_counter(b"-0"), Some(0));
+        assert_eq!(parse_counter(b"-18446744073709551615"), Some(1));
+        assert_eq!(parse_counter(b"18446744073709551615 -"), None);
+        assert_eq!(parse_counter(b"9223372036854775808 x-"), None);
+        assert_eq!(parse_counter(b"9223372036854775808\0-"), Some(1 << 63));
         assert_eq!(parse_counter(b" 7"), Some(7));
         assert_eq!(parse_counter(b"18446744073709551615"), Some(u64::MAX));
         assert_eq!(parse_counter(b"18446744073709551616"), None);

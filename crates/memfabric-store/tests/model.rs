@@ -22,9 +22,16 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let key = 0u8..8;
+    // Numbers also with what C's strtoull takes or stops at around them.
+    let around = proptest::sample::select(vec![
+        "", " ", "\t", "\n", "\x0b", "\x0c", "\r", "+", "-", "++", " -", "\0", "\0-", "x", "x-",
+        "0x",
+    ]);
     let val = prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..40),
         (0u64..1000).prop_map(|n| n.to_string().into_bytes()),
+        (around.clone(), any::<u64>(), around)
+            .prop_map(|(before, n, after)| { format!("{before}{n}{after}").into_bytes() }),
     ];
     prop_oneof![
         (key.clone(), val.clone()).prop_map(|(k, v)| Op::Set(k, v)),
@@ -39,16 +46,52 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// memcached's `safe_strtoull` on a value as memcached keeps it (followed by "\r\n",
+/// read as a C string: NUL ends it): C's `strtoull(…, 10)` — leading white space, one
+/// optional sign, digits, a `-` negating with wrap-around — then the number must end at
+/// white space or the string's end, must not overflow, and a result that is negative as
+/// a signed number is refused if the string holds a `-` anywhere (`strchr`). Checked
+/// against memcached 1.6.18: "\t0" is 0, "+5" 5, "-0" 0, "-18446744073709551615" 1,
+/// "5\0x" 5, "9223372036854775808\0-" 2^63; "-5", "++5", "0x5", " ",
+/// "18446744073709551615 -" are not numbers.
 fn model_number(v: &[u8]) -> Option<u64> {
-    // memcached: digits, then whitespace or the end of the value.
-    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0
-        || v.get(digits)
-            .is_some_and(|b| !b.is_ascii_whitespace() && *b != 0x0b)
-    {
+    let s: Vec<u8> = v
+        .iter()
+        .copied()
+        .chain(*b"\r\n")
+        .take_while(|&b| b != 0)
+        .collect();
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let mut i = s.iter().take_while(|&&b| space(b)).count();
+    let negative = match s.get(i) {
+        Some(b'-') => {
+            i += 1;
+            true
+        }
+        Some(b'+') => {
+            i += 1;
+            false
+        }
+        _ => false,
+    };
+    let digits = s[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 {
         return None;
     }
-    std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
+    let mut n: u64 = 0;
+    for &d in &s[i..i + digits] {
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    if s.get(i + digits).is_some_and(|&b| !space(b)) {
+        return None;
+    }
+    if negative {
+        n = n.wrapping_neg();
+    }
+    if (n as i64) < 0 && s.contains(&b'-') {
+        return None;
+    }
+    Some(n)
 }
 
 proptest! {
