@@ -105,7 +105,7 @@ impl Client {
         let data: Vec<Bytes> = code
             .encode_data(stripe, value)
             .into_iter()
-            .map(Bytes::from)
+            .map(|f| code.share(f))
             .collect();
         self.counters.encode_ns += started.elapsed().as_nanos() as u64;
         self.counters.ec_writes += 1;
@@ -155,7 +155,7 @@ impl Client {
         match parity {
             Ok(parity) => {
                 for (&s, f) in copies[code.data_shards()..].iter().zip(parity) {
-                    self.fanout_copy(h.0, &mut task, s, store(Bytes::from(f)));
+                    self.fanout_copy(h.0, &mut task, s, store(code.share(f)));
                 }
             }
             Err(e) => {
