@@ -325,7 +325,7 @@ mod tests {
         drop(sent);
         let (n, bytes) = code.recycler.kept();
         assert_eq!(n, 6);
-        assert!(bytes >= 6 * (1 << 18) && bytes <= RECYCLE_MAX_KEPT);
+        assert!((6 * (1 << 18)..=RECYCLE_MAX_KEPT).contains(&bytes));
         // The next write of the same size reuses every buffer.
         let again = code.encode(8, &value(1 << 20)).unwrap();
         let mut reused: Vec<*const u8> = again.iter().map(|f| f.as_ptr()).collect();
