@@ -406,7 +406,7 @@ mod tests {
         // Checked against memcached 1.6.18: the data is a C string, and a `-` anywhere
         // in it refuses a number that looks negative.
         assert_eq!(parse_counter(b"5\0x"), Some(5));
-        assert_eq!(parse_counter(b"\05"), None);
+        assert_eq!(parse_counter(b"\x005"), None);
         assert_eq!(parse_counter(b"\t0"), Some(0));
         assert_eq!(parse_counter(b"-0"), Some(0));
         assert_eq!(parse_counter(b"-18446744073709551615"), Some(1));
