@@ -29,7 +29,12 @@ impl Client {
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while !got.ends_with(end.as_bytes()) {
-            let n = self.0.read(&mut buf)?;
+            // A signal to this process (CI saw one while a server was paused) interrupts a
+            // read with a timeout instead of restarting it: read again.
+            let n = match self.0.read(&mut buf) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                other => other?,
+            };
             if n == 0 {
                 return Err(ErrorKind::UnexpectedEof.into());
             }
