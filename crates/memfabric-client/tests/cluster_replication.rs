@@ -367,10 +367,15 @@ fn a_restart_first_met_by_an_erasure_coded_set_is_recognised() {
     // RS(4,2) over 6 servers: every server holds a fragment and has a connection.
     c.set_acked(b"ec:first", &big, 0, 0).expect("healthy set");
     assert!(c.pool_counters().ec_writes == 1, "{:?}", c.pool_counters());
+    // Every connection's first request, the question of who the server is, answered
+    // (a restart of a server whose first run was never learnt cannot be told).
+    assert!(c.drain(Duration::from_secs(5)));
     cluster.restart(3).unwrap();
     // The old connection is found dead by this write (its fragment fails; the quorum
-    // holds) and server 3 is marked down for the retry time.
+    // holds; the failure is seen by the time what it sent is drained) and server 3 is
+    // marked down for the retry time.
     let _ = c.set_acked(b"ec:second", &big, 0, 0);
+    assert!(c.drain(Duration::from_secs(5)));
     std::thread::sleep(Duration::from_millis(700));
     assert!(!c.is_down(3));
     // The first operation to reach server 3 again: an EC SET, which opens the connection.
