@@ -17,6 +17,7 @@ use memfabric_proto::ec_fragment::FragmentHeader;
 use crate::client::{Client, Handle};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
+use crate::replicate::{gat_exptime, repair_add};
 use crate::tasks::{Background, EcRead, Kind, Task, WritePolicy};
 
 /// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
@@ -443,10 +444,7 @@ impl Client {
         // A gat gives the expiry time; after a plain get, a server holding a fragment of
         // this write is asked for it (`repair_copies`).
         let exptime = match &t.kind {
-            Kind::Read {
-                op: Op::Gat { exptime, .. },
-                ..
-            } => Some(*exptime),
+            Kind::Read { op, .. } => gat_exptime(op),
             _ => None,
         };
         let source = read
@@ -459,14 +457,7 @@ impl Client {
                 let writes = missing
                     .into_iter()
                     .map(|pos| {
-                        let op = Op::Store {
-                            mode: StoreMode::Add,
-                            key: t.key.clone(),
-                            value: Bytes::from(frags[pos].clone()),
-                            flags,
-                            exptime: 0,
-                            cas: 0,
-                        };
+                        let op = repair_add(&t.key, Bytes::from(frags[pos].clone()), flags);
                         (servers[pos], Background::FragmentRepair, op)
                     })
                     .collect();

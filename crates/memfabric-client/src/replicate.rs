@@ -735,10 +735,7 @@ impl Client {
         if *asked > 1 || t.failed > 0 {
             self.counters.reads_failed_over += 1;
         }
-        let exptime = match op {
-            Op::Gat { exptime, .. } => Some(*exptime),
-            _ => None,
-        };
+        let exptime = gat_exptime(op);
         let missed = missed.clone();
         t.acked = 1 + missed.len();
         if self.config.read_repair && !missed.is_empty() {
@@ -746,14 +743,7 @@ impl Client {
             let writes = missed
                 .into_iter()
                 .map(|m| {
-                    let op = Op::Store {
-                        mode: StoreMode::Add,
-                        key: t.key.clone(),
-                        value: Bytes::clone(&v.data),
-                        flags: v.flags,
-                        exptime: 0,
-                        cas: 0,
-                    };
+                    let op = repair_add(&t.key, Bytes::clone(&v.data), v.flags);
                     (m, Background::Repair, op)
                 })
                 .collect();
@@ -844,6 +834,27 @@ impl Client {
             .first()
             .map_or_else(String::new, |&s| self.servers[s].name.clone());
         Some(Error::Timeout { server })
+    }
+}
+
+/// A read repair's write: `add` (never overwriting a value written meanwhile), its
+/// expiry time filled in by [`Client::repair_copies`].
+pub(crate) fn repair_add(key: &[u8], value: Bytes, flags: u32) -> Op {
+    Op::Store {
+        mode: StoreMode::Add,
+        key: key.to_vec(),
+        value,
+        flags,
+        exptime: 0,
+        cas: 0,
+    }
+}
+
+/// The expiry time a read sets (a gat's), which its repairs then use.
+pub(crate) fn gat_exptime(op: &Op) -> Option<u32> {
+    match op {
+        Op::Gat { exptime, .. } => Some(*exptime),
+        _ => None,
     }
 }
 
