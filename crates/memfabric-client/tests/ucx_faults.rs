@@ -6,7 +6,6 @@
 //! before the transfer can finish.
 mod common;
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,11 +14,7 @@ use common::{Kind, Server};
 use memfabric_client::{Client, Config, Error};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    memfabric_cluster::ports::free_loopback_port()
 }
 
 fn start_ucx_server() -> (Server, String) {

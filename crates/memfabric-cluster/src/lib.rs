@@ -21,8 +21,10 @@
 //!
 //! Needs Linux, root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and `ip` (iproute2).
 //!
-//! Also here, for the TLS tests of several crates: [`certs::TestCerts`].
+//! Also here, for the tests of several crates: [`certs::TestCerts`] (TLS) and
+//! [`ports::free_loopback_port`] (ports for servers on loopback).
 pub mod certs;
+pub mod ports;
 
 use std::fs;
 use std::io::{self, Read, Write};

@@ -2,7 +2,7 @@
 //! over TCP, UDP and a unix socket, and always killed (a guard's Drop does it, even when
 //! an assertion fails).
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{TcpStream, UdpSocket};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -40,13 +40,7 @@ fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
 
 /// A port free for both TCP and UDP on 127.0.0.1 right now.
 fn free_port() -> u16 {
-    loop {
-        let t = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-        let port = t.local_addr().expect("probe addr").port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
+    memfabric_cluster::ports::free_loopback_port()
 }
 
 impl Daemon {

@@ -6,7 +6,7 @@
 //! kills and reaps it, also when an assertion fails. No assertion is about time: waits are
 //! bounded only so that a broken server fails the test instead of hanging it.
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -51,8 +51,7 @@ impl Guard {
 }
 
 fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    l.local_addr().expect("probe addr").port()
+    memfabric_cluster::ports::free_loopback_port()
 }
 
 /// A fresh path in the temp directory (removed first, with its `.lck`).

@@ -5,7 +5,7 @@
 //!
 //! The bounds are one mechanism, described in docs/connections.md.
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,10 +26,7 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn start(extra: &[&str]) -> Daemon {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("probe port")
-            .port();
+        let port = memfabric_cluster::ports::free_loopback_port();
         let mut args: Vec<String> = ["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"]
             .iter()
             .map(|s| s.to_string())

@@ -9,7 +9,7 @@
 
 #![allow(dead_code)]
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
@@ -65,24 +65,8 @@ fn memcached() -> PathBuf {
     panic!("memcached is not installed (scripts/setup.sh installs it)");
 }
 
-/// A port that is free now, outside the kernel's ephemeral range (so a port another test just
-/// released is not handed out again at once).
 fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(
-        0,
-        20000 + (std::process::id() % 500) as u16 * 20,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    loop {
-        let p = NEXT.fetch_add(1, Ordering::SeqCst);
-        let p = 20000 + (p - 20000) % 12000;
-        if TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            return p;
-        }
-    }
+    memfabric_cluster::ports::free_loopback_port()
 }
 
 fn is_root() -> bool {

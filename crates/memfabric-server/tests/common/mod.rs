@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,9 +72,9 @@ pub fn memfabricd(port: u16) -> Command {
     cmd
 }
 
+/// A loopback port no other server of this test run is given (see `memfabric_cluster::ports`).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    l.local_addr().expect("probe addr").port()
+    memfabric_cluster::ports::free_loopback_port()
 }
 
 /// Whether the server closed the connection (reading whatever it still sent).
