@@ -249,10 +249,24 @@ impl Code {
     /// of another code and duplicates are ignored). Decodes only when a data shard is
     /// missing.
     pub fn decode(&self, fragments: &[&[u8]]) -> Result<Vec<u8>, EcError> {
-        let mut intact: Vec<(FragmentHeader, &[u8])> = fragments
+        let checked: Vec<(FragmentHeader, &[u8])> = fragments
             .iter()
             .filter_map(|f| FragmentHeader::decode(f).ok())
+            .collect();
+        self.decode_checked(&checked)
+    }
+
+    /// [`Code::decode`] of fragments already checked and split by
+    /// [`FragmentHeader::decode`] (header, payload): a read that checked each fragment as
+    /// it arrived does not pay for the payload checksums a second time.
+    pub fn decode_checked(
+        &self,
+        fragments: &[(FragmentHeader, &[u8])],
+    ) -> Result<Vec<u8>, EcError> {
+        let mut intact: Vec<(FragmentHeader, &[u8])> = fragments
+            .iter()
             .filter(|(h, _)| h.k == self.k && h.m == self.m)
+            .copied()
             .collect();
         // Newest write first; within it by index (duplicates next to each other).
         intact.sort_by(|a, b| b.0.stripe.cmp(&a.0.stripe).then(a.0.index.cmp(&b.0.index)));

@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::FragmentHeader;
+use memfabric_proto::ec_fragment::{FragmentHeader, HEADER_LEN};
 
 use crate::client::{Client, Handle};
 use crate::error::Error;
@@ -405,11 +405,12 @@ impl Client {
             }
             return;
         };
-        let pieces: Vec<&[u8]> = read
+        // Each fragment was checked (checksums included) when it arrived.
+        let pieces: Vec<(FragmentHeader, &[u8])> = read
             .frags
             .iter()
             .filter(|f| f.1.stripe == stripe)
-            .map(|f| &f.2[..])
+            .map(|f| (f.1, &f.2[HEADER_LEN..]))
             .collect();
         let rebuilt = (0..k).any(|i| {
             !read
@@ -418,7 +419,7 @@ impl Client {
                 .any(|f| f.1.stripe == stripe && usize::from(f.1.index) == i)
         });
         let start = Instant::now();
-        let decoded = self.ec_code.as_ref().map(|c| c.decode(&pieces));
+        let decoded = self.ec_code.as_ref().map(|c| c.decode_checked(&pieces));
         self.counters.decode_ns += start.elapsed().as_nanos() as u64;
         self.counters.ec_reads += 1;
         if rebuilt {
