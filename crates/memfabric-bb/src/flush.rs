@@ -669,7 +669,9 @@ impl Flusher {
             let mut window = vec![0u8; cs as usize];
             for (i, crc) in rec.crcs.iter().enumerate() {
                 let at = i as u64 * cs;
-                if src.read_exact_at(&mut window, at).is_err() || crc32c::crc32c(&window) != *crc {
+                if src.read_exact_at(&mut window, at).is_err()
+                    || memfabric_checksum::crc32c(&window) != *crc
+                {
                     break;
                 }
                 if prev.is_some() {
@@ -722,7 +724,7 @@ impl Flusher {
                 let w = &mut window[filled..filled + len];
                 w[..have].copy_from_slice(&data[..have]);
                 w[have..].fill(0);
-                rec.crcs.push(crc32c::crc32c(w));
+                rec.crcs.push(memfabric_checksum::crc32c(w));
                 filled += len;
                 if len < cs as usize {
                     break;
@@ -810,7 +812,7 @@ impl Flusher {
             if got == 0 {
                 break;
             }
-            if rec.crcs.get(i) != Some(&crc32c::crc32c(&buf[..got])) {
+            if rec.crcs.get(i) != Some(&memfabric_checksum::crc32c(&buf[..got])) {
                 return Ok(false);
             }
             sha.update(&buf[..got]);

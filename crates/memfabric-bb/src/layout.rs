@@ -117,7 +117,7 @@ impl Out {
         self.0.extend_from_slice(b);
     }
     fn finish(mut self) -> Vec<u8> {
-        let crc = crc32c::crc32c(&self.0);
+        let crc = memfabric_checksum::crc32c(&self.0);
         self.u32(crc);
         self.0
     }
@@ -141,7 +141,7 @@ impl<'a> In<'a> {
             return Err(LayoutError::Format(what, all[4]));
         }
         let (body, crc) = all.split_at(all.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+        if memfabric_checksum::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
             return Err(LayoutError::Checksum(what));
         }
         Ok(In {
@@ -571,7 +571,7 @@ pub fn chunk_encode(id: u64, gen: u64, n: u64, data: &[u8]) -> Vec<u8> {
     v.extend_from_slice(&gen.to_le_bytes());
     v.extend_from_slice(&n.to_le_bytes());
     v.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    v.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    v.extend_from_slice(&memfabric_checksum::crc32c(data).to_le_bytes());
     debug_assert_eq!(v.len(), CHUNK_HEADER);
     v.extend_from_slice(data);
     v
@@ -588,7 +588,7 @@ pub fn chunk_seal(obj: &mut [u8], id: u64, gen: u64, n: u64) {
     h[16..24].copy_from_slice(&gen.to_le_bytes());
     h[24..32].copy_from_slice(&n.to_le_bytes());
     h[32..36].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    h[36..40].copy_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    h[36..40].copy_from_slice(&memfabric_checksum::crc32c(data).to_le_bytes());
 }
 
 /// The data of a chunk object, checked against what it must be: chunk `n` of generation
@@ -617,7 +617,7 @@ pub fn chunk_decode(b: &[u8], id: u64, gen: u64, n: u64) -> Result<&[u8], Layout
     if data.len() != len {
         return Err(LayoutError::Truncated(W));
     }
-    if crc32c::crc32c(data) != u32_at(36) {
+    if memfabric_checksum::crc32c(data) != u32_at(36) {
         return Err(LayoutError::Checksum(W));
     }
     Ok(data)

@@ -72,8 +72,8 @@ impl FragmentHeader {
         h[4..8].copy_from_slice(&[VERSION, self.k, self.m, self.index]);
         h[8..16].copy_from_slice(&self.stripe.to_le_bytes());
         h[16..24].copy_from_slice(&self.value_len.to_le_bytes());
-        h[24..28].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
-        let header_crc = crc32c::crc32c(&h[..28]);
+        h[24..28].copy_from_slice(&memfabric_checksum::crc32c(payload).to_le_bytes());
+        let header_crc = memfabric_checksum::crc32c(&h[..28]);
         h[28..32].copy_from_slice(&header_crc.to_le_bytes());
         h
     }
@@ -93,7 +93,7 @@ impl FragmentHeader {
             b.copy_from_slice(&h[at..at + 8]);
             u64::from_le_bytes(b)
         };
-        if crc32c::crc32c(&h[..28]) != word(28) {
+        if memfabric_checksum::crc32c(&h[..28]) != word(28) {
             return Err(FragmentError::HeaderCrc);
         }
         let header = FragmentHeader {
@@ -119,7 +119,7 @@ impl FragmentHeader {
                 want,
             });
         }
-        if crc32c::crc32c(payload) != word(24) {
+        if memfabric_checksum::crc32c(payload) != word(24) {
             return Err(FragmentError::PayloadCrc);
         }
         Ok((header, payload))

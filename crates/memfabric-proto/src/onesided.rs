@@ -333,7 +333,7 @@ pub fn check_item(chunk: &[u8], key: &[u8], live: &Live, now: u32) -> Result<Ite
     if chunk[ITEM_HDR..key_end] != *key {
         return Err(Reject::OtherKey);
     }
-    if crc32c::crc32c(&chunk[ITEM_HDR..value_end]) != u32_at(chunk, hdr::CRC) {
+    if memfabric_checksum::crc32c(&chunk[ITEM_HDR..value_end]) != u32_at(chunk, hdr::CRC) {
         return Err(Reject::Checksum);
     }
     let exptime = u32_at(chunk, hdr::EXPTIME);
@@ -416,7 +416,7 @@ mod tests {
         b[ITEM_HDR..ITEM_HDR + key.len()].copy_from_slice(key);
         let v0 = ITEM_HDR + key.len();
         b[v0..v0 + value.len()].copy_from_slice(value);
-        let crc = crc32c::crc32c(&b[ITEM_HDR..v0 + value.len()]);
+        let crc = memfabric_checksum::crc32c(&b[ITEM_HDR..v0 + value.len()]);
         b[hdr::CRC..hdr::CRC + 4].copy_from_slice(&crc.to_le_bytes());
         b
     }

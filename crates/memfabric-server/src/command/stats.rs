@@ -103,6 +103,8 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             v.put("instance_id", shared.instance_id());
             v.put("poll_us", shared.settings.poll_us);
             v.put("ucx_poll_us", shared.settings.ucx_poll_us);
+            // Which crc32c implementation items' checksums use here (measured at start).
+            v.put("checksum_engine", memfabric_checksum::large_engine().name());
             // Where a TCP client upgrades to UCX (libmemfabric asks for this line;
             // docs/fabric-protocol.md §1.0): present only while the UCX listener runs.
             if shared.fabric.is_some() && shared.settings.ucx_port != 0 {

@@ -96,10 +96,10 @@ pub fn record_crc(h: &RecordHeader, key: &[u8], value: &[&[u8]]) -> u32 {
     fixed[9..13].copy_from_slice(&h.exptime.to_le_bytes());
     fixed[13..17].copy_from_slice(&h.time.to_le_bytes());
     fixed[17..25].copy_from_slice(&h.cas.to_le_bytes());
-    let mut crc = crc32c::crc32c(&fixed);
-    crc = crc32c::crc32c_append(crc, key);
+    let mut crc = memfabric_checksum::crc32c(&fixed);
+    crc = memfabric_checksum::crc32c_append(crc, key);
     for v in value {
-        crc = crc32c::crc32c_append(crc, v);
+        crc = memfabric_checksum::crc32c_append(crc, v);
     }
     crc
 }
@@ -417,7 +417,7 @@ pub fn put_page_header(dst: &mut [u8], p: &PageHeader) {
     dst[24..28].copy_from_slice(&p.used.to_le_bytes());
     dst[28..32].copy_from_slice(&p.summary_len.to_le_bytes());
     dst[32..36].copy_from_slice(&p.summary_crc.to_le_bytes());
-    let crc = crc32c::crc32c(&dst[..60]);
+    let crc = memfabric_checksum::crc32c(&dst[..60]);
     dst[60..64].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -425,7 +425,7 @@ pub fn put_page_header(dst: &mut [u8], p: &PageHeader) {
 pub fn parse_page_header(b: &[u8], page_size: usize) -> Option<PageHeader> {
     if b.len() < PAGE_HDR
         || u32_at(b, 0) != MAGIC
-        || u32_at(b, 60) != crc32c::crc32c(&b[..60])
+        || u32_at(b, 60) != memfabric_checksum::crc32c(&b[..60])
         || u16::from_le_bytes([b[4], b[5]]) != VERSION
     {
         return None;
@@ -532,7 +532,7 @@ mod tests {
             records: 2,
             used: 200,
             summary_len: s.len() as u32,
-            summary_crc: crc32c::crc32c(&s),
+            summary_crc: memfabric_checksum::crc32c(&s),
         };
         let mut page = vec![0u8; 4096];
         put_page_header(&mut page, &p);

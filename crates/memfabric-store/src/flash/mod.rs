@@ -534,7 +534,9 @@ impl Flash {
         }
         let entry = format::chained_summary_len(key.len());
         // Outside the lock: the whole value's crc, for the head's chain table.
-        let crc = value.iter().fold(0u32, |c, v| crc32c::crc32c_append(c, v));
+        let crc = value
+            .iter()
+            .fold(0u32, |c, v| memfabric_checksum::crc32c_append(c, v));
         let mut st = self.lock();
         if st.shutdown {
             return None;
@@ -778,7 +780,7 @@ impl Flash {
             records: p.records,
             used: used as u32,
             summary_len: summary.len() as u32,
-            summary_crc: crc32c::crc32c(&summary),
+            summary_crc: memfabric_checksum::crc32c(&summary),
         };
         format::put_page_header(&mut p.buf[start..start + PAGE_HDR], &hdr);
         let end = used + summary.len();
@@ -1141,7 +1143,7 @@ impl Flash {
         }
         let s0 = ss + (lo - alo) as usize;
         let summary = sb[s0..s0 + ph.summary_len as usize].to_vec();
-        (crc32c::crc32c(&summary) == ph.summary_crc).then_some((ph, summary))
+        (memfabric_checksum::crc32c(&summary) == ph.summary_crc).then_some((ph, summary))
     }
 
     /// Stop: seal what is being filled so the writer writes it, and let the writer end.

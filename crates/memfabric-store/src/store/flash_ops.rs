@@ -536,7 +536,7 @@ impl Inner {
                 if idx + 1 < pieces.len() {
                     return None;
                 }
-                if crc32c::crc32c(value) != *crc {
+                if memfabric_checksum::crc32c(value) != *crc {
                     fl.c.badcrc.fetch_add(1, Ordering::Relaxed);
                     return Some(FlashRecord::Bad);
                 }
