@@ -511,7 +511,7 @@ impl Flusher {
             rec.done = 0;
             rec.crcs.clear();
         }
-        let dest = root.join(bytes_path(&rec.path));
+        let mut dest = root.join(bytes_path(&rec.path));
         let parent = dest.parent().unwrap_or(&root).to_path_buf();
         std::fs::create_dir_all(&parent).map_err(|e| io_err(e, &parent))?;
         match inode.kind {
@@ -540,7 +540,21 @@ impl Flusher {
         let mut inode = inode;
         let mut mismatches = 0;
         loop {
-            match self.copy_file(fs, rec, &inode, &dest, stop, on_event)? {
+            let copied = match self.copy_file(fs, rec, &inode, &dest, stop, on_event) {
+                Ok(c) => c,
+                // Removed while it was copied (after the last progress record, which would
+                // have shown it): its temporary file goes, and nothing failed.
+                Err(e) => {
+                    if matches!(fs.get_inode(rec.id), Err(FsError::NotFound)) {
+                        let _ = std::fs::remove_file(tmp_path(&dest, rec.id, self.owner));
+                        remove_previous_copy(fs, &root, rec);
+                        finish(fs, rec, FlushState::Done)?;
+                        return Ok(None);
+                    }
+                    return Err(e);
+                }
+            };
+            match copied {
                 Copied::Verified(sha) => {
                     rec.sha256 = Some(sha);
                     remove_previous_copy(fs, &root, rec);
@@ -589,6 +603,17 @@ impl Flusher {
                                 mismatches
                             )));
                         }
+                    }
+                    // Renamed while it was copied: the copy goes where the file is now
+                    // (the copy under the old name, if an earlier flush made one, is
+                    // removed when this one is in place).
+                    let here = fs.path_of(rec.id)?;
+                    if here != rec.path {
+                        let _ = std::fs::remove_file(tmp_path(&dest, rec.id, self.owner));
+                        rec.path = here;
+                        dest = root.join(bytes_path(&rec.path));
+                        let parent = dest.parent().unwrap_or(&root).to_path_buf();
+                        std::fs::create_dir_all(&parent).map_err(|e| io_err(e, &parent))?;
                     }
                     rec.gen = now.gen;
                     rec.version = now.version;

@@ -461,6 +461,77 @@ fn a_flush_copies_verified_files_and_resumes_where_a_stopped_flusher_left_off() 
     assert_eq!(&got[1..], b"more");
 }
 
+/// Every temporary file of a flush under `dir`, recursively.
+fn flush_temps(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(flush_temps(&p));
+        } else if e.file_name().to_string_lossy().contains(".mfbb-") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_file_renamed_or_removed_while_it_is_flushed_ends_where_it_is_now_and_leaves_no_temporary_file()
+{
+    let server = Server::start(ServerKind::Memfabricd, &["-m", "256"]);
+    let backing = tempfile::tempdir().unwrap();
+    let mut fs = open(&server, "moving", 16384, Some(backing.path()));
+    // Another client (an application on another node) renames and removes.
+    let mut app = open(&server, "moving", 0, Some(backing.path()));
+    let big = Rng(5).bytes(1 << 20);
+    for (name, data) in [("a", &big[..]), ("gone", &big[..5000])] {
+        let id = file(&mut fs, ROOT, name);
+        fs.open_write(id).unwrap();
+        fs.write(id, 0, data).unwrap();
+        fs.close_write(id).unwrap();
+    }
+    flush::enqueue_dirty(&mut fs, ROOT).unwrap();
+    // `a` is renamed to `b` in the middle of its copy; `gone` is removed as its copy
+    // starts (it is small: no progress record comes before the copy's last check).
+    let (mut renamed, mut removed) = (false, false);
+    let sum = Flusher::new(flush_opts())
+        .run(&mut fs, &AtomicBool::new(false), &mut |ev| match ev {
+            Event::Progress { path, .. } if path.ends_with(b"a") && !renamed => {
+                app.rename(ROOT, b"a", ROOT, b"b", false).unwrap();
+                renamed = true;
+            }
+            Event::Started { path, .. } if path.ends_with(b"gone") && !removed => {
+                app.remove(ROOT, b"gone", false).unwrap();
+                removed = true;
+            }
+            _ => {}
+        })
+        .unwrap();
+    assert!(renamed && removed, "both happened during the flush");
+    assert!(sum.failed.is_empty(), "{:?}", sum.failed);
+    // Anything the rename queued again runs too.
+    Flusher::new(flush_opts())
+        .run(&mut fs, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+    assert!(flush::queued(&mut fs).unwrap().is_empty());
+    let b = std::fs::read(backing.path().join("b")).expect("flushed under its new name");
+    assert_eq!(sha256(&b), sha256(&big));
+    assert!(
+        !backing.path().join("a").exists(),
+        "no copy under the old name"
+    );
+    assert!(!backing.path().join("gone").exists());
+    assert_eq!(
+        flush_temps(backing.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+    // Nor does the old name come back through read-through, on either client.
+    for c in [&mut fs, &mut app] {
+        assert!(matches!(c.lookup(ROOT, b"a"), Err(FsError::NotFound)));
+        assert!(matches!(c.lookup(ROOT, b"gone"), Err(FsError::NotFound)));
+    }
+}
+
 #[test]
 fn paths_not_in_the_cache_are_read_through_from_the_backing_directory() {
     let server = Server::start(ServerKind::Memfabricd, &["-m", "128"]);
