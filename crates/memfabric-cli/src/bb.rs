@@ -21,18 +21,18 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 #[derive(Args)]
 pub struct BbArgs {
     /// The file system's name in the pool (its keys are `bb:NAME:...`).
-    #[arg(long = "fs", default_value = "default")]
+    #[arg(global = true, long = "fs", default_value = "default")]
     name: String,
     /// Chunk size of a new file system, in bytes (default: 512 KiB, or less if the
     /// servers' -I needs it). An existing file system keeps its own.
-    #[arg(long, default_value_t = 0)]
+    #[arg(global = true, long, default_value_t = 0)]
     chunk: u32,
     /// Chunk reads and writes in flight per file.
-    #[arg(long, default_value_t = 16)]
+    #[arg(global = true, long, default_value_t = 16)]
     depth: usize,
     /// The backing directory (the parallel file system): paths not in the cache are read
     /// through from it, and flushes go to it.
-    #[arg(long, env = "MEMFABRIC_BB_BACKING")]
+    #[arg(global = true, long, env = "MEMFABRIC_BB_BACKING")]
     backing: Option<PathBuf>,
     #[command(subcommand)]
     verb: Verb,
@@ -140,6 +140,14 @@ fn need_bb(s: &str) -> Res<&str> {
 
 fn fs_err(path: &str, e: FsError) -> Box<dyn std::error::Error> {
     format!("{path}: {e}").into()
+}
+
+impl BbArgs {
+    /// The backing directory given (`--backing` or the environment).
+    #[cfg(test)]
+    pub fn backing(&self) -> Option<&std::path::Path> {
+        self.backing.as_deref()
+    }
 }
 
 pub fn run(servers: &str, config: Config, args: BbArgs) -> Res<u8> {

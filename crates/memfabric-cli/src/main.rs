@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use memfabric_client::{Client, Config, Distribution, KeyHash};
 
 mod bb;
@@ -15,51 +15,54 @@ mod bb;
 #[derive(Parser)]
 #[command(name = "memfabric", version, about = "memcached / memfabricd client")]
 struct Cli {
-    /// Servers: `[tcp://]host[:port[:weight]]`, separated by commas.
-    #[arg(long, short = 's', env = "MEMFABRIC_SERVERS")]
-    servers: String,
+    /// Servers: `[tcp://]host[:port[:weight]]`, separated by commas (required). Like
+    /// every option here, it may come before or after the command
+    /// (`memfabric bb mount DIR --servers LIST` as well).
+    #[arg(global = true, long, short = 's', env = "MEMFABRIC_SERVERS")]
+    servers: Option<String>,
     /// Deadline of each request, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(global = true, long, default_value_t = 1000)]
     timeout: u64,
     /// Key distribution (libmemcached's): weighted ketama, or plain ketama.
-    #[arg(long, value_enum, default_value_t = Dist::Weighted)]
+    #[arg(global = true, long, value_enum, default_value_t = Dist::Weighted)]
     distribution: Dist,
     /// Hash of plain ketama: md5, or libmemcached's default (one-at-a-time).
-    #[arg(long, value_enum, default_value_t = Hash::Md5)]
+    #[arg(global = true, long, value_enum, default_value_t = Hash::Md5)]
     hash: Hash,
     /// How GETs reach ucx:// servers: one-sided RMA reads where the transport reads
     /// natively (auto), always (one-sided), or never (two-sided).
-    #[arg(long, default_value = "auto")]
+    #[arg(global = true, long, default_value = "auto")]
     get_mode: memfabric_client::GetMode,
     /// After the command, print the client's counters to standard error: how the GETs
     /// were served (one-sided hits, fallbacks) and, for a replicated pool, copies written,
     /// reads failed over, repairs, hints.
-    #[arg(long)]
+    #[arg(global = true, long)]
     counters: bool,
     /// Keep R more copies of every key on the next distinct servers along the ring
     /// (docs/resilience.md).
-    #[arg(long, default_value_t = 0)]
+    #[arg(global = true, long, default_value_t = 0)]
     replicas: u8,
     /// How many copies must acknowledge a write: all, quorum (a majority), or one (the
     /// others finish in the background).
-    #[arg(long, default_value = "quorum")]
+    #[arg(global = true, long, default_value = "quorum")]
     write_policy: memfabric_client::WritePolicy,
     /// Read a replicated key from a random copy instead of the primary first.
-    #[arg(long)]
+    #[arg(global = true, long)]
     randomize_reads: bool,
     /// Erasure-code values of --ec-threshold bytes or more with RS(K, M): K+M fragments
     /// on K+M servers, any K of which give the value back (for example 4+2).
-    #[arg(long)]
+    #[arg(global = true, long)]
     ec: Option<memfabric_client::EcGeometry>,
     /// The smallest value that is erasure coded, in bytes.
-    #[arg(long, default_value_t = 16 * 1024)]
+    #[arg(global = true, long, default_value_t = 16 * 1024)]
     ec_threshold: usize,
     /// A user of the servers' -Y file (memcached's ascii authentication; the UCX bootstrap
     /// asks for the same credentials).
-    #[arg(long, env = "MEMFABRIC_USERNAME", requires = "password")]
+    #[arg(global = true, long, env = "MEMFABRIC_USERNAME", requires = "password")]
     username: Option<String>,
     /// That user's password (better given in MEMFABRIC_PASSWORD than on the command line).
     #[arg(
+        global = true,
         long,
         env = "MEMFABRIC_PASSWORD",
         hide_env_values = true,
@@ -67,22 +70,22 @@ struct Cli {
     )]
     password: Option<String>,
     /// Bytes per second a repair may read and write together (0 = unbounded).
-    #[arg(long, default_value_t = 32 << 20)]
+    #[arg(global = true, long, default_value_t = 32 << 20)]
     repair_bandwidth: u64,
     /// Speak TLS to the (tcp) servers: those started with -Z.
-    #[arg(long)]
+    #[arg(global = true, long)]
     tls: bool,
     /// PEM CA certificates that sign the servers' certificates (default: the system's).
-    #[arg(long, value_name = "FILE", requires = "tls")]
+    #[arg(global = true, long, value_name = "FILE", requires = "tls")]
     tls_ca: Option<std::path::PathBuf>,
     /// PEM client certificate (for servers with ssl_verify_mode), with --tls-key.
-    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_key"])]
+    #[arg(global = true, long, value_name = "FILE", requires_all = ["tls", "tls_key"])]
     tls_cert: Option<std::path::PathBuf>,
     /// PEM key of --tls-cert.
-    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_cert"])]
+    #[arg(global = true, long, value_name = "FILE", requires_all = ["tls", "tls_cert"])]
     tls_key: Option<std::path::PathBuf>,
     /// The name the servers' certificates carry (default: each server's host).
-    #[arg(long, value_name = "NAME", requires = "tls")]
+    #[arg(global = true, long, value_name = "NAME", requires = "tls")]
     tls_server_name: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -144,6 +147,15 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Global (so that it may follow the command), hence not required by clap itself.
+    let Some(servers) = cli.servers.clone() else {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "the following required argument was not provided: --servers <SERVERS> (or MEMFABRIC_SERVERS)",
+            )
+            .exit();
+    };
     let timeout = Duration::from_millis(cli.timeout);
     let config = Config {
         timeout,
@@ -174,7 +186,7 @@ fn main() -> ExitCode {
     };
     let counters = cli.counters;
     if let Cmd::Bb(args) = cli.cmd {
-        return match bb::run(&cli.servers, config, args) {
+        return match bb::run(&servers, config, args) {
             Ok(code) => ExitCode::from(code),
             // A reader that stopped reading (`| head`) is not an error of ours.
             Err(e) if broken_pipe(e.as_ref()) => ExitCode::SUCCESS,
@@ -184,7 +196,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut client = match Client::new(cli.servers.as_str(), config) {
+    let mut client = match Client::new(servers.as_str(), config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("memfabric: {e}");
@@ -365,4 +377,54 @@ fn repair(
     } else {
         2
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // clap's own checks (names given twice, a global option that a verb also has,
+        // ...), which otherwise run only in debug builds.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn options_may_come_before_or_after_the_verb() {
+        let before = Cli::try_parse_from([
+            "memfabric",
+            "--servers",
+            "h:1",
+            "--ec",
+            "4+2",
+            "bb",
+            "--backing",
+            "/p",
+            "mount",
+            "/m",
+        ])
+        .unwrap();
+        let after = Cli::try_parse_from([
+            "memfabric",
+            "bb",
+            "mount",
+            "/m",
+            "--backing",
+            "/p",
+            "--servers",
+            "h:1",
+            "--ec",
+            "4+2",
+        ])
+        .unwrap();
+        for cli in [before, after] {
+            assert_eq!(cli.servers.as_deref(), Some("h:1"));
+            assert!(cli.ec.is_some());
+            let Cmd::Bb(args) = cli.cmd else {
+                panic!("not bb")
+            };
+            assert_eq!(args.backing(), Some(std::path::Path::new("/p")));
+        }
+    }
 }
