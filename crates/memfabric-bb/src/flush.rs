@@ -528,8 +528,11 @@ impl Flusher {
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(bytes_path(&inode.target), &tmp)
                     .map_err(|e| io_err(e, &tmp))?;
-                std::fs::rename(&tmp, &dest).map_err(|e| io_err(e, &dest))?;
-                sync_dir(&parent)?;
+                let name = dest.file_name().map(|n| n.as_encoded_bytes().to_vec());
+                fs.publish_in_backing(inode.parent, &name.unwrap_or_default(), inode.kind, || {
+                    std::fs::rename(&tmp, &dest).map_err(|e| io_err(e, &dest))?;
+                    sync_dir(&parent)
+                })?;
                 remove_previous_copy(fs, &root, rec);
                 self.mark_flushed(fs, &inode, None)?;
                 finish(fs, rec, FlushState::Done)?;
@@ -811,8 +814,11 @@ impl Flusher {
         let _ = f.set_times(times);
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
         drop(f);
-        std::fs::rename(&tmp, dest).map_err(|e| io_err(e, dest))?;
-        sync_dir(dest.parent().unwrap_or(Path::new("/")))?;
+        let name = dest.file_name().map(|n| n.as_encoded_bytes().to_vec());
+        fs.publish_in_backing(inode.parent, &name.unwrap_or_default(), inode.kind, || {
+            std::fs::rename(&tmp, dest).map_err(|e| io_err(e, dest))?;
+            sync_dir(dest.parent().unwrap_or(Path::new("/")))
+        })?;
         Ok(Copied::Verified(digest))
     }
 

@@ -786,7 +786,6 @@ impl Fs {
                 at = self.get_inode(at)?.parent;
             }
         }
-        let src_in_backing = self.backing_path_of_child_if_any(parent, name)?.is_some();
         let (a, b) = (parent.min(new_parent), parent.max(new_parent));
         let name_s = name.to_vec();
         let new_name_s = new_name.to_vec();
@@ -814,6 +813,11 @@ impl Fs {
                     kind: src.kind,
                 });
                 sd.remove(&name_s);
+                // Looked at under the directory's lock, which a flusher holds while it
+                // publishes a copy under this name (`publish_in_backing`): either the copy
+                // is there now and gets its whiteout here, or the flusher finds the name
+                // gone and puts the whiteout itself.
+                let src_in_backing = fs.backing_path_of_child_if_any(parent, &name_s)?.is_some();
                 if src_in_backing {
                     sd.entries.push(Entry {
                         name: name_s.clone(),
@@ -868,6 +872,43 @@ impl Fs {
             self.forget_objects(&old);
         }
         Ok(())
+    }
+
+    /// Runs `publish` (the flusher's rename of a verified copy of a file to `parent`/`name`
+    /// in the backing directory) under the directory's lock, as renames and removals in the
+    /// cache take it. If the cache no longer has the file under that name (renamed or
+    /// removed meanwhile; it will be flushed again, or its copies removed), a whiteout
+    /// hides the copy just published, so that read-through does not bring the old name
+    /// back before the next flush removes it.
+    pub(crate) fn publish_in_backing(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        kind: Kind,
+        publish: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let name = name.to_vec();
+        self.with_lock(&format!("d{parent}"), |fs| {
+            publish()?;
+            match fs.get_inode(parent) {
+                Ok(_) => {}
+                // The directory itself is gone: its removal takes care of its backing copy.
+                Err(FsError::NotFound) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let mut d = fs.get_dir(parent)?;
+            if d.find(&name).is_some() {
+                // The file itself, another file of that name (which hides the copy), or a
+                // whiteout already.
+                return Ok(());
+            }
+            d.entries.push(Entry {
+                name,
+                id: WHITEOUT,
+                kind,
+            });
+            fs.put_dir(parent, &d)
+        })
     }
 
     /// Changes attributes; a size truncates or extends the file.
