@@ -42,7 +42,14 @@ fn start(bin: &str, file: &PathBuf) -> Server {
 }
 
 fn connect(s: &Server) -> TcpStream {
-    let c = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    let c = match TcpStream::connect(("127.0.0.1", s.port)) {
+        Ok(c) => c,
+        // (CI saw this refused, rarely, right after the server had listened.)
+        Err(e) => {
+            let state = s.state();
+            panic!("connect to {}: {e}; {state}", s.port)
+        }
+    };
     c.set_read_timeout(Some(WAIT)).expect("timeout");
     c
 }

@@ -21,21 +21,36 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(server_log(self.port));
     }
+}
+
+/// Where a spawned server's standard error goes.
+pub fn server_log(port: u16) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "memfabric-test-server-{}-{port}.stderr",
+        std::process::id()
+    ))
 }
 
 impl Server {
     /// Runs `cmd` (its port flags already given as `port`) and waits until it listens.
+    /// Its standard error goes to a file ([`server_log`]) that failures quote.
     pub fn spawn(cmd: &mut Command, port: u16) -> Server {
+        let log = server_log(port);
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("server log"))
             .spawn()
             .expect("spawn server");
-        let server = Server { child, port };
+        let mut server = Server { child, port };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = server.child.try_wait().expect("try_wait") {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("{cmd:?} exited ({status}) before it listened on {port}: {said}");
+            }
             assert!(
                 start.elapsed() < WAIT,
                 "the server never listened on {port}"
@@ -43,6 +58,20 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         server
+    }
+
+    /// Why a connection to the server failed: whether it is still running, and what it
+    /// said on standard error.
+    pub fn state(&self) -> String {
+        // From /proc, so that a shared reference will do (`Z`: exited, not yet reaped).
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        let running = match stat.as_deref().ok().and_then(|st| st.rsplit(") ").next()) {
+            Some(rest) if rest.starts_with('Z') => "the server exited".to_string(),
+            Some(rest) => format!("the server is running (state {})", &rest[..1]),
+            None => "the server is gone".to_string(),
+        };
+        let said = std::fs::read_to_string(server_log(self.port)).unwrap_or_default();
+        format!("{running}; its stderr: {said:?}")
     }
 
     /// Resident memory, from /proc.
