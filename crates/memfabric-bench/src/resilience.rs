@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::metrics::{pct_us, Progress};
 use crate::server::{free_port, ServerError, ServerProcess, ServerSpec};
+use memfabric_cluster::{Cluster, ClusterConfig, LinkRate};
 
 /// One pool shape under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -117,6 +118,8 @@ pub struct DegradedRow {
 #[derive(Debug, Serialize)]
 pub struct ResilienceReport {
     pub servers: usize,
+    /// Each server's link rate, each way (`None`: loopback, unshaped).
+    pub link_rate: Option<String>,
     pub ec: String,
     pub replicas: u8,
     pub policy: String,
@@ -127,63 +130,112 @@ pub struct ResilienceReport {
     pub degraded: Vec<DegradedRow>,
 }
 
-/// The servers of a run: memfabricd on loopback, each with a UCX port when UCX is measured.
+/// The servers of a run: memfabricd on loopback, or each in a network namespace behind
+/// a link of its own shaped to a rate (`memfabric_cluster`); with a UCX port each when
+/// UCX is measured.
 pub struct Fleet {
-    spec: ServerSpec,
-    ucx: bool,
-    procs: Vec<(ServerProcess, Option<u16>)>,
+    servers: Servers,
 }
+
+enum Servers {
+    Loopback(Vec<(ServerProcess, Option<u16>)>),
+    Shaped(Cluster),
+}
+
+/// The UCX port of the servers of a shaped fleet (each has its own address).
+const SHAPED_UCX_PORT: u16 = 11311;
 
 impl Fleet {
     pub fn start(spec: &ServerSpec, n: usize, ucx: bool) -> Result<Fleet, ServerError> {
-        let mut f = Fleet {
-            spec: spec.clone(),
-            ucx,
-            procs: Vec::new(),
-        };
+        let mut procs = Vec::new();
         for _ in 0..n {
-            let p = f.start_one()?;
-            f.procs.push(p);
+            procs.push(Self::start_one(spec, ucx)?);
         }
-        Ok(f)
+        Ok(Fleet {
+            servers: Servers::Loopback(procs),
+        })
     }
 
-    fn start_one(&self) -> Result<(ServerProcess, Option<u16>), ServerError> {
-        let mut spec = self.spec.clone();
-        let ucx_port = if self.ucx { Some(free_port()?) } else { None };
+    /// `n` servers, each in its own network namespace behind a veth pair shaped to
+    /// `rate` each way: transfers to different servers overlap, transfers to one queue
+    /// behind each other, as with servers on separate hosts.
+    pub fn start_shaped(
+        spec: &ServerSpec,
+        n: usize,
+        ucx: bool,
+        rate: LinkRate,
+    ) -> Result<Fleet, memfabric_cluster::Error> {
+        let mut args = vec![
+            "-t".to_string(),
+            spec.threads.to_string(),
+            "-m".into(),
+            spec.memory_mb.to_string(),
+        ];
+        args.extend(spec.extra_args.iter().cloned());
+        let cluster = Cluster::start(ClusterConfig {
+            servers: n,
+            memfabricd: Some(spec.path.clone()),
+            ucx_port: ucx.then_some(SHAPED_UCX_PORT),
+            args,
+            link_rate: Some(rate),
+            ..ClusterConfig::default()
+        })?;
+        Ok(Fleet {
+            servers: Servers::Shaped(cluster),
+        })
+    }
+
+    fn start_one(
+        spec: &ServerSpec,
+        ucx: bool,
+    ) -> Result<(ServerProcess, Option<u16>), ServerError> {
+        let mut spec = spec.clone();
+        let ucx_port = if ucx { Some(free_port()?) } else { None };
         spec.extra_args.push("--ucx-port".into());
         spec.extra_args
             .push(ucx_port.map_or("0".into(), |p| p.to_string()));
         Ok((spec.start()?, ucx_port))
     }
 
+    pub fn len(&self) -> usize {
+        match &self.servers {
+            Servers::Loopback(procs) => procs.len(),
+            Servers::Shaped(c) => c.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The pool's server list for `transport` ("tcp" or "ucx").
     pub fn list(&self, transport: &str) -> String {
-        self.procs
-            .iter()
-            .map(|(p, ucx)| match (transport, ucx) {
-                ("ucx", Some(port)) => format!("ucx://127.0.0.1:{port}"),
-                _ => p.addr.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+        let addrs: Vec<String> = match &self.servers {
+            Servers::Loopback(procs) => procs
+                .iter()
+                .map(|(p, ucx)| match (transport, ucx) {
+                    ("ucx", Some(port)) => format!("ucx://127.0.0.1:{port}"),
+                    _ => p.addr.to_string(),
+                })
+                .collect(),
+            Servers::Shaped(c) => (0..c.len())
+                .map(|i| match (transport, c.ucx_addr(i)) {
+                    ("ucx", Some(a)) => format!("ucx://{a}"),
+                    _ => c.addr(i).to_string(),
+                })
+                .collect(),
+        };
+        addrs.join(",")
     }
 
     /// Kills server `i` (it stays down).
     pub fn kill(&mut self, i: usize) {
-        self.procs[i].0.stop();
-    }
-
-    /// Restarts every server (empty).
-    pub fn restart_all(&mut self) -> Result<(), ServerError> {
-        // Ports are chosen anew; the pools are made again after this.
-        let n = self.procs.len();
-        self.procs.clear();
-        for _ in 0..n {
-            let p = self.start_one()?;
-            self.procs.push(p);
+        match &mut self.servers {
+            Servers::Loopback(procs) => procs[i].0.stop(),
+            Servers::Shaped(c) => {
+                let _ = c.kill(i);
+            }
         }
-        Ok(())
     }
 
     /// `bytes` from every server's `stats`, summed.
@@ -287,8 +339,13 @@ pub fn memory(cfg: &ResilienceConfig, fleet: &Fleet) -> Fallible<Vec<MemoryRow>>
     Ok(rows)
 }
 
+/// Operations per point: `iterations`, fewer for large values (at most `bytes_per_point`
+/// bytes, but 50 operations when `iterations` allows that many), never none.
 fn iterations_for(cfg: &ResilienceConfig, size: usize) -> u64 {
-    (cfg.bytes_per_point / size.max(1) as u64).clamp(50, cfg.iterations)
+    (cfg.bytes_per_point / size.max(1) as u64)
+        .max(50)
+        .min(cfg.iterations)
+        .max(1)
 }
 
 /// Latency of blocking SETs then GETs of each size through each pool and transport.
@@ -471,7 +528,7 @@ pub fn degraded(
     let killed = usize::from(cfg.ec.m);
     for i in 0..killed {
         // Spread over the ring: the first and the middle server.
-        fleet.kill(i * fleet.procs.len() / killed.max(1));
+        fleet.kill(i * fleet.len() / killed.max(1));
     }
     let mut rows = Vec::new();
     for (transport, healthy) in cfg.transports.iter().zip(healthy) {

@@ -82,6 +82,67 @@ pub struct ClusterConfig {
     pub args: Vec<String>,
     /// How long a server may take to answer after it was started.
     pub startup_timeout: Duration,
+    /// Shape every server's link to this rate, each way (a token bucket, `tc qdisc tbf`,
+    /// on both ends of the veth pair): `None` leaves it at veth speed (memory copies).
+    /// Each server then has a link of its own, as on separate hosts behind one switch,
+    /// so transfers to several servers overlap where transfers to one queue.
+    pub link_rate: Option<LinkRate>,
+}
+
+/// The MTU of shaped links.
+const SHAPED_MTU: u32 = 9000;
+
+/// A link's rate, in bits per second (at least 1 Mbit/s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkRate(u64);
+
+impl LinkRate {
+    pub fn bits_per_second(self) -> u64 {
+        self.0
+    }
+
+    /// The token bucket's depth: what may leave back to back after a pause. Two
+    /// (jumbo) frames, or 10 us at the rate if more, as a switch port serialises: a
+    /// transfer of any size pays the rate (the kernel splits larger packets to fit;
+    /// a deep bucket would let a 64 KiB value through at memory speed).
+    fn burst_bytes(self) -> u64 {
+        (2 * (SHAPED_MTU as u64 + 14)).max(self.0 / 8 / 100_000)
+    }
+}
+
+impl std::str::FromStr for LinkRate {
+    type Err = String;
+    /// `10gbit`, `2.5gbit`, `800mbit`, `1000000000` (bits per second).
+    fn from_str(s: &str) -> std::result::Result<LinkRate, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let t = t.strip_suffix("bit").unwrap_or(&t);
+        let (num, scale) = match t.as_bytes().last() {
+            Some(b'g') => (&t[..t.len() - 1], 1e9),
+            Some(b'm') => (&t[..t.len() - 1], 1e6),
+            Some(b'k') => (&t[..t.len() - 1], 1e3),
+            _ => (t, 1.0),
+        };
+        let bits = num
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .map(|v| v * scale)
+            .ok_or_else(|| format!("'{s}' is not a link rate (like 10gbit, 800mbit)"))?;
+        if !(1e6..=1e12).contains(&bits) {
+            return Err(format!("link rate '{s}' is outside 1mbit..1000gbit"));
+        }
+        Ok(LinkRate(bits as u64))
+    }
+}
+
+impl std::fmt::Display for LinkRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            b if b % 1_000_000_000 == 0 => write!(f, "{}gbit", b / 1_000_000_000),
+            b if b % 1_000_000 == 0 => write!(f, "{}mbit", b / 1_000_000),
+            b => write!(f, "{b}bit"),
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -93,6 +154,7 @@ impl Default for ClusterConfig {
             ucx_port: None,
             args: Vec::new(),
             startup_timeout: Duration::from_secs(20),
+            link_rate: None,
         }
     }
 }
@@ -322,11 +384,19 @@ impl Cluster {
             log: self.dir.join(format!("server-{i}.log")),
             cut: false,
         };
+        let cfg_rate = self.cfg.link_rate;
         // Recorded before the rest is built: a failure below is undone by Drop.
         let built = (|| {
             ip(&[
                 "link", "add", &host_link, "type", "veth", "peer", "name", &ns_link,
             ])?;
+            if cfg_rate.is_some() {
+                // Jumbo frames, as data-centre and HPC fabrics use: a sixth of the
+                // per-packet work of shaping on this machine's few cores.
+                for dev in [&host_link, &ns_link] {
+                    ip(&["link", "set", dev, "mtu", &SHAPED_MTU.to_string()])?;
+                }
+            }
             ip(&["link", "set", &ns_link, "netns", &netns])?;
             ip(&["addr", "add", &host_addr, "dev", &host_link])?;
             ip(&["link", "set", &host_link, "up"])?;
@@ -338,6 +408,41 @@ impl Cluster {
             in_ns(&["addr", "add", &format!("{addr}/24"), "dev", &ns_link])?;
             in_ns(&["link", "set", &ns_link, "up"])?;
             in_ns(&["link", "set", "lo", "up"])?;
+            // The rest of the cluster's block (the other host ends, where a client may
+            // bind: UCX's TCP transport listens on every interface it uses) is reached
+            // through this server's own link; nothing else is routed from here.
+            in_ns(&[
+                "route",
+                "add",
+                &format!("10.{b}.0.0/16"),
+                "via",
+                &format!("10.{b}.{i}.1"),
+            ])?;
+            if let Some(rate) = self.cfg.link_rate {
+                let shape = |dev: &str| {
+                    [
+                        "qdisc".to_string(),
+                        "replace".into(),
+                        "dev".into(),
+                        dev.into(),
+                        "root".into(),
+                        "tbf".into(),
+                        "rate".into(),
+                        format!("{}bit", rate.bits_per_second()),
+                        "burst".into(),
+                        rate.burst_bytes().to_string(),
+                        // A queue deep enough that shaping never drops (TCP would then
+                        // measure its loss recovery, not the link).
+                        "latency".into(),
+                        "100ms".into(),
+                    ]
+                };
+                tc(&shape(&host_link))?;
+                let mut in_ns = vec!["netns".to_string(), "exec".into(), netns.clone()];
+                in_ns.push("tc".into());
+                in_ns.extend(shape(&ns_link));
+                ip(&in_ns)?;
+            }
             Ok::<(), Error>(())
         })();
         match built {
@@ -570,6 +675,19 @@ fn parse_netns(name: &str) -> Option<(u8, usize)> {
     Some((b.parse().ok()?, i.parse().ok()?))
 }
 
+/// `tc ARGS` (iproute2); an error carries its stderr.
+fn tc(args: &[String]) -> Result<()> {
+    let out = Command::new("tc").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Command {
+            cmd: format!("tc {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
 /// Run `ip ARGS`; an error carries its stderr.
 fn ip<S: AsRef<std::ffi::OsStr> + AsRef<str>>(args: &[S]) -> Result<()> {
     ip_output(args).map(drop)
@@ -624,5 +742,24 @@ mod tests {
         assert_eq!(parse_netns("mfc-1"), None);
         assert_eq!(parse_netns("other"), None);
         assert_eq!(parse_netns("mfc300-1"), None);
+    }
+
+    #[test]
+    fn link_rates_parse_as_tc_writes_them() {
+        let rate = |s: &str| s.parse::<LinkRate>().map(LinkRate::bits_per_second);
+        assert_eq!(rate("10gbit"), Ok(10_000_000_000));
+        assert_eq!(rate("2.5Gbit"), Ok(2_500_000_000));
+        assert_eq!(rate("800mbit"), Ok(800_000_000));
+        assert_eq!(rate("1000000"), Ok(1_000_000));
+        for bad in [
+            "", "gbit", "fast", "-1gbit", "0", "nangbit", "999kbit", "2000gbit",
+        ] {
+            assert!(rate(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!("25gbit".parse::<LinkRate>().unwrap().to_string(), "25gbit");
+        assert_eq!(
+            "800mbit".parse::<LinkRate>().unwrap().to_string(),
+            "800mbit"
+        );
     }
 }

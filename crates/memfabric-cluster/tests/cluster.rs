@@ -205,6 +205,62 @@ fn clusters_side_by_side_get_their_own_addresses() {
 }
 
 #[test]
+fn shaped_links_have_a_token_bucket_at_both_ends_and_carry_large_values_whole() {
+    if memfabric_cluster::skip_netns_tests() {
+        return;
+    }
+    let c = Cluster::start(ClusterConfig {
+        servers: 2,
+        args: vec!["-m".into(), "64".into()],
+        link_rate: Some("1gbit".parse().unwrap()),
+        ..ClusterConfig::default()
+    })
+    .expect("cluster");
+    let qdiscs = |netns: Option<&str>| {
+        let out = match netns {
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "tc", "qdisc", "show"])
+                .output(),
+            None => Command::new("tc").args(["qdisc", "show"]).output(),
+        };
+        String::from_utf8_lossy(&out.unwrap().stdout).into_owned()
+    };
+    let host = qdiscs(None);
+    for i in 0..2 {
+        // Namespace mfc<B>-<i>; its links are mfc<B>h<i> (here) and mfc<B>n<i> (there).
+        let block = c
+            .netns(i)
+            .trim_start_matches("mfc")
+            .split('-')
+            .next()
+            .unwrap();
+        for (text, dev) in [
+            (host.clone(), format!("mfc{block}h{i}")),
+            (qdiscs(Some(c.netns(i))), format!("mfc{block}n{i}")),
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.contains(" tbf ") && l.contains(&format!("dev {dev} ")))
+                .unwrap_or_else(|| panic!("no token bucket on {dev}:\n{text}"));
+            assert!(line.contains("rate 1Gbit"), "{line}");
+        }
+    }
+    // A value many times the bucket's depth crosses intact (queued, not dropped).
+    let value: String = (0..300_000)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    for i in 0..2 {
+        let mut cl = Client::connect(c.addr(i)).expect("connect");
+        assert_eq!(cl.set("big", &value).unwrap(), "STORED\r\n");
+        let reply = cl.get("big").unwrap();
+        assert_eq!(
+            reply,
+            format!("VALUE big 0 {}\r\n{value}\r\nEND\r\n", value.len())
+        );
+    }
+}
+
+#[test]
 fn what_a_killed_owner_left_is_removed_by_the_next_cluster() {
     if memfabric_cluster::skip_netns_tests() {
         return;

@@ -10,13 +10,21 @@ use memfabric_bench::report;
 use memfabric_bench::resilience::{self, Fleet, PoolKind, ResilienceConfig, ResilienceReport};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_client::{EcGeometry, WritePolicy};
+use memfabric_cluster::LinkRate;
 use std::path::PathBuf;
 
 #[derive(Args)]
 pub(crate) struct ResilienceArgs {
-    /// memfabricd servers to start on loopback.
+    /// memfabricd servers to start (on loopback, or see --link-rate).
     #[arg(long, default_value_t = 6)]
     servers: usize,
+    /// Start each server in a network namespace of its own behind a link shaped to this
+    /// rate each way (`10gbit`, `800mbit`; needs root, `ip` and `tc`), as servers on
+    /// separate hosts: transfers to several servers then overlap. Default: all on
+    /// loopback, where every transfer is a memory copy on this machine's cores. For UCX
+    /// use a network transport (UCX_TLS=tcp,self): shared memory bypasses the links.
+    #[arg(long)]
+    link_rate: Option<LinkRate>,
     /// The erasure code.
     #[arg(long, default_value = "4+2")]
     ec: EcGeometry,
@@ -47,7 +55,7 @@ pub(crate) struct ResilienceArgs {
     #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144")]
     memory_sizes: Vec<usize>,
     /// Measured operations per point (fewer for large values: see --bytes-per-point).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     iterations: u64,
     /// At most this many value bytes per point.
     #[arg(long, default_value_t = 256 << 20)]
@@ -80,6 +88,9 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
         if t != "tcp" && t != "ucx" {
             return Err(format!("unknown transport '{t}' (tcp, ucx)").into());
         }
+    }
+    if a.window == 0 {
+        return Err("--window must be at least 1".into());
     }
     if a.servers < usize::from(a.ec.k) + usize::from(a.ec.m) {
         return Err(format!("RS({}) needs {} servers", a.ec, a.ec.k + a.ec.m).into());
@@ -114,7 +125,20 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
         randomize_reads: a.randomize_reads,
     };
     let ucx = a.transport.iter().any(|t| t == "ucx");
-    let mut fleet = Fleet::start(&spec, a.servers, ucx)?;
+    let mut fleet = match a.link_rate {
+        None => Fleet::start(&spec, a.servers, ucx)?,
+        Some(rate) => {
+            if ucx && shared_memory_possible(std::env::var("UCX_TLS").ok().as_deref()) {
+                return Err(format!(
+                    "--link-rate with UCX needs a network transport: shared memory would \
+                     bypass the shaped links (UCX_TLS is {:?}; use UCX_TLS=tcp,self)",
+                    std::env::var("UCX_TLS").unwrap_or_default()
+                )
+                .into());
+            }
+            Fleet::start_shaped(&spec, a.servers, ucx, rate)?
+        }
+    };
     let memory = resilience::memory(&cfg, &fleet)?;
     let latency = resilience::latency(&cfg, &fleet)?;
     let crossovers = resilience::crossovers(&latency, &cfg.transports);
@@ -123,6 +147,7 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     drop(fleet);
     let r = ResilienceReport {
         servers: a.servers,
+        link_rate: a.link_rate.map(|r| r.to_string()),
         ec: a.ec.to_string(),
         replicas: a.replicas,
         policy: a.write_policy.to_string(),
@@ -163,10 +188,32 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     Ok(())
 }
 
+/// Whether UCX could choose a shared-memory transport with this `UCX_TLS`: unset (UCX
+/// picks what it finds), or naming one (`posix`, `sysv`, `cma`, `knem`, `xpmem`, `sm`,
+/// `shm`, `all`).
+fn shared_memory_possible(tls: Option<&str>) -> bool {
+    let Some(tls) = tls else {
+        return true;
+    };
+    // `^a,b`: every transport but those.
+    tls.starts_with('^')
+        || tls.split(',').any(|t| {
+            matches!(
+                t.trim(),
+                "all" | "posix" | "sysv" | "cma" | "knem" | "xpmem" | "sm" | "shm"
+            )
+        })
+}
+
 fn print_report(r: &ResilienceReport) {
     println!(
-        "{} servers; RS({}) against {}-way replication; write policy {}\n",
+        "{} servers{}; RS({}) against {}-way replication; write policy {}\n",
         r.servers,
+        r.link_rate
+            .as_ref()
+            .map_or(" on loopback".to_string(), |l| format!(
+                ", each behind its own link at {l} each way"
+            )),
         r.ec,
         r.replicas + 1,
         r.policy
@@ -298,4 +345,25 @@ fn print_report(r: &ResilienceReport) {
             &rows
         )
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_memory_possible;
+
+    #[test]
+    fn only_network_transports_keep_ucx_on_the_shaped_links() {
+        for tls in ["tcp,self", "tcp", "rc_x,ud_x,self", "self, tcp"] {
+            assert!(!shared_memory_possible(Some(tls)), "{tls}");
+        }
+        for tls in [
+            None,
+            Some("posix,cma,self"),
+            Some("tcp,sm"),
+            Some("^ud"),
+            Some("all"),
+        ] {
+            assert!(shared_memory_possible(tls), "{tls:?}");
+        }
+    }
 }
