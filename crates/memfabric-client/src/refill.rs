@@ -432,11 +432,14 @@ impl<'a> Refill<'a> {
     /// pipelined.
     fn flush(&mut self, source: usize) -> Result<(), Halt> {
         let batch = std::mem::take(&mut self.batch);
-        self.batch_bytes = 0;
+        let listed = std::mem::take(&mut self.batch_bytes);
         if batch.is_empty() {
             return Ok(());
         }
         self.stopped()?;
+        // The batch's reads are charged before they are made (by the sizes the dump
+        // listed), so that no read, the first batch's included, runs ahead of the bound.
+        self.budget.take(listed, &self.stop)?;
         let timeout = self.plan.timeout;
         let Some(src) = self.direct[source].as_mut() else {
             RepairTally::add(&self.tally.skipped, batch.len() as u64);
@@ -478,7 +481,10 @@ impl<'a> Refill<'a> {
         }
         let written: u64 = copies.iter().map(|c| c.write.len() as u64).sum();
         RepairTally::add(&self.tally.scanned, copies.len() as u64);
-        self.budget.take(read as u64 + written, &self.stop)?;
+        // What the reads cost beyond the listing (fragments read to rebuild one, values
+        // grown since), and the writes.
+        self.budget
+            .take((read as u64).saturating_sub(listed) + written, &self.stop)?;
         RepairTally::add(&self.tally.bytes, read as u64 + written);
         let target = self.plan.target;
         let Some(t) = self.direct[target].as_mut() else {
