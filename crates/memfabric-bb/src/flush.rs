@@ -528,11 +528,7 @@ impl Flusher {
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(bytes_path(&inode.target), &tmp)
                     .map_err(|e| io_err(e, &tmp))?;
-                let name = dest.file_name().map(|n| n.as_encoded_bytes().to_vec());
-                fs.publish_in_backing(inode.parent, &name.unwrap_or_default(), inode.kind, || {
-                    std::fs::rename(&tmp, &dest).map_err(|e| io_err(e, &dest))?;
-                    sync_dir(&parent)
-                })?;
+                publish(fs, &inode, &tmp, &dest)?;
                 remove_previous_copy(fs, &root, rec);
                 self.mark_flushed(fs, &inode, None)?;
                 finish(fs, rec, FlushState::Done)?;
@@ -814,11 +810,7 @@ impl Flusher {
         let _ = f.set_times(times);
         f.sync_all().map_err(|e| io_err(e, &tmp))?;
         drop(f);
-        let name = dest.file_name().map(|n| n.as_encoded_bytes().to_vec());
-        fs.publish_in_backing(inode.parent, &name.unwrap_or_default(), inode.kind, || {
-            std::fs::rename(&tmp, dest).map_err(|e| io_err(e, dest))?;
-            sync_dir(dest.parent().unwrap_or(Path::new("/")))
-        })?;
+        publish(fs, inode, &tmp, dest)?;
         Ok(Copied::Verified(digest))
     }
 
@@ -1074,6 +1066,19 @@ pub fn tmp_path(dest: &Path, id: u64, tag: u64) -> PathBuf {
     t.extend_from_slice(&name[..keep]);
     t.extend_from_slice(suffix.as_bytes());
     dest.with_file_name(bytes_path(&t))
+}
+
+/// Makes the finished copy `tmp` the backing file `dest` (rename, then the directory
+/// synced), under the lock of the file's directory in the cache, which hides `dest` with a
+/// whiteout if the file has been renamed or removed meanwhile.
+fn publish(fs: &mut Fs, inode: &Inode, tmp: &Path, dest: &Path) -> Result<()> {
+    let name = dest
+        .file_name()
+        .map_or(Vec::new(), |n| n.as_encoded_bytes().to_vec());
+    fs.publish_in_backing(inode.parent, &name, inode.kind, || {
+        std::fs::rename(tmp, dest).map_err(|e| io_err(e, dest))?;
+        sync_dir(dest.parent().unwrap_or(Path::new("/")))
+    })
 }
 
 fn io_err(e: std::io::Error, p: &Path) -> FsError {
