@@ -334,6 +334,8 @@ pub struct ReportContext<'a> {
     pub ucx_tls: &'a str,
     pub settings: &'a [String],
     pub wall_seconds: f64,
+    /// The share of the machine's CPU time its hypervisor took during the run.
+    pub steal_share: Option<f64>,
     pub commit: Option<String>,
     /// (caption, path relative to the page) of each plot.
     pub plots: &'a [(String, String)],
@@ -365,8 +367,13 @@ pub fn markdown(res: &SuiteResult, ctx: &ReportContext<'_>) -> String {
         s.push_str(&format!("- {line}\n"));
     }
     s.push_str(&format!(
-        "- Whole run: {:.0} s of wall time.\n\n",
-        ctx.wall_seconds
+        "- Whole run: {:.0} s of wall time{}.\n\n",
+        ctx.wall_seconds,
+        ctx.steal_share.map_or(String::new(), |x| format!(
+            "; the hypervisor took {:.1}% of this machine's CPU time meanwhile (steal, \
+             /proc/stat: other guests on the host)",
+            100.0 * x
+        ))
     ));
     if !res.latency.is_empty() {
         s.push_str("### Latency by value size, one op at a time\n\n");

@@ -178,9 +178,67 @@ impl Machine {
     }
 }
 
+/// This machine's CPU time so far, from `/proc/stat`'s `cpu` line (in clock ticks): the
+/// whole and the part a hypervisor gave to other guests ("steal").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub total: u64,
+    pub steal: u64,
+}
+
+impl CpuTimes {
+    pub fn now() -> Option<CpuTimes> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// `cpu  user nice system idle iowait irq softirq steal guest guest_nice`; guest time
+    /// is already counted in user and nice.
+    pub fn parse(stat: &str) -> Option<CpuTimes> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        (fields.len() == 8).then(|| CpuTimes {
+            total: fields.iter().sum(),
+            steal: fields[7],
+        })
+    }
+
+    /// The share of the CPU time since `earlier` that the hypervisor took away (0..1): how
+    /// contended the host was while something was measured.
+    pub fn steal_share_since(&self, earlier: &CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(earlier.total)?;
+        let steal = self.steal.checked_sub(earlier.steal)?;
+        (total > 0).then(|| steal as f64 / total as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steal_is_the_eighth_field_of_the_cpu_line() {
+        let before =
+            CpuTimes::parse("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n")
+                .unwrap();
+        assert_eq!(
+            before,
+            CpuTimes {
+                total: 1000,
+                steal: 35
+            }
+        );
+        let after = CpuTimes::parse("cpu  200 0 100 1500 10 0 5 185 0 0\n").unwrap();
+        assert_eq!(after.steal_share_since(&before), Some(0.15));
+        assert_eq!(before.steal_share_since(&after), None);
+        assert_eq!(before.steal_share_since(&before), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 3\n"), None);
+        assert_eq!(CpuTimes::parse("intr 5\n"), None);
+    }
 
     #[test]
     fn table_aligns_columns_to_widest_cell() {

@@ -120,6 +120,8 @@ pub struct ResilienceReport {
     pub servers: usize,
     /// Each server's link rate, each way (`None`: loopback, unshaped).
     pub link_rate: Option<String>,
+    /// The share of the machine's CPU time its hypervisor took during the run (steal).
+    pub steal_share: Option<f64>,
     pub ec: String,
     pub replicas: u8,
     pub policy: String,

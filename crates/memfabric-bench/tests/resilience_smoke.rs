@@ -3,7 +3,8 @@
 //! transport, which the shaped links carry). Asserted: the run completes, every section
 //! has its rows, the memory ratios are those of the codes (RS(4,2) stores ~1.5x, three
 //! copies ~3x: these are byte counts, not times), the report says how the servers were
-//! linked. No latency or rate is asserted.
+//! linked and how much CPU time the host's hypervisor took meanwhile. No latency or rate
+//! is asserted.
 //!
 //! Needs memfabricd built next to the bench (`cargo build --release -p memfabric-server`);
 //! the shaped run needs root, `ip` and `tc` (`MEMFABRIC_SKIP_NETNS=1` skips it, loudly).
@@ -43,6 +44,13 @@ fn run(args: &[&str], ucx_tls: &str) -> serde_json::Value {
 }
 
 fn check_sections(v: &serde_json::Value, stdout: &str) {
+    assert!(
+        v["steal_share"]
+            .as_f64()
+            .is_some_and(|x| (0.0..=1.0).contains(&x)),
+        "{}",
+        v["steal_share"]
+    );
     for row in v["memory"].as_array().expect("memory rows") {
         let ratio = row["ratio"].as_f64().expect("ratio");
         let expected = if row["pool"] == "Ec" { 1.5 } else { 3.0 };

@@ -10,7 +10,7 @@ use memfabric_bench::compare_report::{self, ReportContext};
 use memfabric_bench::latency::{LatencyConfig, LatencyOp};
 use memfabric_bench::load::LoadConfig;
 use memfabric_bench::plot;
-use memfabric_bench::report::Machine;
+use memfabric_bench::report::{CpuTimes, Machine};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_bench::workload::KeyDist;
 use memfabric_bench::ycsb::{YcsbSpec, YcsbWorkload};
@@ -146,6 +146,7 @@ pub(crate) fn apply_quick(a: &mut CompareArgs) {
 
 pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
     let wall = std::time::Instant::now();
+    let cpu_at_start = CpuTimes::now();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     if a.quick {
         apply_quick(&mut a);
@@ -246,6 +247,15 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
         println!("{line}");
     }
     let res = compare::run_suite(&plan)?;
+    let steal_share = cpu_at_start
+        .zip(CpuTimes::now())
+        .and_then(|(start, end)| end.steal_share_since(&start));
+    if let Some(x) = steal_share {
+        println!(
+            "host contention: the hypervisor took {:.1}% of this machine's CPU time during the run (steal)",
+            100.0 * x
+        );
+    }
     print!("{}", compare_report::text(&res));
     let pass = res
         .throughput
@@ -271,6 +281,7 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
                 "memfabricd": { "command": memfabricd.display_args() },
             },
             "settings": settings,
+            "steal_share": steal_share,
             "results": res,
         });
         write_json(p, &v)?;
@@ -301,6 +312,7 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
             ucx_tls: &ucx_tls,
             settings: &settings,
             wall_seconds: wall.elapsed().as_secs_f64(),
+            steal_share,
             commit: git_commit(),
             plots: &plots,
         };

@@ -6,7 +6,7 @@ use crate::output::{report_plot, write_json};
 use crate::Fallible;
 use clap::Args;
 use memfabric_bench::plot;
-use memfabric_bench::report;
+use memfabric_bench::report::{self, CpuTimes};
 use memfabric_bench::resilience::{self, Fleet, PoolKind, ResilienceConfig, ResilienceReport};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_client::{EcGeometry, WritePolicy};
@@ -125,6 +125,7 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
         randomize_reads: a.randomize_reads,
     };
     let ucx = a.transport.iter().any(|t| t == "ucx");
+    let cpu_at_start = CpuTimes::now();
     let mut fleet = match a.link_rate {
         None => Fleet::start(&spec, a.servers, ucx)?,
         Some(rate) => {
@@ -148,6 +149,9 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     let r = ResilienceReport {
         servers: a.servers,
         link_rate: a.link_rate.map(|r| r.to_string()),
+        steal_share: cpu_at_start
+            .zip(CpuTimes::now())
+            .and_then(|(start, end)| end.steal_share_since(&start)),
         ec: a.ec.to_string(),
         replicas: a.replicas,
         policy: a.write_policy.to_string(),
@@ -345,6 +349,12 @@ fn print_report(r: &ResilienceReport) {
             &rows
         )
     );
+    if let Some(x) = r.steal_share {
+        println!(
+            "host contention: the hypervisor took {:.1}% of this machine's CPU time during the run (steal)",
+            100.0 * x
+        );
+    }
 }
 
 #[cfg(test)]
