@@ -438,10 +438,10 @@ impl Cluster {
                     ]
                 };
                 tc(&shape(&host_link))?;
-                let mut in_ns = vec!["netns".to_string(), "exec".into(), netns.clone()];
-                in_ns.push("tc".into());
-                in_ns.extend(shape(&ns_link));
-                ip(&in_ns)?;
+                let mut ns_tc = vec!["netns".to_string(), "exec".into(), netns.clone()];
+                ns_tc.push("tc".into());
+                ns_tc.extend(shape(&ns_link));
+                ip(&ns_tc)?;
             }
             Ok::<(), Error>(())
         })();
