@@ -147,6 +147,8 @@ pub(crate) fn apply_quick(a: &mut CompareArgs) {
 pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
     let wall = std::time::Instant::now();
     let cpu_at_start = CpuTimes::now();
+    // Before this run writes anything.
+    let commit = git_commit();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     if a.quick {
         apply_quick(&mut a);
@@ -313,7 +315,7 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
             settings: &settings,
             wall_seconds: wall.elapsed().as_secs_f64(),
             steal_share,
-            commit: git_commit(),
+            commit,
             plots: &plots,
         };
         let section = compare_report::markdown(&res, &ctx);
@@ -411,8 +413,13 @@ pub(crate) fn git_commit() -> Option<String> {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let head = git(&["rev-parse", "--short", "HEAD"]).filter(|s| !s.is_empty())?;
-    let changed =
-        git(&["status", "--porcelain", "--untracked-files=no"]).map_or(0, |s| s.lines().count());
+    // Documentation is not built in (and this run rewrites the report's own files).
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"]).map_or(0, |s| {
+        s.lines()
+            .filter_map(|l| l.get(3..))
+            .filter(|path| !path.starts_with("docs/") && !path.ends_with(".md"))
+            .count()
+    });
     Some(if changed > 0 {
         format!(
             "commit `{head}` plus the working tree's uncommitted changes to {changed} tracked \
