@@ -214,6 +214,21 @@ impl CpuTimes {
         let steal = self.steal.checked_sub(earlier.steal)?;
         (total > 0).then(|| steal as f64 / total as f64)
     }
+
+    /// The steal share from `start` (taken with [`CpuTimes::now`]) until now.
+    pub fn steal_share_until_now(start: Option<CpuTimes>) -> Option<f64> {
+        start
+            .zip(CpuTimes::now())
+            .and_then(|(start, end)| end.steal_share_since(&start))
+    }
+}
+
+/// The terminal line that reports a run's steal share.
+pub fn steal_line(share: f64) -> String {
+    format!(
+        "host contention: the hypervisor took {:.1}% of this machine's CPU time during the run (steal)",
+        100.0 * share
+    )
 }
 
 #[cfg(test)]

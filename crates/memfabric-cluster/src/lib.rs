@@ -384,13 +384,13 @@ impl Cluster {
             log: self.dir.join(format!("server-{i}.log")),
             cut: false,
         };
-        let cfg_rate = self.cfg.link_rate;
+        let link_rate = self.cfg.link_rate;
         // Recorded before the rest is built: a failure below is undone by Drop.
         let built = (|| {
             ip(&[
                 "link", "add", &host_link, "type", "veth", "peer", "name", &ns_link,
             ])?;
-            if cfg_rate.is_some() {
+            if link_rate.is_some() {
                 // Jumbo frames, as data-centre and HPC fabrics use: a sixth of the
                 // per-packet work of shaping on this machine's few cores.
                 for dev in [&host_link, &ns_link] {
@@ -418,7 +418,7 @@ impl Cluster {
                 "via",
                 &format!("10.{b}.{i}.1"),
             ])?;
-            if let Some(rate) = self.cfg.link_rate {
+            if let Some(rate) = link_rate {
                 let shape = |dev: &str| {
                     [
                         "qdisc".to_string(),

@@ -10,7 +10,7 @@ use memfabric_bench::compare_report::{self, ReportContext};
 use memfabric_bench::latency::{LatencyConfig, LatencyOp};
 use memfabric_bench::load::LoadConfig;
 use memfabric_bench::plot;
-use memfabric_bench::report::{CpuTimes, Machine};
+use memfabric_bench::report::{steal_line, CpuTimes, Machine};
 use memfabric_bench::server::{self, ServerSpec};
 use memfabric_bench::workload::KeyDist;
 use memfabric_bench::ycsb::{YcsbSpec, YcsbWorkload};
@@ -249,14 +249,9 @@ pub(crate) fn compare_cmd(mut a: CompareArgs) -> Fallible<bool> {
         println!("{line}");
     }
     let res = compare::run_suite(&plan)?;
-    let steal_share = cpu_at_start
-        .zip(CpuTimes::now())
-        .and_then(|(start, end)| end.steal_share_since(&start));
+    let steal_share = CpuTimes::steal_share_until_now(cpu_at_start);
     if let Some(x) = steal_share {
-        println!(
-            "host contention: the hypervisor took {:.1}% of this machine's CPU time during the run (steal)",
-            100.0 * x
-        );
+        println!("{}", steal_line(x));
     }
     print!("{}", compare_report::text(&res));
     let pass = res

@@ -129,11 +129,12 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     let mut fleet = match a.link_rate {
         None => Fleet::start(&spec, a.servers, ucx)?,
         Some(rate) => {
-            if ucx && shared_memory_possible(std::env::var("UCX_TLS").ok().as_deref()) {
+            let tls = std::env::var("UCX_TLS").ok();
+            if ucx && shared_memory_possible(tls.as_deref()) {
                 return Err(format!(
                     "--link-rate with UCX needs a network transport: shared memory would \
                      bypass the shaped links (UCX_TLS is {:?}; use UCX_TLS=tcp,self)",
-                    std::env::var("UCX_TLS").unwrap_or_default()
+                    tls.unwrap_or_default()
                 )
                 .into());
             }
@@ -149,9 +150,7 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     let r = ResilienceReport {
         servers: a.servers,
         link_rate: a.link_rate.map(|r| r.to_string()),
-        steal_share: cpu_at_start
-            .zip(CpuTimes::now())
-            .and_then(|(start, end)| end.steal_share_since(&start)),
+        steal_share: CpuTimes::steal_share_until_now(cpu_at_start),
         ec: a.ec.to_string(),
         replicas: a.replicas,
         policy: a.write_policy.to_string(),
@@ -350,10 +349,7 @@ fn print_report(r: &ResilienceReport) {
         )
     );
     if let Some(x) = r.steal_share {
-        println!(
-            "host contention: the hypervisor took {:.1}% of this machine's CPU time during the run (steal)",
-            100.0 * x
-        );
+        println!("{}", report::steal_line(x));
     }
 }
 
