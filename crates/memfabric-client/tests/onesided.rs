@@ -137,6 +137,82 @@ fn auto_mode_reads_one_sided_only_where_the_transport_reads_natively() {
     }
 }
 
+/// The size of the server's largest shared-memory segment (its arena) and how many bytes
+/// of it the kernel has taken: for a POSIX segment the blocks of the file behind its
+/// descriptor, for a SysV one the resident size `/proc/sysvipc/shm` reports.
+fn largest_segment(pid: u32, backing: &str) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut largest = (0, 0);
+    if backing == "posix_shm" {
+        for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+        {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            if !target.to_string_lossy().contains("ucx_shm_posix") {
+                continue;
+            }
+            let m = std::fs::metadata(e.path()).unwrap();
+            if m.len() > largest.0 {
+                largest = (m.len(), m.blocks() * 512);
+            }
+        }
+    } else {
+        // key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap
+        for line in std::fs::read_to_string("/proc/sysvipc/shm")
+            .unwrap()
+            .lines()
+            .skip(1)
+        {
+            let f: Vec<&str> = line.split_ascii_whitespace().collect();
+            if f.get(4) != Some(&pid.to_string().as_str()) {
+                continue;
+            }
+            let (size, rss): (u64, u64) = (f[3].parse().unwrap(), f[14].parse().unwrap());
+            if size > largest.0 {
+                largest = (size, rss);
+            }
+        }
+    }
+    largest
+}
+
+/// UCX's POSIX allocator writes every page of what it allocates (to learn that /dev/shm
+/// has room), so a store it allocates is taken whole at start; a SysV segment is taken as
+/// it is used, as memcached's memory is. The server says which backs its store
+/// (`ucx_memory_backing`) and warns about the first.
+#[test]
+fn the_server_names_what_backs_its_store_and_warns_when_all_of_it_is_taken_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for (tls, backing) in [("posix,cma,self", "posix_shm"), ("sysv,cma,self", "sysv")] {
+        let log = dir.path().join(format!("{backing}.stderr"));
+        let s = Server::start_env_logged(Kind::MemfabricdUcx, &[], &[("UCX_TLS", tls)], &log);
+        let mut c = Client::new(s.addr().as_str(), config(GetMode::TwoSided)).unwrap();
+        let stats: HashMap<String, String> = c
+            .stats(Some("fabric"))
+            .into_iter()
+            .flat_map(|(_, r)| r.expect("stats fabric"))
+            .collect();
+        assert_eq!(stats["ucx_memory"], "ucx", "UCX_TLS={tls}");
+        assert_eq!(stats["ucx_memory_backing"], backing, "UCX_TLS={tls}");
+        let (size, taken) = largest_segment(s.pid(), backing);
+        let arena: u64 = stats["ucx_arena_registered"].parse().unwrap();
+        assert!(
+            size >= arena,
+            "UCX_TLS={tls}: largest segment {size} < arena {arena}"
+        );
+        let said = std::fs::read_to_string(&log).unwrap();
+        let warned = said.contains("as POSIX shared memory");
+        if backing == "posix_shm" {
+            assert!(taken >= size * 9 / 10, "{tls}: {taken} of {size} taken");
+            assert!(warned, "{tls}: no warning in {said:?}");
+        } else {
+            assert!(taken <= size / 2, "{tls}: {taken} of {size} taken");
+            assert!(!warned, "{tls}: {said:?}");
+        }
+    }
+}
+
 // ---- torture ----------------------------------------------------------------------------
 
 const SEG_LEN: usize = 16; // "t123@00001234/" padded: key up to 5 chars

@@ -98,6 +98,8 @@ pub struct FabricShared {
     pub(crate) cold_ctx: Option<Arc<mf::Context>>,
     pub(crate) arena: Exported,
     pub(crate) index: Exported,
+    /// What backs the arena (`stats fabric`: `ucx_memory_backing`).
+    pub backing: Backing,
     /// Values above this many bytes go by rendezvous.
     pub eager_max: usize,
     pub(crate) next_session: AtomicU32,
@@ -166,6 +168,73 @@ pub struct FabricShared {
     pub hot_wanted: AtomicU64,
 }
 
+/// What backs a mapping of this process, as `/proc/self/maps` names it. It decides when
+/// the memory is taken. UCX's POSIX shared-memory allocator writes every page of a
+/// segment before mapping it (to learn that its directory has room), so a store it
+/// allocates is taken whole at start, twice `-m` for the arena alone (room for
+/// `cache_memlimit` to grow). SysV segments and anonymous mappings are taken page by page
+/// as items arrive, as memcached's memory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    Anonymous,
+    SysV,
+    PosixShm,
+    File,
+    Unknown,
+}
+
+impl Backing {
+    /// The value of `stats fabric`'s `ucx_memory_backing`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backing::Anonymous => "anonymous",
+            Backing::SysV => "sysv",
+            Backing::PosixShm => "posix_shm",
+            Backing::File => "file",
+            Backing::Unknown => "unknown",
+        }
+    }
+
+    /// Whether all of it was taken when it was allocated (see the type's comment).
+    pub fn taken_at_start(self) -> bool {
+        self == Backing::PosixShm
+    }
+
+    /// The backing of the mapping that holds `addr`, given the text of a
+    /// `/proc/<pid>/maps`.
+    pub fn of(maps: &str, addr: u64) -> Backing {
+        for line in maps.lines() {
+            // start-end perms offset device inode [path]
+            let mut fields = line.split_ascii_whitespace();
+            let Some((lo, hi)) = fields.next().and_then(|r| r.split_once('-')) else {
+                continue;
+            };
+            let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+            else {
+                continue;
+            };
+            if !(lo..hi).contains(&addr) {
+                continue;
+            }
+            return match fields.nth(4).unwrap_or("") {
+                "" | "/anon_hugepage" => Backing::Anonymous,
+                p if p.starts_with('[') => Backing::Anonymous,
+                p if p.starts_with("/SYSV") => Backing::SysV,
+                // UCX names its POSIX segments so, in /dev/shm or in UCX_POSIX_DIR.
+                p if p.contains("ucx_shm_posix") => Backing::PosixShm,
+                _ => Backing::File,
+            };
+        }
+        Backing::Unknown
+    }
+
+    /// The backing of this process's mapping at `addr`.
+    fn here(addr: u64) -> Backing {
+        std::fs::read_to_string("/proc/self/maps")
+            .map_or(Backing::Unknown, |m| Backing::of(&m, addr))
+    }
+}
+
 impl FabricShared {
     /// The store's memory came from UCX (same-host readers map it directly).
     pub fn ucx_allocated(&self) -> bool {
@@ -192,7 +261,25 @@ impl FabricShared {
             .unwrap_or_default();
         let arena = Exported::new(&ctx, store.arena_region(), &allocated)?;
         let index = Exported::new(&ctx, store.index_region(), &allocated)?;
+        let backing = Backing::here(arena.base);
+        let taken: u64 = [&arena, &index]
+            .iter()
+            .filter(|e| Backing::here(e.base).taken_at_start())
+            .map(|e| e.len)
+            .sum();
+        if taken > 0 {
+            tracing::warn!(
+                "UCX allocated {} MiB for the store (the arena, with room for cache_memlimit \
+                 to double it, and the index) as POSIX shared memory, and its allocator \
+                 wrote every page to learn that there is room: that memory is taken now, not \
+                 as items arrive. With sysv in UCX_TLS (e.g. sysv,cma,self or sm,self) UCX \
+                 allocates SysV segments instead, taken as they are used; same-host \
+                 one-sided readers map either (docs/one-sided.md)",
+                taken >> 20
+            );
+        }
         Ok(FabricShared {
+            backing,
             ctx,
             cold_ctx,
             arena,
@@ -318,6 +405,37 @@ pub fn fabric_stats(fabric: Option<&FabricShared>) -> Vec<(String, String)> {
             }
             .into(),
         ));
+        v.push(("ucx_memory_backing".into(), fs.backing.name().into()));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backing;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0008000000 rw-s 00000000 00:01 4242                       /dev/shm/ucx_shm_posix_3e669445 (deleted)
+7f1000000000-7f1002000000 rw-s 00000000 00:01 16285699                   /SYSV00000000 (deleted)
+7f2000000000-7f2000100000 rw-p 00000000 00:00 0 
+7f3000000000-7f3000001000 r--p 00000000 08:01 1234                       /usr/lib/x86_64-linux-gnu/libc.so.6
+7f4000000000-7f4000200000 rw-s 00000000 00:01 99                         /tmp/ucx_shm_posix_12 (deleted)
+";
+
+    #[test]
+    fn a_mapping_is_named_by_the_line_whose_range_holds_the_address() {
+        assert_eq!(Backing::of(MAPS, 0x7f00_0000_0000), Backing::PosixShm);
+        assert_eq!(Backing::of(MAPS, 0x7f00_07ff_ffff), Backing::PosixShm);
+        assert_eq!(Backing::of(MAPS, 0x7f10_0000_1000), Backing::SysV);
+        assert_eq!(Backing::of(MAPS, 0x7f20_0000_0000), Backing::Anonymous);
+        assert_eq!(Backing::of(MAPS, 0x55d0_c0a0_0010), Backing::Anonymous);
+        assert_eq!(Backing::of(MAPS, 0x7f30_0000_0000), Backing::File);
+        // UCX_POSIX_DIR elsewhere than /dev/shm: the same allocator, the same cost.
+        assert_eq!(Backing::of(MAPS, 0x7f40_0000_0000), Backing::PosixShm);
+        // The end of a range is outside it; no line holds the address.
+        assert_eq!(Backing::of(MAPS, 0x7f00_0800_0000), Backing::Unknown);
+        assert_eq!(Backing::of("garbage\n\n", 1), Backing::Unknown);
+        assert!(Backing::PosixShm.taken_at_start() && !Backing::SysV.taken_at_start());
+    }
 }

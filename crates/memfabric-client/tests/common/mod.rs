@@ -110,6 +110,16 @@ impl Server {
         Server::start_with(kind, extra, Some(log.to_path_buf()), &[])
     }
 
+    /// As `start_env`, with the server's standard error written to `log`.
+    pub fn start_env_logged(
+        kind: Kind,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Server {
+        Server::start_with(kind, extra, Some(log.to_path_buf()), env)
+    }
+
     fn start_with(
         kind: Kind,
         extra: &[&str],
