@@ -25,7 +25,8 @@ fn run(args: &[&str], ucx_tls: &str) -> serde_json::Value {
         .args(args)
         .args(["--sizes", "4096,65536", "--memory-sizes", "65536"])
         .args(["--iterations", "40", "--bytes-per-point", "2000000"])
-        .args(["--window", "8", "--memory", "256", "--quiet", "--json"])
+        .args(["--window", "8", "--memory", "256", "--degraded-rounds", "2"])
+        .args(["--quiet", "--json"])
         .arg(&json)
         .env("UCX_TLS", ucx_tls)
         .output()
@@ -84,8 +85,24 @@ fn check_sections(v: &serde_json::Value, stdout: &str) {
         transports.len(),
         "{stdout}"
     );
+    // Two rounds: the killed servers were started again in between and found by the
+    // second round's pool; the row is one of the rounds, whole.
     for d in v["degraded"].as_array().expect("degraded") {
         assert_eq!(d["killed"], 2, "{d}");
+        let rounds: Vec<f64> = d["round_ratios"]
+            .as_array()
+            .expect("round_ratios")
+            .iter()
+            .map(|x| x.as_f64().expect("a ratio"))
+            .collect();
+        assert_eq!(rounds.len(), 2, "{d}");
+        let ratio = d["ratio"].as_f64().unwrap();
+        let of_row = d["degraded_p99_us"].as_f64().unwrap() / d["healthy_p99_us"].as_f64().unwrap();
+        assert!((ratio - of_row).abs() < 1e-6 * ratio, "{d}");
+        assert!(
+            rounds.iter().any(|r| (r - ratio).abs() < 1e-6 * ratio),
+            "{d}"
+        );
     }
 }
 

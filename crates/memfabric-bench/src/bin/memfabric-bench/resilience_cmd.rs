@@ -66,6 +66,10 @@ pub(crate) struct ResilienceArgs {
     /// Value size of the pipelining and degraded-read runs.
     #[arg(long, default_value_t = 65536)]
     probe_size: usize,
+    /// Rounds of the degraded-read run (each: healthy p99, kill m servers, degraded p99,
+    /// start them again empty); the report gives the median round by ratio.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    degraded_rounds: u32,
     /// memfabricd to start (default: next to this binary, then PATH, then the build).
     #[arg(long)]
     memfabricd: Option<PathBuf>,
@@ -145,7 +149,8 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     let latency = resilience::latency(&cfg, &fleet)?;
     let crossovers = resilience::crossovers(&latency, &cfg.transports);
     let pipeline = resilience::pipeline(&cfg, &fleet, a.probe_size)?;
-    let degraded = resilience::degraded(&cfg, &mut fleet, a.probe_size)?;
+    let degraded =
+        resilience::degraded(&cfg, &mut fleet, a.probe_size, a.degraded_rounds as usize)?;
     drop(fleet);
     let r = ResilienceReport {
         servers: a.servers,
@@ -319,7 +324,10 @@ fn print_report(r: &ResilienceReport) {
             &rows
         )
     );
-    println!("Degraded EC GETs");
+    println!(
+        "Degraded EC GETs (p99 in us; the median of {} rounds by ratio)",
+        r.degraded.first().map_or(0, |d| d.round_ratios.len())
+    );
     let rows: Vec<Vec<String>> = r
         .degraded
         .iter()
@@ -331,6 +339,11 @@ fn print_report(r: &ResilienceReport) {
                 format!("{:.1}", d.degraded_p99_us),
                 d.killed.to_string(),
                 format!("{:.2}x", d.ratio),
+                d.round_ratios
+                    .iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
             ]
         })
         .collect();
@@ -343,7 +356,8 @@ fn print_report(r: &ResilienceReport) {
                 "healthy p99",
                 "degraded p99",
                 "down",
-                "ratio"
+                "ratio",
+                "each round"
             ],
             &rows
         )
