@@ -227,12 +227,6 @@ impl Backing {
         }
         Backing::Unknown
     }
-
-    /// The backing of this process's mapping at `addr`.
-    fn here(addr: u64) -> Backing {
-        std::fs::read_to_string("/proc/self/maps")
-            .map_or(Backing::Unknown, |m| Backing::of(&m, addr))
-    }
 }
 
 impl FabricShared {
@@ -261,10 +255,12 @@ impl FabricShared {
             .unwrap_or_default();
         let arena = Exported::new(&ctx, store.arena_region(), &allocated)?;
         let index = Exported::new(&ctx, store.index_region(), &allocated)?;
-        let backing = Backing::here(arena.base);
+        // One read of this process's mappings names both regions' backing.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let backing = Backing::of(&maps, arena.base);
         let taken: u64 = [&arena, &index]
             .iter()
-            .filter(|e| Backing::here(e.base).taken_at_start())
+            .filter(|e| Backing::of(&maps, e.base).taken_at_start())
             .map(|e| e.len)
             .sum();
         if taken > 0 {
