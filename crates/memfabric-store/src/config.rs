@@ -21,10 +21,6 @@ pub struct StoreConfig {
     pub slab_automove: bool,
     /// Reclaim expired items in the background (`lru_crawler`).
     pub background_sweeper: bool,
-    /// While the store is busy (`Store::note_activity`), the maintenance thread wakes this
-    /// often, as memcached's LRU maintainer does (its shortest sleep is 1 ms); idle, it
-    /// backs off to 250 ms. Zero: the idle schedule always.
-    pub busy_tick: std::time::Duration,
     /// The flash tier items evicted from RAM go to (memcached's extstore); `None`: RAM only.
     pub flash: Option<crate::flash::FlashConfig>,
 }
@@ -42,7 +38,6 @@ impl Default for StoreConfig {
             hashpower: None,
             slab_automove: true,
             background_sweeper: true,
-            busy_tick: std::time::Duration::from_millis(1),
             flash: None,
         }
     }

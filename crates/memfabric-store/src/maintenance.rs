@@ -1,6 +1,6 @@
 //! The store's own background work: the expiry sweeper and the slab automover, on one
-//! thread that ticks every `StoreConfig::busy_tick` (1 ms) while requests arrive and
-//! backs off to 250 ms when they stop, as memcached's LRU maintainer does.
+//! thread that wakes every 250 ms and just after each new second of the clock, and
+//! refreshes the clock that one-sided readers see each time.
 //!
 //! Sweeper: every page records when its first linked item may die (smallest exptime, or
 //! a flush time; `Slabs::page_due`). Each pass (every 250 ms, when the clock enters a new
@@ -30,6 +30,9 @@ const SWEEP_PAGES_PER_TICK: usize = 64;
 const IDLE_TICK: Duration = Duration::from_millis(250);
 /// Between passes while due pages are left over.
 const MORE_TICK: Duration = Duration::from_millis(10);
+/// How long after a new second begins the thread wakes for it: the wait is timed on the
+/// monotonic clock, which may run a little apart from the wall clock's seconds.
+const SECOND_SLACK: Duration = Duration::from_micros(500);
 /// Evicting windows in a row before a class receives a page.
 const AUTOMOVE_WINDOWS: u32 = 3;
 
@@ -42,29 +45,23 @@ impl Inner {
         let mut last_pass = Instant::now();
         let mut passed_second = self.clock.now();
         let mut more = false;
-        let mut tick = IDLE_TICK;
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
             // With due pages left over, come back soon (not at once: a workload whose
-            // items keep expiring must not turn this thread into a busy loop).
-            let woken = self.wait_for_work(if more { tick.min(MORE_TICK) } else { tick });
+            // items keep expiring must not turn this thread into a busy loop). Either way
+            // wake just after the next second begins, so that one-sided readers, who
+            // judge expiry by the control block's clock, see the new second within about
+            // a millisecond of it, loaded or idle. (Until 2026-11-28 the thread ticked
+            // every 1 ms while requests arrived, as memcached's LRU maintainer sleeps
+            // 1 ms while it has work: ~1000 wake-ups a second that cost ~10% of
+            // throughput with 2 and more client threads, docs/benchmarks.md.)
+            let tick = if more { MORE_TICK } else { IDLE_TICK };
+            let woken = self.wait_for_work(tick.min(until_next_second(wall_clock())));
             if self.is_shutting_down() {
                 break;
             }
             let now = self.clock.now();
             self.refresh_remote_clock(now);
-            // Busy: the short tick, as memcached's LRU maintainer sleeps 1 ms while it
-            // has work. It keeps the one-sided readers' clock and the sweeper within a
-            // tick of a new second; and on virtual machines whose idle vCPUs halt (the
-            // 2-core VM of docs/benchmarks.md) a process that ticks like this gets its
-            // request wake-ups measurably sooner, as memcached does from its maintainer.
-            // Idle: back off by doubling to the idle tick.
-            let busy = self.activity.0.swap(false, Ordering::Relaxed);
-            tick = if busy && !self.cfg.busy_tick.is_zero() {
-                self.cfg.busy_tick.min(IDLE_TICK)
-            } else {
-                (tick * 2).min(IDLE_TICK)
-            };
             // The passes below on their own schedule: every idle tick (or sooner with
             // due pages left over), when woken, and when the clock enters a new second
             // (when items with an exptime become due).
@@ -298,6 +295,19 @@ impl Inner {
 /// against 90-100k, 1 thread unchanged (docs/benchmarks.md). The class still gets a
 /// small share of a saturated CPU, so the clock it refreshes (seconds) and the
 /// sweeper keep going. Where the call fails, the thread keeps the normal class.
+/// The wall clock, as time since the Unix epoch (zero should it be set before 1970).
+fn wall_clock() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// From `since_epoch` until just after the wall clock's next whole second.
+fn until_next_second(since_epoch: Duration) -> Duration {
+    Duration::from_secs(1) - Duration::from_nanos(u64::from(since_epoch.subsec_nanos()))
+        + SECOND_SLACK
+}
+
 fn run_when_a_cpu_is_idle() {
     #[cfg(target_os = "linux")]
     {
@@ -313,5 +323,35 @@ fn run_when_a_cpu_is_idle() {
             thread_priority::ThreadPriority::Min,
             idle,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_wakes_just_after_the_next_second_begins() {
+        let at = |secs: u64, nanos: u32| Duration::new(secs, nanos);
+        assert_eq!(
+            until_next_second(at(1_800_000_000, 0)),
+            Duration::from_secs(1) + SECOND_SLACK
+        );
+        assert_eq!(
+            until_next_second(at(1_800_000_000, 999_999_999)),
+            Duration::from_nanos(1) + SECOND_SLACK
+        );
+        assert_eq!(
+            until_next_second(at(7, 250_000_000)),
+            Duration::from_millis(750) + SECOND_SLACK
+        );
+        // Whatever the fraction, the wait ends after the second turns and within one
+        // second and the slack of now.
+        for nanos in (0..1_000_000_000).step_by(9_999_991) {
+            let now = at(1_800_000_000, nanos);
+            let woken = now + until_next_second(now);
+            assert_eq!(woken.as_secs(), 1_800_000_001, "{nanos}");
+            assert!(woken - now <= Duration::from_secs(1) + SECOND_SLACK);
+        }
     }
 }

@@ -39,18 +39,10 @@ pub struct Inner {
     pub(super) sweep_cursor: AtomicUsize,
     pub(super) compacting: Mutex<()>,
     pub(super) shutdown: AtomicBool,
-    /// Set by `Store::note_activity`, taken by the maintenance thread at each tick.
-    pub(crate) activity: ActivityFlag,
     pub(super) wake: (Mutex<bool>, Condvar),
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
 }
-
-/// A flag on a cache line of its own: every worker reads it on each wake-up, and it must
-/// not share a line with counters that every store writes (`next_cas`).
-#[repr(align(64))]
-#[derive(Default)]
-pub(crate) struct ActivityFlag(pub(crate) AtomicBool);
 
 impl std::ops::Deref for Store {
     type Target = Inner;
@@ -135,7 +127,6 @@ impl Store {
             sweep_cursor: AtomicUsize::new(0),
             compacting: Mutex::new(()),
             shutdown: AtomicBool::new(false),
-            activity: ActivityFlag::default(),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
         });
@@ -180,17 +171,6 @@ impl Store {
 
     pub fn clock(&self) -> &Clock {
         &self.clock
-    }
-
-    /// Requests are arriving: the maintenance thread keeps its busy tick
-    /// (`StoreConfig::busy_tick`). Cheap enough to call on every worker wake-up: a read,
-    /// and a write only when the flag was taken since.
-    #[inline]
-    pub fn note_activity(&self) {
-        let flag = &self.activity.0;
-        if !flag.load(Ordering::Relaxed) {
-            flag.store(true, Ordering::Relaxed);
-        }
     }
 }
 
