@@ -193,7 +193,8 @@ pub struct Args {
     /// comma separated extended options, as memcached 1.6.18's: maxconns_fast, hashpower=N,
     /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ...
     /// (memcached's LRU tuning options, lru_maintainer and no_lru_maintainer among them, are
-    /// accepted and change nothing; ssl_* need -Z; an unknown one is an error). The flash tier (docs/flash.md): ext_path=FILE:SIZE[,ext_path=...]
+    /// accepted and change nothing; ssl_* need -Z; an unknown one is an error). The flash
+    /// tier (docs/flash.md): ext_path=FILE:SIZE[,ext_path=...]
     /// (SIZE with K|M|G|T), ext_item_size=BYTES (smaller items stay in RAM), ext_low_ttl=S,
     /// ext_item_age=S, ext_threads=N (read threads), ext_wbuf_size=MB (pages buffered);
     /// ext_page_size (the slab page is the flash page), ext_recache_rate (flash reads never

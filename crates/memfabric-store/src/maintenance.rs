@@ -53,8 +53,9 @@ impl Inner {
             // judge expiry by the control block's clock, see the new second within about
             // a millisecond of it, loaded or idle. (Until 2026-11-28 the thread ticked
             // every 1 ms while requests arrived, as memcached's LRU maintainer sleeps
-            // 1 ms while it has work: ~1000 wake-ups a second that cost ~10% of
-            // throughput with 2 and more client threads, docs/benchmarks.md.)
+            // 1 ms while it has work: ~600 sleeps a second under load, whose removal
+            // gained ~10% at 4 client threads and lost a few percent at one;
+            // docs/benchmarks.md.)
             let tick = if more { MORE_TICK } else { IDLE_TICK };
             let woken = self.wait_for_work(tick.min(until_next_second(wall_clock())));
             if self.is_shutting_down() {
@@ -286,15 +287,6 @@ impl Inner {
     }
 }
 
-/// Put the calling (maintenance) thread in Linux's `SCHED_IDLE` class: it runs when a CPU
-/// would otherwise idle, and never preempts a worker serving requests. Its tick exists for
-/// an idle machine (where it keeps wake-ups quick, as memcached's maintainer does) and
-/// its passes are background work, so it loses nothing there; under load it no longer
-/// takes turns from the workers. Measured on the 2-core VM, 4 KB closed loop, unpinned,
-/// alternating: 2 client threads 88-108k ops/s against 82-99k, 4 threads 95-101k
-/// against 90-100k, 1 thread unchanged (docs/benchmarks.md). The class still gets a
-/// small share of a saturated CPU, so the clock it refreshes (seconds) and the
-/// sweeper keep going. Where the call fails, the thread keeps the normal class.
 /// The wall clock, as time since the Unix epoch (zero should it be set before 1970).
 fn wall_clock() -> Duration {
     std::time::SystemTime::now()
@@ -308,6 +300,15 @@ fn until_next_second(since_epoch: Duration) -> Duration {
         + SECOND_SLACK
 }
 
+/// Put the calling (maintenance) thread in Linux's `SCHED_IDLE` class: it runs when a CPU
+/// would otherwise idle, and never preempts a worker serving requests. Its passes are
+/// background work, so it loses nothing there; under load it does not take turns from
+/// the workers. Measured on the 2-core VM when the thread still ticked every 1 ms under
+/// load, 4 KB closed loop, unpinned, alternating: 2 client threads 88-108k ops/s against
+/// 82-99k, 4 threads 95-101k against 90-100k, 1 thread unchanged (docs/benchmarks.md).
+/// The class still gets a small share of a saturated CPU, so the clock it refreshes
+/// (seconds) and the sweeper keep going. Where the call fails, the thread keeps the
+/// normal class.
 fn run_when_a_cpu_is_idle() {
     #[cfg(target_os = "linux")]
     {
