@@ -235,6 +235,8 @@ pub struct Client {
     /// Shared, so that an erasure-coded SET can hold it while it issues the fragments
     /// (which may open connections, whose set-up asks whether the pool is resilient).
     pub(crate) ec_code: Option<std::sync::Arc<Code>>,
+    /// Codes other than the pool's met in reads (`Client::code_for`), a few at most.
+    pub(crate) other_codes: Vec<std::sync::Arc<Code>>,
     /// The last stripe id this client gave a write (ids only grow).
     pub(crate) last_stripe: u64,
     /// Keys known to hold a coded value (`ec_known_keys`).
@@ -328,6 +330,7 @@ impl Client {
             background_inflight: 0,
             counters: PoolCounters::default(),
             ec_code,
+            other_codes: Vec::new(),
             last_stripe: 0,
             coded: std::collections::HashSet::new(),
             repairs: Vec::new(),

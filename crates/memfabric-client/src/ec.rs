@@ -51,6 +51,16 @@ impl std::str::FromStr for EcGeometry {
     }
 }
 
+impl EcGeometry {
+    /// The code `bytes` were made with, if they are an intact fragment of a coded value
+    /// (what a pool without this code reads from one of its servers).
+    pub fn of_fragment(bytes: &[u8]) -> Option<EcGeometry> {
+        FragmentHeader::decode(bytes)
+            .ok()
+            .map(|(h, _)| EcGeometry { k: h.k, m: h.m })
+    }
+}
+
 impl std::fmt::Display for EcGeometry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}+{}", self.k, self.m)

@@ -5,20 +5,33 @@
 //! rebuilds the value from the first `k` fragments of one write that may be trusted
 //! (late binding). Everything else — policies, hints, tasks — is [`crate::replicate`]'s.
 //!
+//! A read decodes with the code the fragment names, not only the pool's own: a value
+//! written by a pool with another `ec` (or by this pool before its `ec` changed) is read
+//! back whole by any resilient pool over the same servers, never handed out as the raw
+//! bytes of one fragment.
+//!
 //! How many fragments must be stored for a write to succeed (`WritePolicy`): `all` k+m,
 //! `quorum` a majority of the k+m but at least k (4 of 4+2, so that with m servers down a
 //! write still succeeds), `one` k (the least from which the value can be read).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use memfabric_proto::ec_fragment::{FragmentHeader, HEADER_LEN};
 
 use crate::client::{Client, Handle};
+use crate::ec::Code;
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
 use crate::replicate::{gat_exptime, repair_add};
 use crate::tasks::{Background, EcRead, Kind, Task, WritePolicy};
+
+/// Codes other than the pool's kept for reads (each holds its coding matrices).
+const OTHER_CODES_KEPT: usize = 4;
+
+/// Times a read may start again with the code of a newer write it met.
+const MAX_CODE_SWITCHES: u8 = 2;
 
 /// Fragments that must be stored for a write of RS(`k`, `m`) to succeed under `policy`.
 pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {
@@ -41,14 +54,35 @@ impl Client {
             && self.servers.len() >= code.total_shards()
     }
 
-    /// Whether a value read is a fragment of this pool's code.
+    /// Whether a value read is an intact fragment of a coded value, of any code (its
+    /// header names the code and is checked, payload included).
     pub(crate) fn is_fragment(&self, v: &Value) -> bool {
-        let Some(code) = &self.ec_code else {
-            return false;
+        FragmentHeader::decode(&v.data).is_ok()
+    }
+
+    /// The code RS(`k`, `m`): the pool's own, or one kept for reading values coded
+    /// otherwise (a few are kept; `None` for a geometry no code can have).
+    pub(crate) fn code_for(&mut self, k: u8, m: u8) -> Option<Arc<Code>> {
+        let fits = |c: &Arc<Code>| {
+            c.data_shards() == usize::from(k) && c.total_shards() == usize::from(k) + usize::from(m)
         };
-        matches!(FragmentHeader::decode(&v.data),
-            Ok((h, _)) if usize::from(h.k) == code.data_shards()
-                && usize::from(h.k) + usize::from(h.m) == code.total_shards())
+        if let Some(c) = self.ec_code.as_ref().filter(|c| fits(c)) {
+            return Some(c.clone());
+        }
+        if let Some(c) = self.other_codes.iter().find(|c| fits(c)) {
+            return Some(c.clone());
+        }
+        let code = Arc::new(Code::new(k, m).ok()?);
+        if self.other_codes.len() >= OTHER_CODES_KEPT {
+            self.other_codes.remove(0);
+        }
+        self.other_codes.push(code.clone());
+        Some(code)
+    }
+
+    /// Whether `code` is this pool's own.
+    fn is_pool_code(&self, code: &Arc<Code>) -> bool {
+        self.ec_code.as_ref().is_some_and(|c| Arc::ptr_eq(c, code))
     }
 
     /// A stripe id higher than any this client gave before and, across clients, ordered by
@@ -174,7 +208,13 @@ impl Client {
 
     /// A read met a fragment on server `s`: ask every other server of the value at once.
     pub(crate) fn ec_read_begin(&mut self, id: u64, t: &mut Task, s: usize, v: Value) {
-        let n = self.ec_code.as_ref().map_or(0, |c| c.total_shards());
+        let first = FragmentHeader::decode(&v.data).ok().map(|(h, _)| h);
+        let Some(code) = first.and_then(|h| self.code_for(h.k, h.m)) else {
+            // Not reachable: the caller checked the header.
+            let e = Error::Protocol("a fragment whose code cannot be built".into());
+            return self.deliver(id, t, Err(e));
+        };
+        let (k, n) = (code.data_shards(), code.total_shards());
         let servers = self.ring.successors(&t.key, n);
         let Kind::Read {
             op,
@@ -190,12 +230,15 @@ impl Client {
         let op = op.clone();
         let asked: Vec<usize> = order[..*next].to_vec();
         let mut read = EcRead {
+            code: code.clone(),
             servers: servers.clone(),
             frags: Vec::new(),
             missing: Vec::new(),
             failed: 0,
             flags: v.flags,
             unasked: Vec::new(),
+            other: None,
+            code_switches: 0,
         };
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
@@ -212,9 +255,13 @@ impl Client {
             }
         }
         *ec = Some(Box::new(read));
-        t.needed = ec_needed(self.config.write_policy, n - self.ec_m(), self.ec_m());
+        t.needed = ec_needed(self.config.write_policy, k, n - k);
         t.copies = servers;
-        self.remember_coded(&t.key);
+        if self.is_pool_code(&code) {
+            // Read straight from the fragments next time; a value of another code is
+            // found through its primary again.
+            self.remember_coded(&t.key);
+        }
         for srv in to_ask {
             self.step(id, t, srv, op.clone());
         }
@@ -224,18 +271,21 @@ impl Client {
     /// A read of a key this client knows to be coded: straight to the fragments, the
     /// first k+1 servers at once (late binding: the first k of one trusted write win).
     pub(crate) fn ec_read_direct(&mut self, op: Op, key: Vec<u8>, h: Handle) -> Handle {
-        let (k, n) = match &self.ec_code {
-            Some(c) => (c.data_shards(), c.total_shards()),
-            None => return self.fail_now(Error::NoServers),
+        let Some(code) = self.ec_code.clone() else {
+            return self.fail_now(Error::NoServers);
         };
+        let (k, n) = (code.data_shards(), code.total_shards());
         let servers = self.ring.successors(&key, n);
         let read = EcRead {
+            code,
             servers: servers.clone(),
             frags: Vec::new(),
             missing: Vec::new(),
             failed: 0,
             flags: 0,
             unasked: servers.clone(),
+            other: None,
+            code_switches: 0,
         };
         let task = Task {
             delivered: false,
@@ -286,6 +336,39 @@ impl Client {
         }
     }
 
+    /// The read met a newer write made with another code (`o` is one of its fragments):
+    /// start again with that code, asking all of its servers.
+    fn ec_read_with_other_code(&mut self, id: u64, t: &mut Task, o: FragmentHeader) {
+        let Some(code) = self.code_for(o.k, o.m) else {
+            let e = Error::Protocol("a fragment whose code cannot be built".into());
+            return self.deliver(id, t, Err(e));
+        };
+        let (k, n) = (code.data_shards(), code.total_shards());
+        let servers = self.ring.successors(&t.key, n);
+        let Kind::Read { ec: Some(read), .. } = &mut t.kind else {
+            return;
+        };
+        **read = EcRead {
+            code,
+            servers: servers.clone(),
+            frags: Vec::new(),
+            missing: Vec::new(),
+            failed: 0,
+            flags: read.flags,
+            unasked: servers.clone(),
+            other: None,
+            code_switches: read.code_switches + 1,
+        };
+        t.needed = ec_needed(self.config.write_policy, k, n - k);
+        t.copies = servers;
+        let key = t.key.clone();
+        self.coded.remove(&key);
+        self.ec_ask_more(id, t, n);
+        if t.outstanding == 0 {
+            self.ec_decide(id, t);
+        }
+    }
+
     /// Remembers that `key` holds a coded value (bounded: forgotten all at once when
     /// full; a forgotten key is read primary first again).
     pub(crate) fn remember_coded(&mut self, key: &[u8]) {
@@ -295,12 +378,6 @@ impl Client {
         if self.config.ec_known_keys > 0 {
             self.coded.insert(key.to_vec());
         }
-    }
-
-    fn ec_m(&self) -> usize {
-        self.ec_code
-            .as_ref()
-            .map_or(0, |c| c.total_shards() - c.data_shards())
     }
 
     /// One of the value's servers answered.
@@ -319,7 +396,10 @@ impl Client {
         };
         match result {
             Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
-                Ok((h, _)) => {
+                Ok((h, _))
+                    if usize::from(h.k) == read.code.data_shards()
+                        && usize::from(h.k) + usize::from(h.m) == read.code.total_shards() =>
+                {
                     read.flags = v.flags;
                     read.frags.push((pos, h, v.data.clone()));
                 }
@@ -331,6 +411,14 @@ impl Client {
                     t.acked = 1;
                     self.deliver(id, t, Ok(Reply::Value(Some(v))));
                     return;
+                }
+                // A fragment of another code: a write made with that code (another
+                // pool's, or before this pool's code changed); read with it if newest.
+                Ok((h, _)) => {
+                    read.missing.push(pos);
+                    if read.other.is_none_or(|o| o.stripe < h.stripe) {
+                        read.other = Some(h);
+                    }
                 }
                 Err(_) => read.missing.push(pos),
             },
@@ -352,13 +440,11 @@ impl Client {
         if t.delivered {
             return;
         }
-        let (k, n) = match &self.ec_code {
-            Some(c) => (c.data_shards(), c.total_shards()),
-            None => return,
-        };
         let Kind::Read { ec: Some(read), .. } = &t.kind else {
             return;
         };
+        let code = read.code.clone();
+        let (k, n) = (code.data_shards(), code.total_shards());
         // Distinct fragments of a write: a fragment found twice (misplaced by another
         // pool, or a copy) counts once, as decoding counts it.
         let count = |stripe: u64| {
@@ -382,6 +468,16 @@ impl Client {
             }
             _ => None,
         };
+        // A newer write of another code than any of this one's: that write is the value.
+        let newer_other = read
+            .other
+            .filter(|o| chosen.or(newest).is_none_or(|st| o.stripe > st));
+        if let Some(o) = newer_other.filter(|_| read.code_switches < MAX_CODE_SWITCHES) {
+            if t.outstanding > 0 {
+                return; // the rest first: they may hold more of either write
+            }
+            return self.ec_read_with_other_code(id, t, o);
+        }
         let Some(stripe) = chosen else {
             if t.outstanding == 0 && !read.unasked.is_empty() {
                 // Not decided with those asked: ask the rest.
@@ -419,7 +515,7 @@ impl Client {
                 .any(|f| f.1.stripe == stripe && usize::from(f.1.index) == i)
         });
         let start = Instant::now();
-        let decoded = self.ec_code.as_ref().map(|c| c.decode_checked(&pieces));
+        let decoded = Some(code.decode_checked(&pieces));
         self.counters.decode_ns += start.elapsed().as_nanos() as u64;
         self.counters.ec_reads += 1;
         if rebuilt {
@@ -454,7 +550,7 @@ impl Client {
             .find(|f| f.1.stripe == stripe)
             .map(|f| servers[f.0]);
         if let (true, false, Some(source)) = (self.config.read_repair, missing.is_empty(), source) {
-            if let Some(Ok(frags)) = self.ec_code.as_ref().map(|c| c.encode(stripe, &value)) {
+            if let Ok(frags) = code.encode(stripe, &value) {
                 let writes = missing
                     .into_iter()
                     .map(|pos| {

@@ -373,8 +373,8 @@ impl Client {
 
     fn start(&mut self, id: u64, t: &mut Task) {
         match &t.kind {
-            Kind::Read { ec: Some(_), .. } => {
-                let k = self.ec_code.as_ref().map_or(1, |c| c.data_shards());
+            Kind::Read { ec: Some(read), .. } => {
+                let k = read.code.data_shards();
                 self.ec_ask_more(id, t, k + 1);
                 if t.outstanding == 0 {
                     self.ec_decide(id, t);

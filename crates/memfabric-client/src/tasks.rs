@@ -231,6 +231,9 @@ pub(crate) enum Kind {
 
 /// A read that found a fragment: what the value's servers answered.
 pub(crate) struct EcRead {
+    /// The code the value was written with: the pool's, or the one the first fragment
+    /// found names (a value another pool coded, or this pool before its code changed).
+    pub(crate) code: std::sync::Arc<crate::ec::Code>,
     /// The value's servers, fragment `i` on `servers[i]`.
     pub(crate) servers: Vec<usize>,
     /// Fragments of this code that arrived: (position, stripe, bytes).
@@ -243,4 +246,11 @@ pub(crate) struct EcRead {
     /// Servers of the value not asked yet (a read of a key known to be coded asks k+1
     /// first, the others only if those do not do).
     pub(crate) unasked: Vec<usize>,
+    /// The newest fragment of another code that answered: a write made with another code
+    /// (another pool's, or this pool's before its code changed), read with that code if
+    /// it is newer than anything of this one.
+    pub(crate) other: Option<FragmentHeader>,
+    /// How many times the read started again with another code (bounded: writes of
+    /// several codes racing could otherwise send it back and forth).
+    pub(crate) code_switches: u8,
 }

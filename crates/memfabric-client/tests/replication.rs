@@ -559,6 +559,73 @@ fn erasure_coded(kind: Kind) {
     assert_eq!(c.get(b"ec:big").unwrap(), None);
 }
 
+/// Pools over the same servers with different codes, or none: each reads the value the
+/// newest write stored, whole, whatever code that write used; never one fragment's bytes.
+fn values_of_another_code(kind: Kind) {
+    let servers = start(kind, 6);
+    let coded = |g: &str| Config {
+        ec: Some(g.parse().unwrap()),
+        ..replicated(0, WritePolicy::All)
+    };
+    let mut four = pool(&servers, coded("4+2"));
+    let mut three = pool(&servers, coded("3+2"));
+    let mut copied = pool(&servers, replicated(2, WritePolicy::All));
+    let mut plain = pool(&servers, Config::default());
+    let key = b"ec:recoded";
+    let (v1, v2, v3) = (big(11, 40_000), big(12, 70_001), big(13, 100_000));
+
+    four.set(key, &v1, 5, 0).unwrap();
+    for (name, c) in [("3+2", &mut three), ("replicas 2", &mut copied)] {
+        let got = c.get(key).unwrap().unwrap();
+        assert!(
+            got.data[..] == v1[..],
+            "{kind:?}: {name} read of a 4+2 value"
+        );
+        assert_eq!(got.flags, 5, "{kind:?}: {name}");
+    }
+    // A pool with neither gives what its server stores: a fragment, which says so.
+    let raw = plain.get(key).unwrap().unwrap();
+    assert_eq!(
+        memfabric_client::EcGeometry::of_fragment(&raw.data),
+        Some("4+2".parse().unwrap()),
+        "{kind:?}"
+    );
+
+    // Written again with 3+2: five servers get its fragments, the sixth keeps 4+2's
+    // last one. The 4+2 pool knows the key as coded by itself and reads its fragments
+    // straight away; it must find the newer write and read it with its code.
+    three.set(key, &v2, 6, 0).unwrap();
+    for (name, c) in [("4+2", &mut four), ("replicas 2", &mut copied)] {
+        let got = c.get(key).unwrap().unwrap();
+        assert!(
+            got.data[..] == v2[..],
+            "{kind:?}: {name} read of a 3+2 rewrite"
+        );
+    }
+    // And back: the 3+2 pool, which remembers the key as its own, reads the 4+2 write.
+    four.set(key, &v3, 7, 0).unwrap();
+    let got = three.get(key).unwrap().unwrap();
+    assert!(
+        got.data[..] == v3[..],
+        "{kind:?}: 3+2 read of a 4+2 rewrite"
+    );
+    assert_eq!(got.flags, 7);
+    // Deleted by the wider code's pool (a delete reaches the servers of the deleting
+    // pool's code: docs/resilience.md): gone for everyone.
+    assert!(four.delete(key).unwrap());
+    assert_eq!(three.get(key).unwrap(), None, "{kind:?}");
+    assert_eq!(copied.get(key).unwrap(), None, "{kind:?}");
+}
+
+#[test]
+fn a_pool_reads_values_coded_with_another_code_whole() {
+    // Over TCP: the reading logic does not depend on the transport, and six more UCX
+    // servers polling beside the other tests' would starve them on two cores.
+    for kind in [Kind::Memfabricd, Kind::Memcached] {
+        values_of_another_code(kind);
+    }
+}
+
 #[test]
 fn erasure_coded_values_survive_m_servers_down_and_torn_writes_are_never_mixed() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
