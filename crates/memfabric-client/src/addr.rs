@@ -134,6 +134,25 @@ pub fn check_one_scheme(list: &[ServerAddr]) -> Result<(), Error> {
     }
 }
 
+/// Two entries of `list` that name the same server (the same port of the same host,
+/// with addresses compared as addresses and `localhost` as the loopback address), if any.
+/// Host names are compared as written, case aside: names that resolve to one host are not
+/// looked up here.
+pub fn same_server_twice(list: &[ServerAddr]) -> Option<(usize, usize)> {
+    let canonical = |a: &ServerAddr| {
+        let host = if a.host.eq_ignore_ascii_case("localhost") {
+            "127.0.0.1".to_string()
+        } else if let Ok(ip) = a.host.parse::<std::net::IpAddr>() {
+            ip.to_canonical().to_string()
+        } else {
+            a.host.to_ascii_lowercase()
+        };
+        (host, a.port)
+    };
+    let keys: Vec<(String, u16)> = list.iter().map(canonical).collect();
+    (0..keys.len()).find_map(|j| (0..j).find(|&i| keys[i] == keys[j]).map(|i| (i, j)))
+}
+
 impl fmt::Display for ServerAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.scheme == Scheme::Ucx {
@@ -181,6 +200,20 @@ mod tests {
         ] {
             assert!(ServerAddr::parse(s).is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn the_same_server_listed_twice_is_found() {
+        let twice = |s: &str| same_server_twice(&ServerAddr::parse_list(s).unwrap());
+        assert_eq!(twice("a:1,b:1,c:1"), None);
+        assert_eq!(twice("a:1,a:2"), None);
+        assert_eq!(twice("a:1,b:1,a:1"), Some((0, 2)));
+        assert_eq!(twice("Cache1:5,cache1:5"), Some((0, 1)));
+        assert_eq!(twice("cache1,cache1:11211"), Some((0, 1)));
+        assert_eq!(twice("127.0.0.1:5,localhost:5"), Some((0, 1)));
+        assert_eq!(twice("[::ffff:10.0.0.1]:5,10.0.0.1:5:3"), Some((0, 1)));
+        assert_eq!(twice("[::1]:5,[0:0:0:0:0:0:0:1]:5"), Some((0, 1)));
+        assert_eq!(twice("ucx://h:5,ucx://h:6"), None);
     }
 
     #[test]

@@ -261,6 +261,21 @@ impl Client {
         if let Some(g) = config.ec {
             Code::new(g.k, g.m).map_err(|e| Error::Config(e.to_string()))?;
         }
+        if config.replicas > 0 || config.ec.is_some() {
+            // Two copies (or fragments) on one server would be counted as two, and both
+            // lost with it. A plain pool may list a server twice (libmemcached's pools
+            // do: it weighs more).
+            if let Some((i, j)) = crate::addr::same_server_twice(&list) {
+                return Err(Error::Config(format!(
+                    "servers {} and {} of the list ({} and {}) are the same server: a pool \
+                     with replicas or erasure coding keeps its copies on distinct servers",
+                    i + 1,
+                    j + 1,
+                    list[i],
+                    list[j]
+                )));
+            }
+        }
         if let Some(c) = &config.credentials {
             if c.username.is_empty() || c.username.contains(' ') || c.password.contains(' ') {
                 return Err(Error::Config(
