@@ -311,17 +311,50 @@ impl Code {
             }
             return Ok(value);
         }
-        let mut shards: Vec<Option<Vec<u8>>> = vec![None; self.total_shards()];
+        // Rebuilt in place: the data shards at hand are copied once, into the value's own
+        // buffer where they belong, and the missing ones are computed straight into it
+        // from as many parity shards (the only other copies). Before, every shard was
+        // copied into a vector of its own and the value assembled from them afterwards:
+        // three copies of the value, 5-8 ms at 3 MB here, against ~3 for a read that
+        // needs no decoding.
+        let k = self.data_shards();
+        let shard = shard_len(newest.value_len, self.k) as usize;
+        let mut value = vec![0u8; k * shard];
+        let mut have_data = vec![false; k];
         for (h, payload) in &stripe {
-            shards[usize::from(h.index)] = Some(payload.to_vec());
+            let i = usize::from(h.index);
+            if i < k {
+                let slot = value
+                    .get_mut(i * shard..(i + 1) * shard)
+                    .filter(|s| s.len() == payload.len())
+                    .ok_or_else(|| EcError::Coding(format!("shard {i} is not {shard} bytes")))?;
+                slot.copy_from_slice(payload);
+                have_data[i] = true;
+            }
+        }
+        let mut wanted = have_data.iter().filter(|&&d| !d).count();
+        let mut parity: Vec<Option<Vec<u8>>> = vec![None; usize::from(self.m)];
+        for (h, payload) in &stripe {
+            let j = usize::from(h.index);
+            if j >= k && wanted > 0 {
+                parity[j - k] = Some(payload.to_vec());
+                wanted -= 1;
+            }
+        }
+        let mut shards: Vec<(&mut [u8], bool)> = value
+            .chunks_mut(shard)
+            .zip(have_data.iter().copied())
+            .collect();
+        for p in parity.iter_mut() {
+            shards.push(match p {
+                Some(v) => (v.as_mut_slice(), true),
+                None => (&mut [][..], false),
+            });
         }
         self.rs
             .reconstruct_data(&mut shards)
             .map_err(|e| EcError::Coding(format!("{e:?}")))?;
-        let mut value = Vec::with_capacity(len);
-        for s in shards.iter().take(self.data_shards()).flatten() {
-            value.extend_from_slice(s);
-        }
+        drop(shards);
         value.truncate(len);
         Ok(value)
     }
@@ -375,6 +408,30 @@ mod tests {
         drop(code);
         assert_eq!(late.len(), HEADER_LEN + (1 << 18));
         drop(late);
+    }
+
+    #[test]
+    fn any_k_fragments_give_the_value_back_for_other_codes_too() {
+        for (k, m) in [(3u8, 2u8), (2, 1), (6, 3), (1, 2)] {
+            let code = Code::new(k, m).unwrap();
+            let n = usize::from(k + m);
+            for len in [0usize, 1, 7, 1000, 65_537] {
+                let v = value(len);
+                let frags = code.encode(9, &v).unwrap();
+                // Every way of losing exactly m fragments.
+                for lost in (0u32..1 << n).filter(|b| b.count_ones() == u32::from(m)) {
+                    let kept: Vec<&[u8]> = (0..n)
+                        .filter(|i| lost & (1 << i) == 0)
+                        .map(|i| &frags[i][..])
+                        .collect();
+                    assert_eq!(
+                        code.decode(&kept).unwrap(),
+                        v,
+                        "{k}+{m}, {len} B, lost {lost:b}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
