@@ -176,6 +176,11 @@ impl Code {
         })
     }
 
+    /// Whether this is RS(`k`, `m`).
+    pub fn is(&self, k: u8, m: u8) -> bool {
+        (self.k, self.m) == (k, m)
+    }
+
     pub fn data_shards(&self) -> usize {
         usize::from(self.k)
     }

@@ -64,9 +64,7 @@ impl Client {
     /// The code RS(`k`, `m`): the pool's own, or one kept for reading values coded
     /// otherwise (a few are kept; `None` for a geometry no code can have).
     pub(crate) fn code_for(&mut self, k: u8, m: u8) -> Option<Arc<Code>> {
-        let fits = |c: &Arc<Code>| {
-            c.data_shards() == usize::from(k) && c.total_shards() == usize::from(k) + usize::from(m)
-        };
+        let fits = |c: &Arc<Code>| c.is(k, m);
         if let Some(c) = self.ec_code.as_ref().filter(|c| fits(c)) {
             return Some(c.clone());
         }
@@ -210,6 +208,7 @@ impl Client {
     /// A read met a fragment on server `s`: ask k more of the value's servers at once (k + 1
     /// fragments: late binding with one spare), the others only if those do not do.
     pub(crate) fn ec_read_begin(&mut self, id: u64, t: &mut Task, s: usize, v: Value) {
+        // Checked once (payload checksum included) and kept for the fragment list below.
         let first = FragmentHeader::decode(&v.data).ok().map(|(h, _)| h);
         let Some(code) = first.and_then(|h| self.code_for(h.k, h.m)) else {
             // Not reachable: the caller checked the header.
@@ -245,7 +244,7 @@ impl Client {
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
             if srv == s {
-                if let Ok((h, _)) = FragmentHeader::decode(&v.data) {
+                if let Some(h) = first {
                     read.frags.push((pos, h, v.data.clone()));
                 }
             } else if missed.contains(&srv) {
@@ -411,10 +410,7 @@ impl Client {
         };
         match result {
             Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
-                Ok((h, _))
-                    if usize::from(h.k) == read.code.data_shards()
-                        && usize::from(h.k) + usize::from(h.m) == read.code.total_shards() =>
-                {
+                Ok((h, _)) if read.code.is(h.k, h.m) => {
                     read.flags = v.flags;
                     read.frags.push((pos, h, v.data.clone()));
                 }
