@@ -25,6 +25,12 @@ use crate::udp::UdpPort;
 const WAKER: Token = Token(0);
 /// While busy-polling (`--poll-us`), how long to progress UCX alone between two epoll
 /// checks of the sockets.
+/// Ready connections from which `drive_ready` reads them all before running any. Below
+/// it the first reply would wait for the other connections' reads for little gain: at one
+/// client thread with two connections (4 KB GETs, server and client on their own CPUs),
+/// answering each in turn took memfabricd from 14.2k to 14.9k ops/s (memcached: 15.9k,
+/// medians of 8 alternating rounds).
+const PREFILL_FROM_READY: usize = 4;
 const UCX_SPIN_WINDOW: Duration = Duration::from_micros(10);
 /// UDP sockets use tokens 1..FIRST_CONN.
 const FIRST_CONN: usize = 1 << 16;
@@ -392,21 +398,29 @@ impl Worker {
         }
     }
 
-    /// Drive the connections an `epoll_wait` returned: first read every readable one
+    /// Drive the connections an `epoll_wait` returned. With few of them ready, each is
+    /// read, run and answered in turn, as memcached does: its reply leaves before the next
+    /// connection's read, so a client waiting on it is not held up by other connections'
+    /// system calls. With `PREFILL_FROM_READY` or more, first read every readable one
     /// (each read also starts loading the index buckets of its first request), then run
-    /// them in turn, each while the item of the one after it is being loaded. With
-    /// several connections ready, their cache misses (the index is far larger than the
-    /// cache) overlap each other's system calls instead of stalling one after another.
+    /// them in turn, each while the item of the one after it is being loaded: their cache
+    /// misses (the index is far larger than the cache) overlap each other's system calls
+    /// instead of stalling one after another.
     fn drive_ready(&mut self, now: u32) {
+        if self.ready.len() < PREFILL_FROM_READY {
+            for i in 0..self.ready.len() {
+                let (t, readable) = self.ready[i];
+                self.drive(t, readable, now);
+            }
+            return;
+        }
         for &(t, readable) in &self.ready {
             if let (true, Some(conn)) = (readable, self.conns.get_mut(&t)) {
                 conn.prefill(&self.shared, &self.stats);
             }
         }
-        // The first one's item too, when there is work to overlap it with.
-        if self.ready.len() > 1 {
-            self.prefetch_item(0);
-        }
+        // The first one's item too: the others' runs overlap it.
+        self.prefetch_item(0);
         for i in 0..self.ready.len() {
             self.prefetch_item(i + 1);
             self.drive(self.ready[i].0, false, now);
