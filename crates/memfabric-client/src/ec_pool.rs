@@ -501,8 +501,19 @@ impl Client {
             }
             if t.outstanding == 0 {
                 t.acked = heard;
-                if key_gone {
+                // Too few fragments of any write, and more servers answered without one
+                // than an acknowledged write leaves out: whatever was acknowledged has
+                // lost fragments since (evicted, deleted by a pool of a narrower code,
+                // on servers that restarted empty) and cannot come back. A miss, as when
+                // every copy of a replicated value is gone; not an error that would stay
+                // until the key is written again. Fragments of two writes and no more
+                // misses than that (writers racing, a read racing a write) stay an error.
+                let lost = read.missing.len() > n - t.needed;
+                if key_gone || lost {
                     // No fragment anywhere (deleted, or never coded): a miss.
+                    if lost && !key_gone {
+                        self.counters.ec_lost_reads += 1;
+                    }
                     let key = t.key.clone();
                     self.coded.remove(&key);
                     self.deliver(id, t, Ok(Reply::Value(None)));

@@ -107,6 +107,11 @@ pub struct PoolCounters {
     pub decodes: u64,
     pub degraded_reads: u64,
     pub decode_ns: u64,
+    /// Reads that found fragments of a coded value but fewer than k of any write, with
+    /// more of its servers answering without one than a write leaves out (fragments
+    /// evicted, deleted by a pool of a narrower code, or on servers that restarted
+    /// empty): reported as misses.
+    pub ec_lost_reads: u64,
     /// Fragments written back to servers that missed them.
     pub fragment_repairs: u64,
 }
@@ -130,6 +135,7 @@ impl PoolCounters {
             ("decodes", self.decodes),
             ("degraded_reads", self.degraded_reads),
             ("decode_ns", self.decode_ns),
+            ("ec_lost_reads", self.ec_lost_reads),
             ("fragment_repairs", self.fragment_repairs),
         ]
         .into_iter()

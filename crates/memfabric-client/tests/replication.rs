@@ -544,13 +544,15 @@ fn erasure_coded(kind: Kind) {
     servers[home[2]].restart();
     sleep(Duration::from_millis(400));
     // The torn write's three fragments replaced three of the old value's four, and the
-    // fourth was deleted as stale: neither write can be read, and the read says so —
-    // never a mix of the two, never a wrong value (the write hole, docs/resilience.md).
+    // fourth was deleted as stale: neither write can be read — never a mix of the two,
+    // never a wrong value (the write hole, docs/resilience.md). The three restarted
+    // servers answer without a fragment, more than a quorum write leaves out: the old
+    // value is lost (three of six servers failed, one more than m), and a lost value is
+    // a miss, as when every copy of a replicated one is gone.
+    let lost_before = c.pool_counters().ec_lost_reads;
     let r = c.get(b"ec:big");
-    assert!(
-        matches!(r, Err(Error::NotEnoughCopies { .. })),
-        "{kind:?}: {r:?}"
-    );
+    assert!(matches!(r, Ok(None)), "{kind:?}: {r:?}");
+    assert_eq!(c.pool_counters().ec_lost_reads, lost_before + 1, "{kind:?}");
     let value5 = big(5, 90_000);
     c.set(b"ec:big", &value5, 0, 0).unwrap();
     assert!(c.get(b"ec:big").unwrap().unwrap().data[..] == value5[..]);
@@ -615,6 +617,85 @@ fn values_of_another_code(kind: Kind) {
     assert!(four.delete(key).unwrap());
     assert_eq!(three.get(key).unwrap(), None, "{kind:?}");
     assert_eq!(copied.get(key).unwrap(), None, "{kind:?}");
+    // Deleted by the narrower code's pool: the sixth server keeps the 4+2 write's last
+    // fragment, which alone cannot be the value. The 4+2 pool, which reads its own keys'
+    // fragments straight away, finds it and reads a miss, not an error.
+    four.set(key, &v1, 5, 0).unwrap();
+    assert!(three.delete(key).unwrap());
+    let held = copies(&servers, key);
+    assert_eq!(held.iter().flatten().count(), 1, "{kind:?}: {held:?}");
+    let lost_before = four.pool_counters().ec_lost_reads;
+    assert_eq!(four.get(key).unwrap(), None, "{kind:?}");
+    assert_eq!(
+        four.pool_counters().ec_lost_reads,
+        lost_before + 1,
+        "{kind:?}"
+    );
+    assert_eq!(copied.get(key).unwrap(), None, "{kind:?}");
+}
+
+/// A coded value with fewer than k fragments left, read by a pool whose servers all
+/// answer: a miss when more of them answered without a fragment than a write leaves out
+/// (the value lost fragments: evicted, deleted, on a server that restarted empty); an
+/// error when they hold fragments of two writes (writers racing), never a mix.
+fn coded_values_that_lost_fragments(kind: Kind) {
+    let servers = start(kind, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::Quorum)
+    };
+    let mut c = pool(&servers, config);
+    let mut fresh = pool(&servers, c.config().clone());
+    let key = b"ec:lost";
+    let home = homes(&c, key, 6);
+    let one = |s: usize| Client::new(servers[home[s]].url().as_str(), Config::default()).unwrap();
+
+    // Fragments of two writes, three of each, every server answering: neither can be
+    // rebuilt and none is missing, so the read fails (and keeps failing) rather than
+    // guess a miss, as writers racing each other leave it (docs/resilience.md).
+    let (v1, v2) = (big(21, 50_000), big(22, 60_000));
+    c.set(key, &v1, 1, 0).unwrap();
+    let first = copies(&servers, key);
+    c.set(key, &v2, 2, 0).unwrap();
+    for (s, &srv) in home.iter().enumerate().take(3) {
+        let frag = first[srv].as_ref().unwrap();
+        one(s).set(key, frag, 1, 0).unwrap();
+    }
+    for reader in [&mut c, &mut fresh] {
+        let r = reader.get(key);
+        assert!(
+            matches!(r, Err(Error::NotEnoughCopies { .. })),
+            "{kind:?}: {r:?}"
+        );
+    }
+
+    // Written again, then three fragments gone (as an LRU evicts them, server by server):
+    // the three left cannot be the value, and more servers miss than a quorum write
+    // leaves out (2). A miss, for the pool that reads the fragments straight away and
+    // for one that starts at the primary.
+    c.set(key, &v1, 1, 0).unwrap();
+    for s in [0, 2, 5] {
+        assert!(one(s).delete(key).unwrap());
+    }
+    let lost_before = c.pool_counters().ec_lost_reads;
+    assert_eq!(c.get(key).unwrap(), None, "{kind:?}");
+    assert_eq!(c.pool_counters().ec_lost_reads, lost_before + 1, "{kind:?}");
+    assert_eq!(fresh.get(key).unwrap(), None, "{kind:?}");
+
+    // Two gone (m): still the value, rebuilt.
+    c.set(key, &v2, 2, 0).unwrap();
+    for s in [1, 3] {
+        assert!(one(s).delete(key).unwrap());
+    }
+    let got = fresh.get(key).unwrap().unwrap();
+    assert!(got.data[..] == v2[..], "{kind:?}");
+}
+
+#[test]
+fn a_coded_value_that_lost_fragments_reads_as_a_miss_and_a_mix_of_writes_as_an_error() {
+    for kind in [Kind::Memfabricd, Kind::Memcached] {
+        coded_values_that_lost_fragments(kind);
+    }
 }
 
 #[test]
