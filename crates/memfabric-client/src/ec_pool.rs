@@ -507,8 +507,9 @@ impl Client {
                 // on servers that restarted empty) and cannot come back. A miss, as when
                 // every copy of a replicated value is gone; not an error that would stay
                 // until the key is written again. Fragments of two writes and no more
-                // misses than that (writers racing, a read racing a write) stay an error.
-                let lost = read.missing.len() > n - t.needed;
+                // misses than that (writers racing, a read racing a write) stay an error,
+                // as does a newer write of another code this read may no longer switch to.
+                let lost = read.missing.len() > n - t.needed && newer_other.is_none();
                 if key_gone || lost {
                     // No fragment anywhere (deleted, or never coded): a miss.
                     if lost && !key_gone {
