@@ -250,3 +250,32 @@ def test_the_gil_is_released_while_a_request_waits(servers):
     assert progress > 10_000, progress
     # The client's own thread goes on (its connection was never used by the other).
     assert c.get("g") == b"v"
+
+
+def test_a_coded_value_is_never_returned_as_one_fragment(servers):
+    # Six servers; the `memfabric` CLI writes a 100 KB value erasure coded 4+2, so each
+    # server holds one fragment (a header and a quarter of the value). The Python
+    # package's pools reach servers one by one (libmemfabric's per-server clients) and
+    # cannot rebuild the value: a read is an error, never a fragment's bytes as the value.
+    # The CLI's plain get rebuilds it from the same six.
+    import subprocess
+    from test_ketama import memfabric_path
+
+    six = [servers("memfabricd") for _ in range(6)]
+    listed = ",".join(s.hostport for s in six)
+    value = bytes((i * 7 + i // 251) % 256 for i in range(100_000))
+    w = subprocess.run([memfabric_path(), "--servers", listed, "--ec", "4+2", "set", "coded", "-"],
+                       input=value, capture_output=True, timeout=30)
+    assert w.returncode == 0, w.stderr
+    r = subprocess.run([memfabric_path(), "--servers", listed, "get", "coded"],
+                       capture_output=True, timeout=30)
+    assert (r.returncode, r.stdout == value) == (0, True), r.stderr
+    pool = memfabric.HashClient([s.addr for s in six], default_noreply=False)
+    with pytest.raises(memfabric.MemcacheError):
+        pool.get("coded")
+    for s in six:
+        one = memfabric.Client(s.addr, default_noreply=False)
+        with pytest.raises(memfabric.MemcacheError):
+            one.get("coded")
+        one.close()
+    pool.close()

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use memfabric_client::{Client, Config, Distribution, EcGeometry, KeyHash, ServerAddr};
+use memfabric_client::{Client, Config, Distribution, KeyHash};
 
 mod bb;
 
@@ -235,44 +235,13 @@ fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// The value of `key`, given what `client` read: a pool without `--ec` or `--replicas`
-/// that read one fragment of an erasure-coded value reads the value again, whole, with
-/// the code that fragment names (a resilient pool decodes by itself). Never the raw
-/// bytes of a fragment: they are not the value.
-fn whole_value(
-    client: &Client,
-    key: &[u8],
-    v: memfabric_client::Value,
-) -> Result<Option<memfabric_client::Value>, Box<dyn std::error::Error>> {
-    let config = client.config();
-    match EcGeometry::of_fragment(&v.data) {
-        Some(g) if config.ec.is_none() && config.replicas == 0 => {
-            let servers: Vec<ServerAddr> = client.servers().into_iter().cloned().collect();
-            let coded = Config {
-                ec: Some(g),
-                ..config.clone()
-            };
-            let whole = Client::new(servers, coded).and_then(|mut c| c.get(key));
-            whole.map_err(|e| {
-                let (k, m) = (g.k, g.m);
-                format!(
-                    "the key holds a fragment of a value coded RS({k},{m}); reading it whole: {e}"
-                )
-                .into()
-            })
-        }
-        _ => Ok(Some(v)),
-    }
-}
-
 fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     match cmd {
+        // A pool without --ec or --replicas that meets a fragment of a coded value reads
+        // the value whole (the library's get does): never a fragment's bytes.
         Cmd::Get { key } => match client.get(key.as_bytes())? {
             Some(v) => {
-                let Some(v) = whole_value(client, key.as_bytes(), v)? else {
-                    return Ok(1);
-                };
                 out.write_all(&v.data)?;
                 out.flush()?;
                 Ok(0)

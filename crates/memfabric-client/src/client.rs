@@ -92,6 +92,13 @@ pub struct Config {
     /// fetch from k+1 of their servers at once; other keys are read primary first, and
     /// from all their servers once the primary answers with a fragment. 0 = none.
     pub ec_known_keys: usize,
+    /// Hand out what a server stores for a key even when it is one fragment of an
+    /// erasure-coded value (default off; on for tools that copy or inspect fragments,
+    /// such as the background repair). Off, a pool without `ec` and `replicas` that reads
+    /// a fragment never returns it as the value: `get`, `gets` and `gat` read the value
+    /// whole from the servers its code puts it on, and other reads fail with
+    /// [`Error::CodedValue`].
+    pub raw_fragments: bool,
     /// Refill a server that restarted empty from the others, in a background thread,
     /// when a replicated or coded pool sees the restart (default on). See
     /// [`Client::repair`].
@@ -126,6 +133,7 @@ impl Default for Config {
             ec: None,
             ec_threshold: 16 * 1024,
             ec_known_keys: 65536,
+            raw_fragments: false,
             background_repair: true,
             repair_bandwidth: 32 << 20,
             credentials: None,
@@ -498,6 +506,7 @@ impl Client {
         match self.child_of.remove(&id) {
             Some(child) => self.events.push_back((child, result)),
             None => {
+                let result = self.not_a_fragment(result);
                 let acks = Acks::single(result.is_ok());
                 self.finished.insert(id, Done { result, acks });
             }
@@ -869,9 +878,18 @@ impl Client {
         }
     }
 
+    /// A read of a pool without `ec` or `replicas`, which found a fragment of a coded
+    /// value: read it again whole, with the code the fragment names.
+    fn value_or_whole(&mut self, op: Op) -> Result<Option<Value>, Error> {
+        match self.value(op.clone()) {
+            Err(Error::CodedValue { k, m, .. }) => self.read_whole(op, k, m),
+            r => r,
+        }
+    }
+
     /// The value of `key` (`cas` is 0), or `None`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Value>, Error> {
-        self.value(Op::Get {
+        self.value_or_whole(Op::Get {
             key: key.to_vec(),
             cas: false,
         })
@@ -879,7 +897,7 @@ impl Client {
 
     /// The value of `key` with its CAS value, or `None`.
     pub fn gets(&mut self, key: &[u8]) -> Result<Option<Value>, Error> {
-        self.value(Op::Get {
+        self.value_or_whole(Op::Get {
             key: key.to_vec(),
             cas: true,
         })
@@ -887,7 +905,7 @@ impl Client {
 
     /// Get and touch: the value (with CAS) and a new expiry time.
     pub fn gat(&mut self, key: &[u8], exptime: u32) -> Result<Option<Value>, Error> {
-        self.value(Op::Gat {
+        self.value_or_whole(Op::Gat {
             key: key.to_vec(),
             exptime,
         })
@@ -895,7 +913,8 @@ impl Client {
 
     /// Fetches many keys: requests go to all their servers at once, then are gathered. Hits
     /// only; keys whose server failed are left out (an error is returned only when every
-    /// request failed).
+    /// request failed). Coded values met by a pool without `ec` or `replicas` are read
+    /// whole, one after another, as `get` reads them.
     pub fn get_multi(&mut self, keys: &[&[u8]]) -> Result<HashMap<Vec<u8>, Value>, Error> {
         let hs: Vec<Handle> = keys
             .iter()
@@ -906,11 +925,26 @@ impl Client {
                 })
             })
             .collect();
-        let results = self.gather(&hs, None).into_iter().map(|d| d.result);
+        let results: Vec<_> = self
+            .gather(&hs, None)
+            .into_iter()
+            .map(|d| d.result)
+            .collect();
         let mut out = HashMap::new();
         let mut first_err = None;
         let mut ok = 0;
         for (key, r) in keys.iter().zip(results) {
+            // One fragment of a coded value, in a pool without ec or replicas: read whole.
+            let r = match r {
+                Err(Error::CodedValue { k, m, .. }) => {
+                    let op = Op::Get {
+                        key: key.to_vec(),
+                        cas: true,
+                    };
+                    self.read_whole(op, k, m).map(Reply::Value)
+                }
+                r => r,
+            };
             match r {
                 Ok(Reply::Value(Some(v))) => {
                     ok += 1;

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::{FragmentHeader, HEADER_LEN};
+use memfabric_proto::ec_fragment::{FragmentHeader, HEADER_LEN, MAGIC as FRAGMENT_MAGIC};
 
 use crate::client::{Client, Handle};
-use crate::ec::Code;
+use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
 use crate::replicate::{gat_exptime, repair_add};
@@ -282,12 +282,65 @@ impl Client {
         self.ec_decide(id, t);
     }
 
+    /// What a read of a pool without `ec` or `replicas` gives its caller: never one
+    /// fragment of a coded value as the value (`Config::raw_fragments` aside).
+    pub(crate) fn not_a_fragment(&self, result: Result<Reply, Error>) -> Result<Reply, Error> {
+        match &result {
+            Ok(Reply::Value(Some(v)))
+                if !self.config.raw_fragments
+                    && !self.resilient()
+                    && v.data.starts_with(&FRAGMENT_MAGIC) =>
+            {
+                match EcGeometry::of_fragment(&v.data) {
+                    Some(g) => Err(Error::CodedValue {
+                        k: g.k,
+                        m: g.m,
+                        cause: "read it with get, gets or gat, or through a pool with ec or \
+                                replicas"
+                            .into(),
+                    }),
+                    None => result,
+                }
+            }
+            _ => result,
+        }
+    }
+
+    /// `op` (a get or gat) read whole with RS(`k`, `m`) by a pool without `ec` or
+    /// `replicas`, whose plain read of the key met one of its fragments.
+    pub(crate) fn read_whole(&mut self, op: Op, k: u8, m: u8) -> Result<Option<Value>, Error> {
+        let coded = |cause: String| Error::CodedValue { k, m, cause };
+        let Some(code) = self.code_for(k, m) else {
+            return Err(coded("a code this client cannot build".into()));
+        };
+        let n = code.total_shards();
+        if self.servers.len() < n {
+            return Err(coded(format!(
+                "the pool has {} server(s); the value is spread over {n}",
+                self.servers.len()
+            )));
+        }
+        let key = op.key().unwrap_or_default().to_vec();
+        let h = self.new_handle();
+        let h = self.ec_read_with(code, op, key, h);
+        match self.wait(h, self.config.timeout * 4) {
+            Ok(Reply::Value(v)) => Ok(v),
+            Ok(r) => Err(coded(format!("unexpected reply {r:?}"))),
+            Err(e) => Err(coded(e.to_string())),
+        }
+    }
+
     /// A read of a key this client knows to be coded: straight to the fragments, the
     /// first k+1 servers at once (late binding: the first k of one trusted write win).
     pub(crate) fn ec_read_direct(&mut self, op: Op, key: Vec<u8>, h: Handle) -> Handle {
         let Some(code) = self.ec_code.clone() else {
             return self.fail_now(Error::NoServers);
         };
+        self.ec_read_with(code, op, key, h)
+    }
+
+    /// A coded read with `code`: its first k+1 servers at once, the others if needed.
+    fn ec_read_with(&mut self, code: Arc<Code>, op: Op, key: Vec<u8>, h: Handle) -> Handle {
         let (k, n) = (code.data_shards(), code.total_shards());
         let servers = self.ring.successors(&key, n);
         let read = EcRead {

@@ -160,6 +160,8 @@ impl<'a> Refill<'a> {
             retry_timeout: plan.timeout,
             get_mode: GetMode::TwoSided,
             access_hints: false,
+            // Fragments are copied as stored, never read whole.
+            raw_fragments: true,
             background_repair: false,
             credentials: plan.credentials.clone(),
             tls: plan.tls.clone(),

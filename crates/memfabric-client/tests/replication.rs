@@ -29,12 +29,20 @@ fn replicated(replicas: u8, policy: WritePolicy) -> Config {
     }
 }
 
+/// A one-server pool's settings that give a fragment of a coded value as stored.
+fn raw() -> Config {
+    Config {
+        raw_fragments: true,
+        ..Config::default()
+    }
+}
+
 /// What each server holds for `key`, asked directly (a one-server pool each).
 fn copies(servers: &[Server], key: &[u8]) -> Vec<Option<Vec<u8>>> {
     servers
         .iter()
         .map(|s| {
-            let mut c = Client::new(s.url().as_str(), Config::default()).unwrap();
+            let mut c = Client::new(s.url().as_str(), raw()).unwrap();
             c.get(key).unwrap().map(|v| v.data.to_vec())
         })
         .collect()
@@ -585,12 +593,37 @@ fn values_of_another_code(kind: Kind) {
         );
         assert_eq!(got.flags, 5, "{kind:?}: {name}");
     }
-    // A pool with neither gives what its server stores: a fragment, which says so.
-    let raw = plain.get(key).unwrap().unwrap();
+    // A pool with neither reads one server, which holds a fragment: its get reads the
+    // value whole with the fragment's code; a non-blocking read says what it met; a pool
+    // asked for raw fragments gives the fragment, which names its code.
+    let got = plain.get(key).unwrap().unwrap();
+    assert!(got.data[..] == v1[..], "{kind:?}: plain get");
+    assert_eq!(got.flags, 5, "{kind:?}");
+    let h = plain.iget(key);
+    let r = plain.wait(h, Duration::from_secs(2));
+    assert!(
+        matches!(r, Err(Error::CodedValue { k: 4, m: 2, .. })),
+        "{kind:?}: {r:?}"
+    );
+    let many = plain.get_multi(&[key.as_slice(), b"ec:absent"]).unwrap();
+    assert_eq!(many.len(), 1, "{kind:?}");
+    assert!(
+        many[&key[..]].data[..] == v1[..],
+        "{kind:?}: plain get_multi"
+    );
+    let mut raw_pool = pool(&servers, raw());
+    let held = raw_pool.get(key).unwrap().unwrap();
     assert_eq!(
-        memfabric_client::EcGeometry::of_fragment(&raw.data),
+        memfabric_client::EcGeometry::of_fragment(&held.data),
         Some("4+2".parse().unwrap()),
         "{kind:?}"
+    );
+    // One server of the six: the value cannot be read whole, and the error says why.
+    let mut lone = Client::new(servers[0].url().as_str(), Config::default()).unwrap();
+    let r = lone.get(key);
+    assert!(
+        matches!(&r, Err(Error::CodedValue { k: 4, m: 2, cause }) if cause.contains("spread over 6")),
+        "{kind:?}: {r:?}"
     );
 
     // Written again with 3+2: five servers get its fragments, the sixth keeps 4+2's
@@ -741,7 +774,7 @@ fn expiry_times(server: &Server) -> std::collections::HashMap<Vec<u8>, i64> {
 fn direct(servers: &[Server]) -> Vec<Client> {
     servers
         .iter()
-        .map(|s| Client::new(s.url().as_str(), Config::default()).unwrap())
+        .map(|s| Client::new(s.url().as_str(), raw()).unwrap())
         .collect()
 }
 

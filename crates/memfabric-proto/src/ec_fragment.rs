@@ -21,7 +21,8 @@
 
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 32;
-const MAGIC: &[u8; 4] = b"MFEC";
+/// The first bytes of every fragment.
+pub const MAGIC: [u8; 4] = *b"MFEC";
 const VERSION: u8 = 1;
 
 /// What a fragment's header says.
@@ -68,7 +69,7 @@ impl FragmentHeader {
     /// The header for `payload` (for a writer that places the payload itself).
     pub fn header(&self, payload: &[u8]) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
-        h[..4].copy_from_slice(MAGIC);
+        h[..4].copy_from_slice(&MAGIC);
         h[4..8].copy_from_slice(&[VERSION, self.k, self.m, self.index]);
         h[8..16].copy_from_slice(&self.stripe.to_le_bytes());
         h[16..24].copy_from_slice(&self.value_len.to_le_bytes());
@@ -81,7 +82,7 @@ impl FragmentHeader {
     /// Check and split a stored fragment: its header and its payload.
     pub fn decode(bytes: &[u8]) -> Result<(FragmentHeader, &[u8]), FragmentError> {
         let h = bytes.get(..HEADER_LEN).ok_or(FragmentError::Short)?;
-        if &h[..4] != MAGIC {
+        if h[..4] != MAGIC {
             return Err(FragmentError::Magic);
         }
         if h[4] != VERSION {
