@@ -724,6 +724,70 @@ fn coded_values_that_lost_fragments(kind: Kind) {
     assert!(got.data[..] == v2[..], "{kind:?}");
 }
 
+/// A full cache: six servers of different sizes evict the fragments of a key at
+/// different times (each by its own LRU), so many keys keep only some of theirs. Every
+/// read of a key whose writes all succeeded is the value, byte-exact, or a miss; never an
+/// error (they used to fail until rewritten: `NotEnoughCopies`).
+fn a_full_cache_of_coded_values(kind: Kind) {
+    let sizes = ["8", "9", "10", "12", "14", "16"];
+    let servers: Vec<Server> = sizes
+        .iter()
+        .map(|m| Server::start(kind, &["-m", m]))
+        .collect();
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let mut c = pool(&servers, config.clone());
+    let keys = 1200usize;
+    let len = |i: usize| 40_000 + (i * 7919) % 30_000;
+    let mut torn = std::collections::HashSet::new();
+    for i in 0..keys {
+        let key = format!("full:{i}");
+        if c.set(key.as_bytes(), &big(i as u8, len(i)), i as u32, 0)
+            .is_err()
+        {
+            torn.insert(i);
+        }
+    }
+    // A client that knows no key as coded reads through the primaries; this one reads
+    // the fragments straight away.
+    let mut fresh = pool(&servers, config);
+    let (mut hits, mut misses) = (0, 0);
+    for reader in [&mut c, &mut fresh] {
+        for i in (0..keys).filter(|i| !torn.contains(i)) {
+            match reader.get(format!("full:{i}").as_bytes()) {
+                Ok(Some(v)) => {
+                    assert!(v.data[..] == big(i as u8, len(i))[..], "{kind:?}: key {i}");
+                    assert_eq!(v.flags, i as u32, "{kind:?}: key {i}");
+                    hits += 1;
+                }
+                Ok(None) => misses += 1,
+                Err(e) => panic!("{kind:?}: key {i}: {e}"),
+            }
+        }
+    }
+    let lost = c.pool_counters().ec_lost_reads + fresh.pool_counters().ec_lost_reads;
+    eprintln!(
+        "{kind:?}: {} writes failed; {hits} hits, {misses} misses, {lost} of them lost values",
+        torn.len()
+    );
+    assert!(
+        hits > 0 && misses > 0,
+        "{kind:?}: {hits} hits, {misses} misses"
+    );
+    assert!(lost > 0, "{kind:?}: no key kept only some of its fragments");
+}
+
+#[test]
+fn a_full_cache_of_coded_values_reads_hits_and_misses_never_errors() {
+    for kind in [Kind::Memfabricd, Kind::Memcached] {
+        a_full_cache_of_coded_values(kind);
+    }
+}
+
 #[test]
 fn a_coded_value_that_lost_fragments_reads_as_a_miss_and_a_mix_of_writes_as_an_error() {
     for kind in [Kind::Memfabricd, Kind::Memcached] {
