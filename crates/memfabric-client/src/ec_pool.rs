@@ -240,6 +240,7 @@ impl Client {
             unasked: Vec::new(),
             other: None,
             code_switches: 0,
+            decoded: None,
         };
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
@@ -353,6 +354,7 @@ impl Client {
             unasked: servers.clone(),
             other: None,
             code_switches: 0,
+            decoded: None,
         };
         let task = Task {
             delivered: false,
@@ -425,6 +427,7 @@ impl Client {
             unasked: servers.clone(),
             other: None,
             code_switches: read.code_switches + 1,
+            decoded: None,
         };
         t.needed = ec_needed(self.config.write_policy, k, n - k);
         t.copies = servers;
@@ -461,6 +464,14 @@ impl Client {
         let Some(pos) = read.servers.iter().position(|&x| x == s) else {
             return;
         };
+        if t.delivered {
+            // The value was decoded before this server answered: a miss still gets its
+            // fragment back, whichever order the replies were read in.
+            if matches!(result, Ok(Reply::Value(None))) && read.decoded.is_some() {
+                self.ec_repair(t, &[pos]);
+            }
+            return;
+        }
         match result {
             Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
                 Ok((h, _)) if read.code.is(h.k, h.m) => {
@@ -494,6 +505,41 @@ impl Client {
             }
         }
         self.ec_decide(id, t);
+    }
+
+    /// Writes the delivered value's fragments back to the servers at `positions`, which
+    /// answered without one (read repair; `add`, so a write since wins). The fragments
+    /// expire with the value: a gat's time, else the time a holder reports.
+    fn ec_repair(&mut self, t: &Task, positions: &[usize]) {
+        let Kind::Read {
+            op, ec: Some(read), ..
+        } = &t.kind
+        else {
+            return;
+        };
+        let Some((stripe, value)) = &read.decoded else {
+            return;
+        };
+        if !self.config.read_repair || positions.is_empty() {
+            return;
+        }
+        let source = read
+            .frags
+            .iter()
+            .find(|f| f.1.stripe == *stripe)
+            .map(|f| read.servers[f.0]);
+        let (Some(source), Ok(frags)) = (source, read.code.encode(*stripe, value)) else {
+            return;
+        };
+        let writes = positions
+            .iter()
+            .map(|&pos| {
+                let op = repair_add(&t.key, Bytes::from(frags[pos].clone()), read.flags);
+                (read.servers[pos], Background::FragmentRepair, op)
+            })
+            .collect();
+        let exptime = gat_exptime(op);
+        self.repair_copies(source, exptime, writes);
     }
 
     /// Rebuilds the value once it may be trusted: the newest write seen has `k` fragments
@@ -609,34 +655,18 @@ impl Client {
             }
             None => return,
         };
-        // Write the fragments back to servers that answered without one.
+        // Write the fragments back to servers that answered without one; a miss that
+        // arrives after this decode is repaired when it does (`ec_read_step`).
         let missing: Vec<usize> = read.missing.clone();
-        let servers = read.servers.clone();
-        let flags = read.flags;
         t.acked = count(stripe);
-        // A gat gives the expiry time; after a plain get, a server holding a fragment of
-        // this write is asked for it (`repair_copies`).
-        let exptime = match &t.kind {
-            Kind::Read { op, .. } => gat_exptime(op),
-            _ => None,
-        };
-        let source = read
-            .frags
-            .iter()
-            .find(|f| f.1.stripe == stripe)
-            .map(|f| servers[f.0]);
-        if let (true, false, Some(source)) = (self.config.read_repair, missing.is_empty(), source) {
-            if let Ok(frags) = code.encode(stripe, &value) {
-                let writes = missing
-                    .into_iter()
-                    .map(|pos| {
-                        let op = repair_add(&t.key, Bytes::from(frags[pos].clone()), flags);
-                        (servers[pos], Background::FragmentRepair, op)
-                    })
-                    .collect();
-                self.repair_copies(source, exptime, writes);
-            }
+        if let Kind::Read { ec: Some(read), .. } = &mut t.kind {
+            read.decoded = Some((stripe, value.clone()));
         }
+        self.ec_repair(t, &missing);
+        let flags = match &t.kind {
+            Kind::Read { ec: Some(read), .. } => read.flags,
+            _ => 0,
+        };
         self.deliver(
             id,
             t,

@@ -259,4 +259,7 @@ pub(crate) struct EcRead {
     /// How many times the read started again with another code (bounded: writes of
     /// several codes racing could otherwise send it back and forth).
     pub(crate) code_switches: u8,
+    /// The write delivered (stripe and value), kept until the read's last reply so a
+    /// server whose miss arrives after the decode still gets its fragment back.
+    pub(crate) decoded: Option<(u64, Bytes)>,
 }
