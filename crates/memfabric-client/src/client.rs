@@ -90,14 +90,15 @@ pub struct Config {
     pub ec_threshold: usize,
     /// Keys this client remembers as erasure coded (default 65536), which its reads
     /// fetch from k+1 of their servers at once; other keys are read primary first, and
-    /// from all their servers once the primary answers with a fragment. 0 = none.
+    /// from k more of their servers once the primary answers with a fragment. 0 = none.
     pub ec_known_keys: usize,
     /// Hand out what a server stores for a key even when it is one fragment of an
     /// erasure-coded value (default off; on for tools that copy or inspect fragments,
     /// such as the background repair). Off, a pool without `ec` and `replicas` that reads
-    /// a fragment never returns it as the value: `get`, `gets` and `gat` read the value
-    /// whole from the servers its code puts it on, and other reads fail with
-    /// [`Error::CodedValue`].
+    /// a fragment never returns it as the value: `get`, `gets`, `gat` and `get_multi` read
+    /// the value whole from the servers its code puts it on (`gets` then gives cas 0, as a
+    /// coded read does), and the non-blocking reads (`iget`, `bget`, then `wait`) fail
+    /// with [`Error::CodedValue`].
     pub raw_fragments: bool,
     /// Refill a server that restarted empty from the others, in a background thread,
     /// when a replicated or coded pool sees the restart (default on). See

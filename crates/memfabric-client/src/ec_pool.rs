@@ -296,8 +296,8 @@ impl Client {
                     Some(g) => Err(Error::CodedValue {
                         k: g.k,
                         m: g.m,
-                        cause: "read it with get, gets or gat, or through a pool with ec or \
-                                replicas"
+                        cause: "not done by this read (only a blocking get, gets, gat or \
+                                get_multi of a pool listing the value's servers does)"
                             .into(),
                     }),
                     None => result,
@@ -601,14 +601,19 @@ impl Client {
             if t.outstanding == 0 {
                 t.acked = heard;
                 // Too few fragments of any write, and more servers answered without one
-                // than an acknowledged write leaves out: whatever was acknowledged has
+                // than can be missing while k remain (more than m), or, with every server
+                // heard, than an acknowledged write leaves out: whatever was written has
                 // lost fragments since (evicted, deleted by a pool of a narrower code,
                 // on servers that restarted empty) and cannot come back. A miss, as when
                 // every copy of a replicated value is gone; not an error that would stay
                 // until the key is written again. Fragments of two writes and no more
                 // misses than that (writers racing, a read racing a write) stay an error,
                 // as does a newer write of another code this read may no longer switch to.
-                let lost = read.missing.len() > n - t.needed && newer_other.is_none();
+                // Servers that did not answer may hold a fragment: only the first test
+                // holds with failures.
+                let lost = newer_other.is_none()
+                    && (read.missing.len() > n - k
+                        || (read.failed == 0 && read.missing.len() > n - t.needed));
                 if key_gone || lost {
                     // No fragment anywhere (deleted, or never coded): a miss.
                     if lost && !key_gone {

@@ -53,9 +53,10 @@ pub enum Error {
         cause: String,
     },
     /// A pool without `ec` or `replicas` read one fragment of a value erasure coded with
-    /// RS(`k`, `m`) (by a pool with `ec`), which is not the value. `get`, `gets` and `gat`
-    /// then read the value whole from its k+m servers and give this error only when that
-    /// fails (`cause`); non-blocking reads and `get_multi` give it for such keys.
+    /// RS(`k`, `m`) (by a pool with `ec`), which is not the value. `get`, `gets`, `gat`
+    /// and `get_multi` then read the value whole from its k+m servers and give this error
+    /// only when that fails (`cause`); non-blocking reads give it for such keys, as do
+    /// libmemfabric's and the Python package's per-server pools.
     #[error("the key holds a fragment of a value coded RS({k},{m}); reading it whole: {cause}")]
     CodedValue { k: u8, m: u8, cause: String },
     /// A server list or option that cannot be parsed.

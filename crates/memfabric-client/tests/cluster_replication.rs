@@ -161,7 +161,11 @@ impl Model {
                         c.pool_counters()
                     );
                     for h in &homes {
-                        let mut d = Client::new(h.as_str(), Config::default()).unwrap();
+                        let raw = Config {
+                            raw_fragments: true,
+                            ..Config::default()
+                        };
+                        let mut d = Client::new(h.as_str(), raw).unwrap();
                         let held = d.get(&k_bytes).map(|v| v.map(|v| (v.flags, v.data.len())));
                         eprintln!("  {h} holds (flags, length) {held:?}");
                     }

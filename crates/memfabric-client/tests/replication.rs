@@ -678,29 +678,38 @@ fn values_of_another_code(kind: Kind) {
 /// (the value lost fragments: evicted, deleted, on a server that restarted empty); an
 /// error when they hold fragments of two writes (writers racing), never a mix.
 fn coded_values_that_lost_fragments(kind: Kind) {
-    let servers = start(kind, 6);
+    let mut servers = start(kind, 6);
     let config = Config {
         ec: Some("4+2".parse().unwrap()),
         ..replicated(0, WritePolicy::Quorum)
     };
     let mut c = pool(&servers, config);
-    let mut fresh = pool(&servers, c.config().clone());
+    // A pool that knows no key as coded: its read starts at the primary.
+    let fresh = |servers: &[Server], c: &Client| pool(servers, c.config().clone());
     let key = b"ec:lost";
     let home = homes(&c, key, 6);
-    let one = |s: usize| Client::new(servers[home[s]].url().as_str(), Config::default()).unwrap();
+    let one = |servers: &[Server], s: usize| {
+        Client::new(servers[home[s]].url().as_str(), Config::default()).unwrap()
+    };
+    // A quorum write returns with k fragments stored; the rest land after it.
+    let set = |c: &mut Client, value: &[u8], flags: u32| {
+        c.set(key, value, flags, 0).unwrap();
+        let _ = c.drain(Duration::from_secs(2));
+    };
 
     // Fragments of two writes, three of each, every server answering: neither can be
     // rebuilt and none is missing, so the read fails (and keeps failing) rather than
     // guess a miss, as writers racing each other leave it (docs/resilience.md).
     let (v1, v2) = (big(21, 50_000), big(22, 60_000));
-    c.set(key, &v1, 1, 0).unwrap();
+    set(&mut c, &v1, 1);
     let first = copies(&servers, key);
-    c.set(key, &v2, 2, 0).unwrap();
+    set(&mut c, &v2, 2);
     for (s, &srv) in home.iter().enumerate().take(3) {
         let frag = first[srv].as_ref().unwrap();
-        one(s).set(key, frag, 1, 0).unwrap();
+        one(&servers, s).set(key, frag, 1, 0).unwrap();
     }
-    for reader in [&mut c, &mut fresh] {
+    let mut reader = fresh(&servers, &c);
+    for reader in [&mut c, &mut reader] {
         let r = reader.get(key);
         assert!(
             matches!(r, Err(Error::NotEnoughCopies { .. })),
@@ -712,22 +721,49 @@ fn coded_values_that_lost_fragments(kind: Kind) {
     // the three left cannot be the value, and more servers miss than a quorum write
     // leaves out (2). A miss, for the pool that reads the fragments straight away and
     // for one that starts at the primary.
-    c.set(key, &v1, 1, 0).unwrap();
+    set(&mut c, &v1, 1);
     for s in [0, 2, 5] {
-        assert!(one(s).delete(key).unwrap());
+        assert!(one(&servers, s).delete(key).unwrap());
     }
     let lost_before = c.pool_counters().ec_lost_reads;
     assert_eq!(c.get(key).unwrap(), None, "{kind:?}");
     assert_eq!(c.pool_counters().ec_lost_reads, lost_before + 1, "{kind:?}");
-    assert_eq!(fresh.get(key).unwrap(), None, "{kind:?}");
+    let mut reader = fresh(&servers, &c);
+    assert_eq!(reader.get(key).unwrap(), None, "{kind:?}");
+    assert_eq!(reader.pool_counters().ec_lost_reads, 1, "{kind:?}");
 
     // Two gone (m): still the value, rebuilt.
-    c.set(key, &v2, 2, 0).unwrap();
+    set(&mut c, &v2, 2);
     for s in [1, 3] {
-        assert!(one(s).delete(key).unwrap());
+        assert!(one(&servers, s).delete(key).unwrap());
     }
-    let got = fresh.get(key).unwrap().unwrap();
+    let got = fresh(&servers, &c).get(key).unwrap().unwrap();
     assert!(got.data[..] == v2[..], "{kind:?}");
+
+    // Under `all` one miss is more than a write leaves out, but only when every server
+    // answered: with two servers down, one miss and three fragments may be a value whose
+    // other fragments are on the servers down. An error, not a miss.
+    let mut all = pool(
+        &servers,
+        Config {
+            ec: Some("4+2".parse().unwrap()),
+            ..replicated(0, WritePolicy::All)
+        },
+    );
+    all.set(key, &v1, 1, 0).unwrap();
+    assert!(one(&servers, 0).delete(key).unwrap());
+    servers[home[4]].kill();
+    servers[home[5]].kill();
+    let r = all.get(key);
+    assert!(
+        matches!(r, Err(Error::NotEnoughCopies { .. })),
+        "{kind:?}: {r:?}"
+    );
+    // More than m misses: no k fragments can be left, down servers or not.
+    for s in [1, 2] {
+        assert!(one(&servers, s).delete(key).unwrap());
+    }
+    assert_eq!(all.get(key).unwrap(), None, "{kind:?}");
 }
 
 /// A full cache: six servers of different sizes evict the fragments of a key at

@@ -476,10 +476,10 @@ impl Conn {
 
     /// The first half of `drive` for a connection the poller says is readable: read what
     /// the socket has (when `drive` would) and start loading the store memory its first
-    /// request will touch (`exec::prefetch`). The worker does this for every ready
-    /// connection before it drives any, so that one connection's cache misses overlap
-    /// the reads of the others; `drive` (with `readable` false: this was the read) then
-    /// runs what was read.
+    /// request will touch (`exec::prefetch`). When enough connections are ready
+    /// (`PREFILL_FROM_READY`), the worker does this for each before it drives any, so
+    /// that one connection's cache misses overlap the reads of the others; `drive` (with
+    /// `readable` false: this was the read) then runs what was read.
     pub fn prefill(&mut self, shared: &Shared, stats: &ThreadStats) {
         self.may_read = true;
         if self.closing

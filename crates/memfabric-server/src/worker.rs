@@ -23,14 +23,14 @@ use crate::ucx_frontend::FabricWorker;
 use crate::udp::UdpPort;
 
 const WAKER: Token = Token(0);
-/// While busy-polling (`--poll-us`), how long to progress UCX alone between two epoll
-/// checks of the sockets.
 /// Ready connections from which `drive_ready` reads them all before running any. Below
 /// it the first reply would wait for the other connections' reads for little gain: at one
 /// client thread with two connections (4 KB GETs, server and client on their own CPUs),
 /// answering each in turn took memfabricd from 14.2k to 14.9k ops/s (memcached: 15.9k,
 /// medians of 8 alternating rounds).
 const PREFILL_FROM_READY: usize = 4;
+/// While busy-polling (`--poll-us`), how long to progress UCX alone between two epoll
+/// checks of the sockets.
 const UCX_SPIN_WINDOW: Duration = Duration::from_micros(10);
 /// UDP sockets use tokens 1..FIRST_CONN.
 const FIRST_CONN: usize = 1 << 16;
