@@ -23,8 +23,7 @@ fn thread_named(pid: u32, name: &str) -> u32 {
 }
 
 /// How often the thread has gone to sleep: its voluntary context switches. (Its
-/// involuntary ones are workers taking the CPU from it, which its scheduling class lets
-/// them do at any time.)
+/// involuntary ones are other threads taking the CPU from it.)
 fn sleeps(pid: u32, tid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
         .expect("the thread's status");
@@ -88,5 +87,39 @@ fn the_maintenance_thread_wakes_a_few_times_a_second_under_load() {
         "the maintenance thread slept {woke} times in {seconds:.2} s while {ops} \
          requests were answered: {per_second:.0} a second, {}",
         server.state()
+    );
+}
+
+/// The thread's scheduling policy and priority, as /proc/PID/task/TID/sched gives them.
+fn policy_and_prio(pid: u32, tid: u32) -> (u32, u32) {
+    let sched = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/sched"))
+        .expect("the thread's scheduling state");
+    let field = |name: &str| {
+        sched
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.rsplit(':').next()?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {sched}"))
+    };
+    (field("policy"), field("prio"))
+}
+
+/// The thread runs in the normal class at the server's priority: demoted (`SCHED_IDLE`,
+/// or nice 19), it got so little of a busy CPU that a killed server stayed a zombie, its
+/// ports bound, until the CPUs went idle (docs/benchmarks.md).
+#[test]
+fn the_maintenance_thread_is_not_demoted_so_a_killed_server_exits_under_load() {
+    let port = free_port();
+    let server = Server::spawn(memfabricd(port).args(["-t", "2"]), port);
+    let pid = server.child.id();
+    let maintenance = thread_named(pid, "mf-maintenance");
+    let worker = thread_named(pid, "mf-worker-0");
+    let (policy, prio) = policy_and_prio(pid, maintenance);
+    // SCHED_OTHER is 0 (SCHED_IDLE 5); the worker's priority is the process's.
+    assert_eq!(policy, 0, "mf-maintenance's policy, {}", server.state());
+    assert_eq!(
+        prio,
+        policy_and_prio(pid, worker).1,
+        "mf-maintenance's priority"
     );
 }

@@ -38,7 +38,6 @@ const AUTOMOVE_WINDOWS: u32 = 3;
 
 impl Inner {
     pub(crate) fn maintenance_loop(&self) {
-        run_when_a_cpu_is_idle();
         let mut streak = vec![0u32; self.slabs.classes.len()];
         let mut quiet = vec![0u32; self.slabs.classes.len()];
         let mut last_move_check = Instant::now();
@@ -298,33 +297,6 @@ fn wall_clock() -> Duration {
 fn until_next_second(since_epoch: Duration) -> Duration {
     Duration::from_secs(1) - Duration::from_nanos(u64::from(since_epoch.subsec_nanos()))
         + SECOND_SLACK
-}
-
-/// Put the calling (maintenance) thread in Linux's `SCHED_IDLE` class: it runs when a CPU
-/// would otherwise idle, and never preempts a worker serving requests. Its passes are
-/// background work, so it loses nothing there; under load it does not take turns from
-/// the workers. Measured on the 2-core VM when the thread still ticked every 1 ms under
-/// load, 4 KB closed loop, unpinned, alternating: 2 client threads 88-108k ops/s against
-/// 82-99k, 4 threads 95-101k against 90-100k, 1 thread unchanged (docs/benchmarks.md).
-/// The class still gets a small share of a saturated CPU, so the clock it refreshes
-/// (seconds) and the sweeper keep going. Where the call fails, the thread keeps the
-/// normal class.
-fn run_when_a_cpu_is_idle() {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{
-            set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
-            ThreadSchedulePolicy,
-        };
-        let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
-        // Lowering one's own class needs no privilege; should it fail anyway, nothing
-        // is lost but the gain.
-        let _ = set_thread_priority_and_policy(
-            thread_native_id(),
-            thread_priority::ThreadPriority::Min,
-            idle,
-        );
-    }
 }
 
 #[cfg(test)]
