@@ -22,8 +22,9 @@ fn replicated(replicas: u8, policy: WritePolicy) -> Config {
     Config {
         replicas,
         write_policy: policy,
-        timeout: Duration::from_millis(400),
-        connect_timeout: Duration::from_millis(400),
+        // Far above a loaded machine's stalls: under `all` one late copy fails a write.
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
         retry_timeout: Duration::from_millis(300),
         ..Config::default()
     }
