@@ -194,6 +194,11 @@ struct WriteState {
     spare: Vec<Vec<u8>>,
     /// Pages that hold nothing any slot points at.
     ready: VecDeque<u32>,
+    /// How many ready pages the writer keeps by reclaiming the oldest: `READY_LOW`, raised
+    /// to the fresh pages the largest chained item dropped for want of them needed (so
+    /// that, once the tier has cycled, items of several pages still reach it rather than
+    /// being dropped every time), at most `ready_cap`.
+    ready_want: usize,
     /// Pages on flash, oldest first (the reclaim order).
     on_flash: VecDeque<u32>,
     /// Pages whose write failed, and when they may be tried again.
@@ -210,7 +215,8 @@ struct WriteState {
     shutdown: bool,
 }
 
-/// Ready pages the writer keeps in reserve by reclaiming the oldest ones.
+/// Ready pages the writer keeps in reserve by reclaiming the oldest ones (at least;
+/// see `WriteState::ready_want`).
 const READY_LOW: usize = 2;
 /// How long a page whose write failed stays out of use.
 const FAILED_RETRY: Duration = Duration::from_secs(30);
@@ -358,6 +364,7 @@ impl Flash {
                 sealed: VecDeque::new(),
                 spare: Vec::new(),
                 ready: (0..total).collect(),
+                ready_want: READY_LOW,
                 on_flash: VecDeque::new(),
                 failed: VecDeque::new(),
                 buffers: 0,
@@ -394,6 +401,15 @@ impl Flash {
     /// per fresh page, and those pages must all be write buffers at once.
     fn max_pieces(&self) -> usize {
         self.cfg.write_buffers
+    }
+
+    /// The most ready pages the writer keeps: enough for the largest chained item (its
+    /// pieces need as many fresh pages at once), but never more than a quarter of the
+    /// tier, which would evict live items early for nothing a small tier can hold anyway.
+    fn ready_cap(&self) -> usize {
+        self.max_pieces()
+            .min(self.pages as usize / 4)
+            .max(READY_LOW)
     }
 
     /// Bytes to read for a chained item's head (its key and chain table at their
@@ -580,6 +596,7 @@ impl Flash {
         let fresh_pages = plan.len() - usize::from(first_here);
         let free_buffers = st.spare.len() + (self.cfg.write_buffers - st.buffers);
         if free_buffers < fresh_pages || st.ready.len() < fresh_pages {
+            st.ready_want = st.ready_want.max(fresh_pages.min(self.ready_cap()));
             self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
             self.wake.notify_all();
             return None;
@@ -749,7 +766,7 @@ impl Flash {
             summary,
         });
         self.c.page_allocs.fetch_add(1, Ordering::Relaxed);
-        if st.ready.len() < READY_LOW {
+        if st.ready.len() < st.ready_want {
             self.wake.notify_all();
         }
         true
@@ -990,7 +1007,7 @@ impl Flash {
             if st.shutdown {
                 return None;
             }
-            if st.ready.len() < READY_LOW {
+            if st.ready.len() < st.ready_want {
                 if let Some(p) = st.on_flash.pop_front() {
                     return Some(Job::Reclaim(p));
                 }
