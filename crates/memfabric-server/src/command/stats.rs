@@ -551,6 +551,7 @@ fn flash_detail(f: &memfabric_store::FlashStats, v: &mut Stats) {
     v.put("pages_free", f.pages_free);
     v.put("pages_used", f.pages_used);
     v.put("pages_buffered", f.pages_buffered);
+    v.put("pages_reserved", f.pages_reserved);
     v.put("objects_used", f.objects_used);
     v.put("bytes_used", f.bytes_used);
     v.put("limit_bytes", f.limit_bytes);

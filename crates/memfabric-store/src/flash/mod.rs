@@ -126,6 +126,8 @@ pub struct FlashStats {
     pub pages_free: u64,
     pub pages_used: u64,
     pub pages_buffered: u64,
+    /// Ready pages the writer keeps (`WriteState::ready_want`).
+    pub pages_reserved: u64,
     pub page_allocs: u64,
     pub page_reclaims: u64,
     pub objects_written: u64,
@@ -195,9 +197,11 @@ struct WriteState {
     /// Pages that hold nothing any slot points at.
     ready: VecDeque<u32>,
     /// How many ready pages the writer keeps by reclaiming the oldest: `READY_LOW`, raised
-    /// to the fresh pages the largest chained item dropped for want of them needed (so
-    /// that, once the tier has cycled, items of several pages still reach it rather than
-    /// being dropped every time), at most `ready_cap`.
+    /// to the pages the largest chained item dropped for want of them needed (its pieces'
+    /// fresh pages, and its head's when that opened one), so that once the tier has cycled,
+    /// items of several pages still reach it rather than being dropped every time; at
+    /// most `ready_cap`. It never shrinks (until a restart): what it keeps empty is a few
+    /// pages, at most a quarter of the tier.
     ready_want: usize,
     /// Pages on flash, oldest first (the reclaim order).
     on_flash: VecDeque<u32>,
@@ -404,8 +408,9 @@ impl Flash {
     }
 
     /// The most ready pages the writer keeps: enough for the largest chained item (its
-    /// pieces need as many fresh pages at once), but never more than a quarter of the
-    /// tier, which would evict live items early for nothing a small tier can hold anyway.
+    /// pieces and its head need as many pages at once), but never more than a quarter of
+    /// the tier: more would evict live items early for values a small tier holds few of.
+    /// An item needing more than this is dropped every time once the tier has cycled.
     fn ready_cap(&self) -> usize {
         self.max_pieces()
             .min(self.pages as usize / 4)
@@ -565,7 +570,9 @@ impl Flash {
         if st.current.as_ref().is_some_and(|p| !fits(p)) {
             self.seal(&mut st);
         }
-        if st.current.is_none() && !self.open_page(&mut st) {
+        // A head that opens a page takes a ready page of its own, before its pieces do.
+        let head_took_a_page = st.current.is_none();
+        if head_took_a_page && !self.open_page(&mut st) {
             self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -595,8 +602,11 @@ impl Flash {
         // (checked before the budget is spent on an item that cannot be written).
         let fresh_pages = plan.len() - usize::from(first_here);
         let free_buffers = st.spare.len() + (self.cfg.write_buffers - st.buffers);
+        if st.ready.len() < fresh_pages {
+            let needed = fresh_pages + usize::from(head_took_a_page);
+            st.ready_want = st.ready_want.max(needed.min(self.ready_cap()));
+        }
         if free_buffers < fresh_pages || st.ready.len() < fresh_pages {
-            st.ready_want = st.ready_want.max(fresh_pages.min(self.ready_cap()));
             self.c.dropped_no_buffer.fetch_add(1, Ordering::Relaxed);
             self.wake.notify_all();
             return None;
@@ -1172,12 +1182,13 @@ impl Flash {
     }
 
     pub(crate) fn stats(&self) -> FlashStats {
-        let (free, used, buffered) = {
+        let (free, used, buffered, reserved) = {
             let st = self.lock();
             (
                 st.ready.len() as u64,
                 st.on_flash.len() as u64,
                 st.sealed.len() as u64 + st.current.is_some() as u64,
+                st.ready_want as u64,
             )
         };
         let c = &self.c;
@@ -1189,6 +1200,7 @@ impl Flash {
             pages_free: free,
             pages_used: used + buffered,
             pages_buffered: buffered,
+            pages_reserved: reserved,
             page_allocs: l(&c.page_allocs),
             page_reclaims: l(&c.page_reclaims),
             objects_written: l(&c.objects_written),
