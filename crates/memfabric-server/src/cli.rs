@@ -237,10 +237,12 @@ pub struct Args {
     /// pause); TCP-only work never polls (0 = off)
     #[arg(long = "ucx-poll-us", value_name = "us", default_value_t = crate::settings::DEFAULT_UCX_POLL_US)]
     pub ucx_poll_us: u64,
-    /// UCX data path: TCP port clients bootstrap their UCX connection on (0 = off). The
-    /// UCX transports come from the environment (UCX_TLS), never from here
-    #[arg(long = "ucx-port", value_name = "port", default_value_t = 11311)]
-    pub ucx_port: u16,
+    /// UCX data path: TCP port clients bootstrap their UCX connection on (default 11311;
+    /// 0 = off). A port given here that cannot be bound stops the server; the default one
+    /// only logs a warning, so that several servers on one host still start. The UCX
+    /// transports come from the environment (UCX_TLS), never from here
+    #[arg(long = "ucx-port", value_name = "port")]
+    pub ucx_port: Option<u16>,
     /// UCX: values larger than this many bytes go by rendezvous (the server pulls them
     /// into item memory / the client pulls them from item memory); smaller ones eagerly
     #[arg(long = "ucx-eager-max", value_name = "bytes", default_value_t = memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX)]
@@ -646,7 +648,8 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.dump_enabled = !a.disable_dumping;
     s.poll_us = a.poll_us;
     s.ucx_poll_us = a.ucx_poll_us;
-    s.ucx_port = a.ucx_port;
+    s.ucx_port = a.ucx_port.unwrap_or(crate::settings::DEFAULT_UCX_PORT);
+    s.ucx_port_given = a.ucx_port.is_some();
     s.ucx_eager_max = a.ucx_eager_max;
     s.ucx_hello_timeout = a.ucx_hello_timeout;
     s.auth_timeout = a.auth_timeout;

@@ -235,15 +235,23 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         }
     }
     if settings.ucx_port != 0 {
-        for Interface { addr, .. } in interfaces(settings, settings.ucx_port)? {
+        for Interface { addr, required, .. } in interfaces(settings, settings.ucx_port)? {
             let addr = SocketAddr::new(addr.ip(), settings.ucx_port);
             match bind_tcp(addr, settings.backlog, None) {
                 Ok(t) => {
                     let name = t.local_addr().map_or(addr, |a| a);
                     l.ucx.push((t, format!("ucx:{name}")));
                 }
-                // The UCX path is an addition: without its port the server still serves
-                // every memcached client.
+                // A port the operator named must be ours: a server left TCP-only there
+                // would have its clients' HELLOs answered by whoever holds the port.
+                Err(source) if required && settings.ucx_port_given => {
+                    return Err(NetError::Bind {
+                        addr: format!("{addr} (--ucx-port)"),
+                        source,
+                    })
+                }
+                // The default port is an addition: without it the server still serves
+                // every memcached client, and a second server on the host still starts.
                 Err(e) => tracing::warn!("UCX data path not listening on {addr}: {e}"),
             }
         }

@@ -3,6 +3,8 @@
 /// `--ucx-poll-us`'s default: longer than a client's turnaround between a reply and its
 /// next request on one host (a few µs), far shorter than a wake-up's cost adds up to.
 pub const DEFAULT_UCX_POLL_US: u64 = 50;
+/// `--ucx-port` when not given.
+pub const DEFAULT_UCX_PORT: u16 = 11311;
 
 /// The cold tier's transports unless `--ucx-cold-tls` says otherwise: those whose cost
 /// does not grow per peer the way RC queue pairs and shared-memory mappings do — DC and
@@ -46,6 +48,10 @@ pub struct Settings {
     pub ucx_poll_us: u64,
     /// UCX bootstrap port (`--ucx-port`, default 11311; 0 = no UCX data path).
     pub ucx_port: u16,
+    /// `--ucx-port` was given: a UCX listener that cannot be bound stops the server (as a
+    /// TCP one does) instead of leaving a server that answers TCP only on a port its
+    /// operator asked to be the UCX one.
+    pub ucx_port_given: bool,
     /// Values above this many bytes travel by rendezvous over UCX (`--ucx-eager-max`).
     pub ucx_eager_max: usize,
     /// Seconds to complete a UCX HELLO (`--ucx-hello-timeout`, 0 = none).
@@ -201,7 +207,8 @@ impl Default for Settings {
             verbose: 0,
             poll_us: 0,
             ucx_poll_us: DEFAULT_UCX_POLL_US,
-            ucx_port: 11311,
+            ucx_port: DEFAULT_UCX_PORT,
+            ucx_port_given: false,
             ucx_eager_max: memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX,
             ucx_hello_timeout: 10,
             ucx_transfer_timeout: 30,

@@ -221,6 +221,42 @@ fn ucx_tier_transports_that_ucx_cannot_use_refuse_to_start() {
     }
 }
 
+/// A `--ucx-port` that is taken stops the server, as a taken `-p` does: left running
+/// TCP-only, its UCX clients' HELLOs would go to whatever holds the port and time out (two
+/// test suites once handed the same free port to two servers this way).
+#[test]
+fn a_ucx_port_that_is_taken_refuses_to_start() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a holder");
+    let taken = holder.local_addr().unwrap().port();
+    let port = free_port();
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+            .args(["--ucx-port", &taken.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let status = g.exit_status();
+    let mut err = String::new();
+    g.child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert!(!status.success(), "started anyway: {err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{taken} (--ucx-port)")),
+        "the message names the port and the flag: {err}"
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "something listens on {port}"
+    );
+    drop(holder);
+}
+
 #[test]
 fn unknown_extended_option_exits_1_with_memcacheds_message() {
     let mut g = Guard::spawn(

@@ -214,8 +214,19 @@ impl Server {
                 return false; // e.g. the port was taken in the meantime
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                // Make sure it is our server that answered, not one that held the port before.
-                sleep(Duration::from_millis(20));
+                // Make sure it is our server that answered, not one that held the port
+                // before (another test binary running at the same time may have been
+                // handed the same free port): its `stats` pid says whose it is. Servers
+                // that answer no plain `stats` (-Y, -S) get the older, weaker check.
+                match stats_pid(self.port) {
+                    Some(pid) if pid != child.id() => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return false;
+                    }
+                    Some(_) => {}
+                    None => sleep(Duration::from_millis(20)),
+                }
                 if let Ok(Some(_)) = child.try_wait() {
                     return false;
                 }
@@ -303,4 +314,26 @@ pub fn key_on(c: &memfabric_client::Client, index: usize, tag: &str) -> Vec<u8> 
         .map(|i| format!("{tag}{i}").into_bytes())
         .find(|k| c.locate(k) == Some(&want))
         .unwrap()
+}
+
+/// The pid a server on `port` reports in `stats`, if it answers plain ascii `stats`
+/// within a couple of seconds.
+fn stats_pid(port: u16) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut c = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    c.write_all(b"stats\r\n").ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"END\r\n") && got.len() < 1 << 16 {
+        let n = c.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got)
+        .lines()
+        .find_map(|l| l.strip_prefix("STAT pid "))
+        .and_then(|p| p.trim().parse().ok())
 }
