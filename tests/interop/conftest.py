@@ -119,8 +119,11 @@ def _accepts(server: Server) -> bool:
 
 
 def start_server(kind: str, *, udp: bool = False, unix: bool = False,
-                 args: tuple[str, ...] = ()) -> Server:
-    """Start ``kind`` on a fresh port (or unix socket) and wait until it accepts."""
+                 args: tuple[str, ...] = (), port: int | None = None) -> Server:
+    """Start ``kind`` on a fresh port (or unix socket) and wait until it accepts.
+
+    ``port`` asks for that TCP port (a restart on a killed server's port); other ports
+    the server needs are still fresh ones, never the same number twice."""
     if kind not in KINDS:
         raise ValueError(kind)
     exe = memcached_path() if kind == "memcached" else memfabricd_path()
@@ -133,7 +136,7 @@ def start_server(kind: str, *, udp: bool = False, unix: bool = False,
             srv.unix_path = os.path.join(tmpdir, "sock")
             argv += ["-s", srv.unix_path]
         else:
-            srv.port = free_port()
+            srv.port = port if port is not None else free_port()
             srv.udp_port = srv.port if udp else 0
             argv += ["-p", str(srv.port), "-U", str(srv.udp_port), "-l", "127.0.0.1"]
         if kind == "memcached" and os.geteuid() == 0:
@@ -141,7 +144,10 @@ def start_server(kind: str, *, udp: bool = False, unix: bool = False,
         if kind == "memfabricd" and "--ucx-port" not in args:
             # Its UCX listener on a free port of its own (the default, 11311, is one port
             # for every server on the machine): clients find it with `stats fabric`.
-            argv += ["--ucx-port", str(free_port())]
+            ucx_port = free_port()
+            while ucx_port == srv.port:
+                ucx_port = free_port()
+            argv += ["--ucx-port", str(ucx_port)]
         argv += list(args)
         srv.argv = argv
         with open(srv.log_path, "wb") as log:

@@ -80,10 +80,4 @@ def test_memfabric_replication_loses_none_in_the_same_scenario():
 
 def start_server_on(port: int):
     """memfabricd again on `port` (the one a killed server had), empty."""
-    import conftest
-    real = conftest.free_port
-    conftest.free_port = lambda: port
-    try:
-        return start_server("memfabricd")
-    finally:
-        conftest.free_port = real
+    return start_server("memfabricd", port=port)

@@ -17,7 +17,7 @@ use crate::latency::{self, LatencyConfig, LatencyOp, LatencyResult};
 use crate::load::{self, LoadConfig, LoadError, MeasuredRun};
 use crate::metrics::{LoadStats, Progress, RunSummary};
 use crate::responder::Responder;
-use crate::server::{self, ServerError, ServerProcess, ServerSpec};
+use crate::server::{ServerError, ServerProcess, ServerSpec};
 use crate::transport::{Connector, TcpConnector};
 use crate::ucx::UcxConnector;
 use crate::ycsb::YcsbSpec;
@@ -148,19 +148,14 @@ impl Servers {
     ) -> Result<Servers, CompareError> {
         let wants = |k| targets.iter().any(|t| t.server == k);
         let start = |spec: &ServerSpec, ucx: bool| -> Result<_, CompareError> {
-            let mut spec = spec.clone();
-            let ucx_port = if ucx {
-                let p = server::free_port()?;
-                spec.extra_args
-                    .extend(["--ucx-port".to_string(), p.to_string()]);
-                Some(SocketAddr::from(([127, 0, 0, 1], p)))
+            let proc = if ucx {
+                spec.start_with_ucx_port()?
             } else {
-                None
+                spec.start()?
             };
-            let proc = spec.start()?;
             let addrs = ServerAddrs {
                 tcp: proc.addr,
-                ucx: ucx_port,
+                ucx: proc.ucx_port.map(|p| SocketAddr::from(([127, 0, 0, 1], p))),
             };
             Ok((proc, addrs))
         };

@@ -10,7 +10,7 @@
 
 use crate::metrics::{pct_us, Progress};
 use crate::rng::Rng;
-use crate::server::{self, ServerError, ServerProcess, ServerSpec};
+use crate::server::{ServerError, ServerProcess, ServerSpec};
 use crate::textproto::{self, Reply, Request};
 use crate::workload::{KeyChooser, KeyDist, KeySpace, ValueMaker, WorkloadError};
 use hdrhistogram::Histogram;
@@ -190,8 +190,8 @@ pub struct TargetPlan {
     pub kind: TargetKind,
     pub spec: ServerSpec,
     pub flash_file: Option<PathBuf>,
-    /// memfabricd's UCX bootstrap port (the UCX target only).
-    pub ucx_port: Option<u16>,
+    /// Whether memfabricd gets a UCX bootstrap port (the UCX target only; chosen at start).
+    pub ucx: bool,
 }
 
 /// The command line of `kind`'s server; its flash file goes in `flash_dir`.
@@ -209,15 +209,11 @@ pub fn plan_target(
         bins.memfabricd.clone()
     };
     let mut extra = Vec::new();
-    let ucx_port = if kind.ucx() {
-        Some(server::free_port()?)
-    } else {
-        None
-    };
-    if !kind.is_memcached() {
+    if !kind.is_memcached() && !kind.ucx() {
         // memfabricd listens for UCX on 11311 unless told otherwise; 0 keeps the RAM and
-        // TCP targets off that port (another server may hold it).
-        extra.extend(["--ucx-port".into(), ucx_port.unwrap_or(0).to_string()]);
+        // TCP targets off that port (another server may hold it). The UCX target is given
+        // a free port of its own when it starts.
+        extra.extend(["--ucx-port".into(), "0".into()]);
     }
     let flash_file = kind
         .has_flash()
@@ -242,7 +238,7 @@ pub fn plan_target(
             extra_args: extra,
         },
         flash_file,
-        ucx_port,
+        ucx: kind.ucx(),
     })
 }
 
@@ -406,7 +402,11 @@ fn run_target(cfg: &HybridConfig, plan: &TargetPlan) -> Result<TargetResult, Hyb
         // A file left by an earlier run must not be recovered from.
         let _ = std::fs::remove_file(f);
     }
-    let proc = plan.spec.start()?;
+    let proc = if plan.ucx {
+        plan.spec.start_with_ucx_port()?
+    } else {
+        plan.spec.start()?
+    };
     let items = Items {
         keys: KeySpace::new(KEY_PREFIX, cfg.keys()),
         values: ValueMaker::new(cfg.valsize),
@@ -994,7 +994,7 @@ fn measure(
                 // Distinct, reproducible streams per client.
                 let mut rng = Rng::new(cfg.seed.wrapping_add(0x9E37 * (i as u64 + 1)));
                 s.spawn(move || {
-                    let c: Result<Box<dyn GetClient>, HybridError> = match plan.ucx_port {
+                    let c: Result<Box<dyn GetClient>, HybridError> = match proc.ucx_port {
                         Some(port) => UcxGetClient::connect(name, port, items)
                             .map(|c| Box::new(c) as Box<dyn GetClient>),
                         None => TextConn::connect(name, proc.addr).map(|conn| {

@@ -19,7 +19,7 @@ use memfabric_client::{Client, Config, EcGeometry, WritePolicy};
 use serde::Serialize;
 
 use crate::metrics::{pct_us, Progress};
-use crate::server::{free_port, ServerError, ServerProcess, ServerSpec};
+use crate::server::{ServerError, ServerProcess, ServerSpec};
 use memfabric_cluster::{Cluster, ClusterConfig, LinkRate};
 
 /// One pool shape under test.
@@ -205,12 +205,14 @@ impl Fleet {
         spec: &ServerSpec,
         ucx: bool,
     ) -> Result<(ServerProcess, Option<u16>), ServerError> {
+        if ucx {
+            let proc = spec.start_with_ucx_port()?;
+            let port = proc.ucx_port;
+            return Ok((proc, port));
+        }
         let mut spec = spec.clone();
-        let ucx_port = if ucx { Some(free_port()?) } else { None };
-        spec.extra_args.push("--ucx-port".into());
-        spec.extra_args
-            .push(ucx_port.map_or("0".into(), |p| p.to_string()));
-        Ok((spec.start()?, ucx_port))
+        spec.extra_args.extend(["--ucx-port".into(), "0".into()]);
+        Ok((spec.start()?, None))
     }
 
     pub fn len(&self) -> usize {

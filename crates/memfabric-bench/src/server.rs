@@ -152,6 +152,8 @@ pub struct ServerSpec {
 pub struct ServerProcess {
     pub name: String,
     pub addr: SocketAddr,
+    /// The UCX bootstrap port it was given ([`ServerSpec::start_with_ucx_port`]).
+    pub ucx_port: Option<u16>,
     pub log: PathBuf,
     child: Child,
     /// Answered `version`: startup succeeded.
@@ -216,7 +218,38 @@ impl ServerSpec {
 
     /// Start on a free port and wait until it answers `version`.
     pub fn start(&self) -> Result<ServerProcess, ServerError> {
-        let port = free_port()?;
+        self.start_on_free_ports(false)
+    }
+
+    /// [`ServerSpec::start`] with a free `--ucx-port` of its own (memfabricd only), never
+    /// the TCP port; [`ServerProcess::ucx_port`] says which. `extra_args` must not name one.
+    pub fn start_with_ucx_port(&self) -> Result<ServerProcess, ServerError> {
+        self.start_on_free_ports(true)
+    }
+
+    fn start_on_free_ports(&self, ucx: bool) -> Result<ServerProcess, ServerError> {
+        // A port is free only when chosen: another process may bind it before the server
+        // does, which then exits saying so (memfabricd refuses a taken --ucx-port as
+        // memcached refuses a taken -p). Other ports are tried then, a few times.
+        const ATTEMPTS: usize = 4;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (port, ucx_port) = if ucx {
+                let [tcp, ucx] = free_ports::<2>()?;
+                (tcp, Some(ucx))
+            } else {
+                (free_port()?, None)
+            };
+            match self.start_on(port, ucx_port) {
+                Err(ServerError::Exited { log, .. })
+                    if attempt < ATTEMPTS && said_port_in_use(Path::new(&log)) => {}
+                started => return started,
+            }
+        }
+    }
+
+    fn start_on(&self, port: u16, ucx_port: Option<u16>) -> Result<ServerProcess, ServerError> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let log = std::env::temp_dir().join(format!("memfabric-bench-{}-{port}.log", self.name));
         let spawn_err = |source| ServerError::Spawn {
@@ -225,8 +258,12 @@ impl ServerSpec {
         };
         let log_file = std::fs::File::create(&log).map_err(spawn_err)?;
         let log_err = log_file.try_clone().map_err(spawn_err)?;
+        let mut args = self.args(port);
+        if let Some(p) = ucx_port {
+            args.extend(["--ucx-port".to_string(), p.to_string()]);
+        }
         let child = Command::new(&self.path)
-            .args(self.args(port))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_err)
@@ -235,6 +272,7 @@ impl ServerSpec {
         let mut proc = ServerProcess {
             name: self.name.clone(),
             addr,
+            ucx_port,
             log,
             child,
             started: false,
@@ -243,6 +281,25 @@ impl ServerSpec {
         proc.started = true;
         Ok(proc)
     }
+}
+
+/// Whether a server's log says it could not bind a port (memcached: "failed to listen on
+/// TCP port P: Address already in use"; memfabricd names the address and flag).
+fn said_port_in_use(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains("Address already in use"))
+}
+
+/// `N` distinct loopback ports that were free a moment ago (all held while choosing, so
+/// none is chosen twice).
+pub fn free_ports<const N: usize>() -> Result<[u16; N], ServerError> {
+    let held = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").map_err(ServerError::NoPort))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ports = [0u16; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr().map_err(ServerError::NoPort)?.port();
+    }
+    Ok(ports)
 }
 
 impl ServerProcess {

@@ -8,7 +8,7 @@
 
 use memfabric_bench::latency::{self, LatencyConfig, LatencyOp};
 use memfabric_bench::load::{self, LoadConfig};
-use memfabric_bench::server::{self, ServerProcess, ServerSpec};
+use memfabric_bench::server::{ServerProcess, ServerSpec};
 use memfabric_bench::ucx::UcxConnector;
 use memfabric_bench::workload::{KeyDist, KeySpace, OpMix, Pattern};
 use std::net::SocketAddr;
@@ -48,15 +48,15 @@ fn memfabricd() -> PathBuf {
 /// memfabricd with a UCX bootstrap port; the returned process is the drop guard (SIGKILL
 /// and reap on drop, also when an assertion fails).
 fn start_memfabricd() -> (ServerProcess, SocketAddr) {
-    let ucx_port = server::free_port().unwrap();
     let spec = ServerSpec {
         name: "memfabricd".into(),
         path: memfabricd(),
         threads: 1,
         memory_mb: 64,
-        extra_args: vec!["--ucx-port".into(), ucx_port.to_string()],
+        extra_args: Vec::new(),
     };
-    let proc = spec.start().expect("start memfabricd");
+    let proc = spec.start_with_ucx_port().expect("start memfabricd");
+    let ucx_port = proc.ucx_port.expect("started with a UCX port");
     (proc, SocketAddr::from(([127, 0, 0, 1], ucx_port)))
 }
 

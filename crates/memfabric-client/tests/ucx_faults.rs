@@ -13,17 +13,12 @@ use bytes::Bytes;
 use common::{Kind, Server};
 use memfabric_client::{Client, Config, Error};
 
-fn free_port() -> u16 {
-    memfabric_cluster::ports::free_loopback_port()
-}
-
 fn start_ucx_server() -> (Server, String) {
-    let ucx = free_port().to_string();
-    let s = Server::start(
-        Kind::Memfabricd,
-        &["--ucx-port", &ucx, "-I", "8m", "-m", "128"],
-    );
-    (s, format!("ucx://127.0.0.1:{ucx}"))
+    // Its TCP and UCX ports chosen (and retried, should another process take one) by
+    // the harness.
+    let s = Server::start(Kind::MemfabricdUcx, &["-I", "8m", "-m", "128"]);
+    let url = s.url();
+    (s, url)
 }
 
 /// Chunks in use in every slab class (pending items count: they hold chunks).

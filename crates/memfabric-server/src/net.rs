@@ -235,7 +235,14 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
         }
     }
     if settings.ucx_port != 0 {
+        let mut bound: Vec<IpAddr> = Vec::new();
         for Interface { addr, required, .. } in interfaces(settings, settings.ucx_port)? {
+            // `-l 127.0.0.1 -l notls:127.0.0.1:P` names one host twice: its TCP ports
+            // differ, but the UCX port is one per host, bound once.
+            if bound.contains(&addr.ip()) {
+                continue;
+            }
+            bound.push(addr.ip());
             let addr = SocketAddr::new(addr.ip(), settings.ucx_port);
             match bind_tcp(addr, settings.backlog, None) {
                 Ok(t) => {

@@ -221,6 +221,48 @@ fn ucx_tier_transports_that_ucx_cannot_use_refuse_to_start() {
     }
 }
 
+/// Two `-l` entries on one host (`-l 127.0.0.1 -l notls:127.0.0.1:P`, memcached's way to
+/// add a second TCP port) still give one UCX listener on that host: the server starts with
+/// both TCP ports and its `--ucx-port` (it once tried to bind the UCX port twice and, now
+/// that a taken `--ucx-port` stops it, refused to start).
+#[test]
+fn one_host_named_twice_gets_one_ucx_listener() {
+    let (port, second, ucx) = (free_port(), free_port(), free_port());
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1"])
+            .args(["-l", &format!("127.0.0.1:{second}")])
+            .args(["--ucx-port", &ucx.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let start = Instant::now();
+    let all_listen = || {
+        [port, second, ucx]
+            .iter()
+            .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+    };
+    while !all_listen() {
+        if let Some(status) = g.child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            let _ = g
+                .child
+                .stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut err);
+            panic!("memfabricd exited ({status}): {err}");
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "not listening on {port}, {second} and {ucx}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(g.child.try_wait().expect("try_wait").is_none(), "it exited");
+}
+
 /// A `--ucx-port` that is taken stops the server, as a taken `-p` does: left running
 /// TCP-only, its UCX clients' HELLOs would go to whatever holds the port and time out (two
 /// test suites once handed the same free port to two servers this way).

@@ -132,15 +132,11 @@ pub(crate) fn bursty_cmd(a: BurstyArgs) -> Fallible<()> {
     let mut servers = Vec::new();
     let mut list = Vec::new();
     for i in 0..a.servers {
+        let ucx = a.transport == Transport::Ucx;
         let mut extra = Vec::new();
-        let ucx_port = if a.transport == Transport::Ucx {
-            let p = server::free_port()?;
-            extra.extend(["--ucx-port".to_string(), p.to_string()]);
-            Some(p)
-        } else {
+        if !ucx {
             extra.extend(["--ucx-port".to_string(), "0".to_string()]);
-            None
-        };
+        }
         let spec = ServerSpec {
             name: format!("memfabricd-{i}"),
             path: mf_path.clone(),
@@ -152,8 +148,12 @@ pub(crate) fn bursty_cmd(a: BurstyArgs) -> Fallible<()> {
         if i == 0 {
             println!("servers: {} x {}", a.servers, spec.display_args());
         }
-        let s = spec.start()?;
-        list.push(match ucx_port {
+        let s = if ucx {
+            spec.start_with_ucx_port()?
+        } else {
+            spec.start()?
+        };
+        list.push(match s.ucx_port {
             Some(p) => format!("ucx://127.0.0.1:{p}"),
             None => s.addr.to_string(),
         });

@@ -200,13 +200,7 @@ pub(crate) fn clients_cmd(a: ClientsArgs) -> Fallible<()> {
         extra_args: extra,
     };
     let memcached = spec("memcached", &a.memcached, Vec::new()).start()?;
-    let ucx_port = server::free_port()?;
-    let fabric = spec(
-        "memfabricd",
-        &memfabricd,
-        vec!["--ucx-port".into(), ucx_port.to_string()],
-    )
-    .start()?;
+    let fabric = spec("memfabricd", &memfabricd, Vec::new()).start_with_ucx_port()?;
 
     struct Case<'s> {
         name: &'s str,

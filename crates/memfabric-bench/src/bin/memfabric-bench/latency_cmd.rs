@@ -9,7 +9,7 @@ use memfabric_bench::latency::{self, LatencyConfig, LatencyOp, LatencyReport};
 use memfabric_bench::metrics;
 use memfabric_bench::plot;
 use memfabric_bench::report;
-use memfabric_bench::server::{self, ServerSpec};
+use memfabric_bench::server::ServerSpec;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -79,14 +79,7 @@ pub(crate) fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
     // A server of our own, on free ports; dropping it kills it.
     let started = match &a.start_server {
         Some(path) => {
-            let mut extra = a.server_arg.clone();
-            let ucx_port = if measure_ucx {
-                let p = server::free_port()?;
-                extra.extend(["--ucx-port".to_string(), p.to_string()]);
-                Some(p)
-            } else {
-                None
-            };
+            let extra = a.server_arg.clone();
             let spec = ServerSpec {
                 name: path
                     .file_name()
@@ -97,8 +90,12 @@ pub(crate) fn latency_cmd(a: LatencyArgs) -> Fallible<()> {
                 extra_args: extra,
             };
             eprintln!("starting {}", spec.display_args());
-            let proc = spec.start()?;
-            let ucx = ucx_port.map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+            let proc = if measure_ucx {
+                spec.start_with_ucx_port()?
+            } else {
+                spec.start()?
+            };
+            let ucx = proc.ucx_port.map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
             Some((proc, ucx))
         }
         None => None,

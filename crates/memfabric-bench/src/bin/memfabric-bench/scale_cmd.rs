@@ -181,7 +181,6 @@ pub(crate) fn scale_cmd(a: ScaleArgs) -> Fallible<()> {
                 ],
                 other => return Err(format!("unknown mode {other}").into()),
             };
-            let ucx_port = server::free_port()?;
             let server_args = [
                 tiers,
                 vec![
@@ -197,14 +196,11 @@ pub(crate) fn scale_cmd(a: ScaleArgs) -> Fallible<()> {
                 path: mf_path.clone(),
                 threads: a.server_threads,
                 memory_mb: 64,
-                extra_args: [
-                    vec!["--ucx-port".to_string(), ucx_port.to_string()],
-                    server_args.clone(),
-                ]
-                .concat(),
+                extra_args: server_args.clone(),
             };
-            println!("{name}: {}", spec.display_args());
-            let s = spec.start()?;
+            println!("{name}: {} --ucx-port <port>", spec.display_args());
+            let s = spec.start_with_ucx_port()?;
+            let ucx_port = s.ucx_port.expect("started with a UCX port");
             let mode = Mode {
                 name: name.clone(),
                 server_args,
