@@ -238,8 +238,9 @@ pub struct Args {
     #[arg(long = "ucx-poll-us", value_name = "us", default_value_t = crate::settings::DEFAULT_UCX_POLL_US)]
     pub ucx_poll_us: u64,
     /// UCX data path: TCP port clients bootstrap their UCX connection on (default 11311;
-    /// 0 = off). A port given here that cannot be bound stops the server; the default one
-    /// only logs a warning, so that several servers on one host still start. The UCX
+    /// 0 = off). A port given here that cannot be bound stops the server; the default one,
+    /// if taken on any interface, turns the UCX path off with a warning, so that several
+    /// servers on one host still start (TCP only after the first). The UCX
     /// transports come from the environment (UCX_TLS), never from here
     #[arg(long = "ucx-port", value_name = "port")]
     pub ucx_port: Option<u16>,

@@ -251,7 +251,10 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
                 }
                 // A port the operator named must be ours: a server left TCP-only there
                 // would have its clients' HELLOs answered by whoever holds the port.
-                Err(source) if required && settings.ucx_port_given => {
+                Err(source)
+                    if settings.ucx_port_given
+                        && (required || source.kind() == io::ErrorKind::AddrInUse) =>
+                {
                     return Err(NetError::Bind {
                         addr: format!("{addr} (--ucx-port)"),
                         source,
@@ -259,7 +262,20 @@ pub fn bind(settings: &Settings) -> Result<Listeners, NetError> {
                 }
                 // The default port is an addition: without it the server still serves
                 // every memcached client, and a second server on the host still starts.
-                Err(e) => tracing::warn!("UCX data path not listening on {addr}: {e}"),
+                // But all of it or none: listening on `[::]` while another process holds
+                // `127.0.0.1:11311`, `stats fabric` would send this server's UCX clients
+                // to that process.
+                Err(e) if required || e.kind() == io::ErrorKind::AddrInUse => {
+                    tracing::warn!(
+                        "UCX data path off: port {} is not ours on {} ({e}); serving                          TCP/UDP/unix only (--ucx-port chooses another)",
+                        settings.ucx_port,
+                        addr.ip()
+                    );
+                    l.ucx.clear();
+                    break;
+                }
+                // An optional interface (IPv6 on a host without it).
+                Err(e) => tracing::info!("UCX data path not listening on {addr}: {e}"),
             }
         }
     }

@@ -221,6 +221,62 @@ fn ucx_tier_transports_that_ucx_cannot_use_refuse_to_start() {
     }
 }
 
+/// Without `--ucx-port`, memfabricd tries the default UCX port (11311) on every interface
+/// and, when any of them is taken, has no UCX listener at all: never one on `[::]` while
+/// another process holds `127.0.0.1:11311`, which `stats fabric` would then advertise and
+/// send this server's UCX clients to the other process. TCP is served either way.
+#[test]
+fn a_default_ucx_port_taken_on_one_interface_is_given_up_everywhere() {
+    // Held here if free; if another process holds it already, the server must not
+    // advertise it either.
+    let _holder = std::net::TcpListener::bind("127.0.0.1:11311");
+    let port = free_port();
+    let log = temp_path("default-ucx-port.log");
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", &port.to_string(), "-U", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file")),
+    );
+    let start = Instant::now();
+    let mut c = loop {
+        if let Ok(c) = TcpStream::connect(("127.0.0.1", port)) {
+            break c;
+        }
+        if let Some(status) = g.child.try_wait().expect("try_wait") {
+            panic!(
+                "memfabricd exited ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(start.elapsed() < WAIT, "never listened on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    c.write_all(b"stats fabric\r\n").unwrap();
+    let mut stats = String::new();
+    for line in BufReader::new(&mut c).lines() {
+        let line = line.expect("stats fabric reply");
+        if line == "END" {
+            break;
+        }
+        stats.push_str(&line);
+        stats.push('\n');
+    }
+    assert!(
+        stats.contains("STAT instance_id "),
+        "no stats fabric: {stats}"
+    );
+    assert!(
+        !stats.contains("STAT ucx_port"),
+        "advertises a UCX port another process holds on 127.0.0.1: {stats}"
+    );
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(said.contains("11311"), "no warning names the port: {said}");
+    let _ = std::fs::remove_file(&log);
+}
+
 /// Two `-l` entries on one host (`-l 127.0.0.1 -l notls:127.0.0.1:P`, memcached's way to
 /// add a second TCP port) still give one UCX listener on that host: the server starts with
 /// both TCP ports and its `--ucx-port` (it once tried to bind the UCX port twice and, now
