@@ -651,6 +651,17 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.ucx_poll_us = a.ucx_poll_us;
     s.ucx_port = a.ucx_port.unwrap_or(crate::settings::DEFAULT_UCX_PORT);
     s.ucx_port_given = a.ucx_port.is_some();
+    if s.ucx_port_given
+        && s.ucx_port != 0
+        && s.unix_socket.is_none()
+        && i32::from(s.ucx_port) == s.tcp_port
+    {
+        // Both are TCP listeners: the second bind would fail with a less helpful message.
+        return Err(usage(format!(
+            "--ucx-port {}: that is the memcached TCP port (-p) too; give each its own",
+            s.ucx_port
+        )));
+    }
     s.ucx_eager_max = a.ucx_eager_max;
     s.ucx_hello_timeout = a.ucx_hello_timeout;
     s.auth_timeout = a.auth_timeout;

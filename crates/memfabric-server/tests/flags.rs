@@ -277,6 +277,37 @@ fn a_default_ucx_port_taken_on_one_interface_is_given_up_everywhere() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// `--ucx-port` equal to `-p` is refused with a message that says so, before anything
+/// listens (both are TCP listeners: the second bind would only say "in use").
+#[test]
+fn a_ucx_port_equal_to_the_tcp_port_is_refused_before_listening() {
+    let port = free_port();
+    let mut g = Guard::spawn(
+        Command::new(BIN)
+            .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+            .args(["--ucx-port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let status = g.exit_status();
+    let mut err = String::new();
+    g.child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(64), "{err}");
+    assert!(
+        err.contains(&format!(
+            "--ucx-port {port}: that is the memcached TCP port (-p)"
+        )),
+        "{err}"
+    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
 /// Two `-l` entries on one host (`-l 127.0.0.1 -l notls:127.0.0.1:P`, memcached's way to
 /// add a second TCP port) still give one UCX listener on that host: the server starts with
 /// both TCP ports and its `--ucx-port` (it once tried to bind the UCX port twice and, now
