@@ -472,6 +472,27 @@ fn tls_settings(
         .map_err(usage)
 }
 
+/// The interfaces of every `-l`, as memcached joins them: each `-l` is appended to one
+/// comma list unless its text already occurs in it. So a repeated `-l 127.0.0.1` is one
+/// listener, not a failed second bind, and, memcached's quirk kept, `-l 127.0.0.1:P -l
+/// 127.0.0.1` is only `127.0.0.1:P` (the second is a substring of the first).
+fn listen_list(given: &[String]) -> Vec<String> {
+    let mut joined = String::new();
+    for l in given {
+        if joined.is_empty() {
+            joined.push_str(l);
+        } else if !joined.contains(l.as_str()) {
+            joined.push(',');
+            joined.push_str(l);
+        }
+    }
+    joined
+        .split(',')
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
 /// `-p`/`-U`: memcached's range. -1 asks for an ephemeral port, 0 turns the listener off.
 /// Above 65535 is memcached's usage error; below -1 memcached fails to bind (EX_OSERR).
 fn port(value: i32, proto: &str) -> Result<i32, CliError> {
@@ -560,13 +581,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
 
     s.tcp_port = port(a.port, "TCP")?;
     s.udp_port = port(a.udp_port, "UDP")?;
-    s.listen = a
-        .listen
-        .iter()
-        .flat_map(|l| l.split(','))
-        .map(|l| l.trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect();
+    s.listen = listen_list(&a.listen);
     if let Some(l) = s.listen.iter().find(|l| l.starts_with("notls:") && !a.ssl) {
         // memcached's message and status: the prefix only means something with -Z.
         return Err(CliError {
@@ -1079,6 +1094,30 @@ mod tests {
     fn listen_accepts_comma_lists_and_repeats() {
         let s = ok(&["-l", "127.0.0.1,::1", "-l", "127.0.0.2:5000"]).settings;
         assert_eq!(s.listen, vec!["127.0.0.1", "::1", "127.0.0.2:5000"]);
+    }
+
+    /// memcached skips a `-l` whose text occurs in what the earlier ones gave (checked
+    /// with memcached 1.6.18: `-l 127.0.0.1 -l 127.0.0.1` listens once, `-l
+    /// 127.0.0.1:P -l 127.0.0.1` only on P); a comma list is taken as written.
+    #[test]
+    fn listen_skips_a_repeat_as_memcached_does() {
+        let listen = |args: &[&str]| ok(args).settings.listen;
+        assert_eq!(
+            listen(&["-l", "127.0.0.1", "-l", "127.0.0.1"]),
+            vec!["127.0.0.1"]
+        );
+        assert_eq!(
+            listen(&["-l", "127.0.0.1:5000", "-l", "127.0.0.1"]),
+            vec!["127.0.0.1:5000"]
+        );
+        assert_eq!(
+            listen(&["-l", "127.0.0.1", "-l", "127.0.0.1:5000"]),
+            vec!["127.0.0.1", "127.0.0.1:5000"]
+        );
+        assert_eq!(
+            listen(&["-l", "127.0.0.1,127.0.0.1"]),
+            vec!["127.0.0.1", "127.0.0.1"]
+        );
     }
 
     #[test]
