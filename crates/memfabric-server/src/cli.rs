@@ -126,7 +126,7 @@ pub struct Args {
     pub large_pages: bool,
     /// delimiter between key prefixes and IDs for per-prefix stats (turns detail on)
     #[arg(short = 'D', value_name = "char")]
-    pub delimiter: Option<char>,
+    pub delimiter: Option<String>,
     /// number of worker threads to use (default: 4)
     #[arg(short = 't', long = "threads", value_name = "num", default_value_t = 4)]
     pub threads: usize,
@@ -486,8 +486,9 @@ fn listen_list(given: &[String]) -> Vec<String> {
             joined.push_str(l);
         }
     }
+    // memcached's strtok separators.
     joined
-        .split(',')
+        .split([',', ';'])
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect()
@@ -619,8 +620,9 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     }
     s.store.min_chunk = a.min_chunk;
     s.large_pages = a.large_pages;
-    if let Some(d) = a.delimiter {
-        s.prefix_delimiter = d;
+    if let Some(d) = &a.delimiter {
+        // memcached takes the first character of whatever it is given (NUL for "").
+        s.prefix_delimiter = d.chars().next().unwrap_or('\0');
         s.detail_enabled = true;
     }
     if a.threads == 0 {
@@ -1118,6 +1120,10 @@ mod tests {
             listen(&["-l", "127.0.0.1,127.0.0.1"]),
             vec!["127.0.0.1", "127.0.0.1"]
         );
+        assert_eq!(
+            listen(&["-l", "127.0.0.1;127.0.0.2"]),
+            vec!["127.0.0.1", "127.0.0.2"]
+        );
     }
 
     #[test]
@@ -1469,6 +1475,19 @@ mod tests {
         assert!(s.detail_enabled);
         assert_eq!(s.poll_us, 50);
         assert_eq!(s.backlog, 64);
+    }
+
+    /// `-D` takes the first character of its argument, as memcached does (`-D ab` is `a`,
+    /// `-D ""` a NUL delimiter): both turn on detail stats.
+    #[test]
+    fn delimiter_is_the_first_character_given() {
+        let d = |v: &str| {
+            let s = ok(&["-D", v]).settings;
+            assert!(s.detail_enabled);
+            s.prefix_delimiter
+        };
+        assert_eq!(d("ab"), 'a');
+        assert_eq!(d(""), '\0');
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub enum NetError {
     Bind { addr: String, source: io::Error },
     #[error("cannot resolve listen address {0}")]
     Resolve(String),
+    /// An `-l` entry memcached refuses, with its message.
+    #[error("{why}\nfailed to listen on one of interface(s) {spec}")]
+    Listen { why: String, spec: String },
     #[error("unix socket {path}: {source}")]
     Unix { path: String, source: io::Error },
 }
@@ -51,20 +54,45 @@ pub struct Listeners {
     pub ucx: Vec<(TcpListener, String)>,
 }
 
-/// Turn one `-l` entry into addresses. Accepts `ip`, `ip:port`, `[v6]:port`, `host` and
-/// `host:port`; without a port, `default_port` is used.
+/// Turn one `-l` entry into addresses, read as memcached 1.6 reads it (`server_sockets`):
+/// `[v6]` or `[v6]:port`; otherwise the text after the first `:` is a port when no
+/// other `:` follows it, and an entry with more colons is an IPv6 address without a port
+/// (`::1:8000` is that address, never `::1` on port 8000). The port is read as `safe_strtol`
+/// reads numbers and, as memcached hands it to `getaddrinfo`, taken modulo 2^16. `*` is
+/// every interface. Without a port, `default_port` is used.
 pub fn resolve(spec: &str, default_port: u16) -> Result<Vec<SocketAddr>, NetError> {
-    if let Ok(sa) = spec.parse::<SocketAddr>() {
-        return Ok(vec![sa]);
-    }
-    let bare = spec.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, default_port)]);
-    }
-    let (host, port) = match spec.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(default_port)),
-        _ => (spec, default_port),
+    let invalid = |why: String| NetError::Listen {
+        why,
+        spec: spec.to_string(),
     };
+    let (bracketed, rest) = match spec.strip_prefix('[') {
+        Some(inner) => {
+            let (host, rest) = inner
+                .split_once(']')
+                .ok_or_else(|| invalid(format!("Invalid IPV6 address: \"{spec}\"")))?;
+            (Some(host), rest)
+        }
+        None => (None, spec),
+    };
+    let (host, port) = match rest.split_once(':') {
+        Some((before, after)) if bracketed.is_some() || !after.contains(':') => {
+            let port = memfabric_proto::number::safe_strtol(after.as_bytes())
+                .ok_or_else(|| invalid(format!("Invalid port number: \"{after}\"")))?;
+            // memcached prints the port and getaddrinfo keeps its low 16 bits.
+            (bracketed.unwrap_or(before), port as u16)
+        }
+        // Text after `]` that has no `:` is ignored, as in memcached.
+        _ => (bracketed.unwrap_or(rest), default_port),
+    };
+    if host == "*" {
+        return Ok(vec![
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+        ]);
+    }
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|_| NetError::Resolve(spec.to_string()))?
@@ -104,10 +132,13 @@ fn interfaces(settings: &Settings, port: u16) -> Result<Vec<Interface>, NetError
             Some(rest) => (rest, true),
             None => (spec.as_str(), false),
         };
+        // `*` is every interface; its IPv6 half is optional, as without `-l` (memcached
+        // skips an address family the host does not have).
+        let star = spec == "*" || spec.starts_with("*:");
         for addr in resolve(spec, port)? {
             v.push(Interface {
                 addr,
-                required: true,
+                required: !(star && addr.is_ipv6()),
                 notls,
             });
         }
@@ -546,6 +577,39 @@ mod tests {
         assert_eq!(a, vec!["[::1]:7".parse().unwrap()]);
         let a = resolve("[::1]:8", 7).unwrap();
         assert_eq!(a, vec!["[::1]:8".parse().unwrap()]);
+    }
+
+    /// Each case checked against memcached 1.6.18 (`-p P -l SPEC`, then `ss -ltn`).
+    #[test]
+    fn listen_specs_read_as_memcached_reads_them() {
+        let one = |spec: &str| -> Vec<String> {
+            resolve(spec, 7)
+                .unwrap()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        // More than one colon and no brackets: an address without a port (`::1:8000` is
+        // the address ::0.1:8000; `::1:40341` none at all).
+        assert_eq!(one("::1:8000"), ["[::1:8000]:7"]);
+        assert!(resolve("::1:40341", 7).is_err());
+        assert_eq!(one("::1"), ["[::1]:7"]);
+        // After `]`, text without a colon is ignored.
+        assert_eq!(one("[::1]x"), ["[::1]:7"]);
+        assert_eq!(one("*"), ["0.0.0.0:7", "[::]:7"]);
+        assert_eq!(one("*:8"), ["0.0.0.0:8", "[::]:8"]);
+        assert_eq!(one("127.0.0.1:8 "), ["127.0.0.1:8"]);
+        // getaddrinfo keeps the port's low 16 bits.
+        assert_eq!(one("127.0.0.1:70000"), ["127.0.0.1:4464"]);
+        let msg = |spec: &str| resolve(spec, 7).unwrap_err().to_string();
+        assert_eq!(
+            msg("127.0.0.1:abc"),
+            "Invalid port number: \"abc\"\nfailed to listen on one of interface(s) 127.0.0.1:abc"
+        );
+        assert_eq!(
+            msg("[::1"),
+            "Invalid IPV6 address: \"[::1\"\nfailed to listen on one of interface(s) [::1"
+        );
     }
 
     #[test]
