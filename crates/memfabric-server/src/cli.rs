@@ -32,8 +32,9 @@ pub struct Args {
         short = 'p',
         long = "port",
         value_name = "num",
-        default_value_t = 11211,
-        allow_negative_numbers = true
+        default_value = "11211",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
     pub port: i32,
     /// UDP port to listen on (default: 0, off; -1 = any free port)
@@ -41,8 +42,9 @@ pub struct Args {
         short = 'U',
         long = "udp-port",
         value_name = "num",
-        default_value_t = 0,
-        allow_negative_numbers = true
+        default_value = "0",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
     pub udp_port: i32,
     /// UNIX socket to listen on (disables network support)
@@ -87,9 +89,11 @@ pub struct Args {
         short = 'c',
         long = "conn-limit",
         value_name = "num",
-        default_value_t = 1024
+        default_value = "1024",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
-    pub conn_limit: usize,
+    pub conn_limit: i32,
     /// lock down all paged memory
     #[arg(short = 'k', long = "lock-memory")]
     pub lock_memory: bool,
@@ -110,7 +114,9 @@ pub struct Args {
         short = 'f',
         long = "slab-growth-factor",
         value_name = "num",
-        default_value_t = 1.25
+        default_value = "1.25",
+        value_parser = c_atof,
+        allow_hyphen_values = true
     )]
     pub growth_factor: f64,
     /// min space used for key+value+flags (default: 48)
@@ -118,9 +124,11 @@ pub struct Args {
         short = 'n',
         long = "slab-min-size",
         value_name = "bytes",
-        default_value_t = 48
+        default_value = "48",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
-    pub min_chunk: usize,
+    pub min_chunk: i32,
     /// try to use large memory pages (if available)
     #[arg(short = 'L', long = "enable-largepages")]
     pub large_pages: bool,
@@ -128,16 +136,25 @@ pub struct Args {
     #[arg(short = 'D', value_name = "char")]
     pub delimiter: Option<String>,
     /// number of worker threads to use (default: 4)
-    #[arg(short = 't', long = "threads", value_name = "num", default_value_t = 4)]
-    pub threads: usize,
+    #[arg(
+        short = 't',
+        long = "threads",
+        value_name = "num",
+        default_value = "4",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
+    )]
+    pub threads: i32,
     /// maximum number of requests per event per connection (default: 20)
     #[arg(
         short = 'R',
         long = "max-reqs-per-event",
         value_name = "num",
-        default_value_t = 20
+        default_value = "20",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
-    pub reqs_per_event: usize,
+    pub reqs_per_event: i32,
     /// disable use of CAS
     #[arg(short = 'C', long = "disable-cas")]
     pub disable_cas: bool,
@@ -146,9 +163,11 @@ pub struct Args {
         short = 'b',
         long = "listen-backlog",
         value_name = "num",
-        default_value_t = 1024
+        default_value = "1024",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
     )]
-    pub backlog: u32,
+    pub backlog: i32,
     /// protocol - one of ascii, binary, or auto (default: auto-negotiate; binary with -S)
     #[arg(short = 'B', long = "protocol", value_name = "name")]
     pub protocol: Option<String>,
@@ -188,8 +207,14 @@ pub struct Args {
     #[arg(short = 'Z', long = "enable-ssl")]
     pub ssl: bool,
     /// number of napi ids (accepted, ignored)
-    #[arg(short = 'N', long = "napi_ids", value_name = "num")]
-    pub napi_ids: Option<u32>,
+    #[arg(
+        short = 'N',
+        long = "napi_ids",
+        value_name = "num",
+        value_parser = c_atoi,
+        allow_hyphen_values = true
+    )]
+    pub napi_ids: Option<i32>,
     /// comma separated extended options, as memcached 1.6.18's: maxconns_fast, hashpower=N,
     /// idle_timeout=N, slab_automove=N, no_lru_crawler, sock_cookie_id=N, ...
     /// (memcached's LRU tuning options, lru_maintainer and no_lru_maintainer among them, are
@@ -494,6 +519,74 @@ fn listen_list(given: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// glibc's `strtol(s, NULL, radix)`: leading whitespace, a sign, then the digits of
+/// `radix` that follow; whatever comes next ends the number, no digits is 0, and a value
+/// past `long` saturates. memcached reads most numeric flags with `atoi` (this, cast to
+/// `int`), so `-t 5x` is 5 threads and `-c abc` is 0 connections, refused as 0.
+fn c_strtol(s: &str, radix: u32) -> i64 {
+    let s =
+        s.trim_start_matches(|c: char| c.is_ascii() && memfabric_proto::number::c_isspace(c as u8));
+    let (negative, digits) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let mut v: i64 = 0;
+    for d in digits.chars().map_while(|c| c.to_digit(radix)) {
+        let d = i64::from(d);
+        v = match v.checked_mul(i64::from(radix)).and_then(|v| {
+            if negative {
+                v.checked_sub(d)
+            } else {
+                v.checked_add(d)
+            }
+        }) {
+            Some(v) => v,
+            None => return if negative { i64::MIN } else { i64::MAX },
+        };
+    }
+    v
+}
+
+/// C's `atoi` as a flag's parser: never an error (see [`c_strtol`]).
+fn c_atoi(s: &str) -> Result<i32, std::convert::Infallible> {
+    Ok(c_strtol(s, 10) as i32)
+}
+
+/// C's `atof` for decimal numbers as a flag's parser: the longest prefix that is a
+/// number (`1.5x` is 1.5), 0 when there is none.
+fn c_atof(s: &str) -> Result<f64, std::convert::Infallible> {
+    let s =
+        s.trim_start_matches(|c: char| c.is_ascii() && memfabric_proto::number::c_isspace(c as u8));
+    let b = s.as_bytes();
+    let digits_from = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    let mut end = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let int_end = digits_from(end);
+    let mut mantissa = int_end > end;
+    end = int_end;
+    if b.get(end) == Some(&b'.') {
+        let frac_end = digits_from(end + 1);
+        mantissa |= frac_end > end + 1;
+        end = frac_end;
+    }
+    if !mantissa {
+        return Ok(0.0);
+    }
+    if matches!(b.get(end), Some(b'e' | b'E')) {
+        let sign = usize::from(matches!(b.get(end + 1), Some(b'+' | b'-')));
+        let exp_end = digits_from(end + 1 + sign);
+        if exp_end > end + 1 + sign {
+            end = exp_end;
+        }
+    }
+    Ok(s[..end].parse().unwrap_or(0.0))
+}
+
 /// `-p`/`-U`: memcached's range. -1 asks for an ephemeral port, 0 turns the listener off.
 /// Above 65535 is memcached's usage error; below -1 memcached fails to bind (EX_OSERR).
 fn port(value: i32, proto: &str) -> Result<i32, CliError> {
@@ -594,8 +687,8 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         });
     }
     s.unix_socket = a.unix_socket;
-    s.unix_mask = u32::from_str_radix(a.unix_mask.trim(), 8)
-        .map_err(|_| usage(format!("Invalid unix socket mask: {}", a.unix_mask)))?;
+    // memcached: strtol(optarg, NULL, 8), digits up to the first that is not octal.
+    s.unix_mask = c_strtol(&a.unix_mask, 8) as u32;
     s.enable_shutdown = a.enable_shutdown;
     s.daemonize = a.daemon;
     s.enable_coredumps = a.enable_coredumps;
@@ -604,13 +697,16 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         .and_then(|m| usize::try_from(m).ok())
         .ok_or_else(|| usage(format!("Invalid memory limit: {}", a.memory_limit)))?;
     s.store.evict = !a.disable_evictions;
-    if a.conn_limit == 0 {
+    if a.conn_limit <= 0 {
         return Err(fatal("Maximum connections must be greater than 0"));
     }
-    s.max_connections = a.conn_limit;
+    s.max_connections = a.conn_limit as usize;
     s.lock_memory = a.lock_memory;
     s.verbose = u32::from(a.verbose);
     s.pidfile = a.pidfile;
+    if a.napi_ids.is_some_and(|n| n <= 0) {
+        return Err(fatal("Maximum number of NAPI IDs must be greater than 0"));
+    }
     if a.growth_factor <= 1.0 || !a.growth_factor.is_finite() {
         return Err(fatal("Factor must be greater than 1"));
     }
@@ -618,31 +714,36 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     if a.min_chunk == 0 {
         return Err(fatal("Chunk size must be greater than 0"));
     }
-    s.store.min_chunk = a.min_chunk;
+    // memcached checks only for 0; a negative one shrinks its first class below the item
+    // header, ours starts at its smallest.
+    s.store.min_chunk = a.min_chunk.max(1) as usize;
     s.large_pages = a.large_pages;
     if let Some(d) = &a.delimiter {
         // memcached takes the first character of whatever it is given (NUL for "").
         s.prefix_delimiter = d.chars().next().unwrap_or('\0');
         s.detail_enabled = true;
     }
-    if a.threads == 0 {
+    if a.threads <= 0 {
         return Err(fatal("Number of threads must be greater than 0"));
     }
     if a.threads > 64 {
         warnings.push(
-            "WARNING: Setting a high number of worker threads is not recommended.\n \
+            "WARNING: Setting a high number of workerthreads is not recommended.\n \
              Set this value to the number of cores in your machine or less."
                 .to_string(),
         );
     }
-    s.threads = a.threads;
+    s.threads = a.threads as usize;
     if a.reqs_per_event == 0 {
         return Err(fatal("Number of requests per event must be greater than 0"));
     }
-    s.reqs_per_event = a.reqs_per_event;
+    // memcached checks only for 0; with a negative count it yields after every request.
+    s.reqs_per_event = a.reqs_per_event.max(1) as usize;
     s.use_cas = !a.disable_cas;
     s.store.use_cas = s.use_cas;
-    s.backlog = a.backlog;
+    // listen(2) caps the backlog at somaxconn; a negative one (memcached passes it on)
+    // means the cap.
+    s.backlog = u32::try_from(a.backlog).unwrap_or(i32::MAX as u32);
     s.protocol = match a.protocol.as_deref().unwrap_or(if a.sasl { "binary" } else { "auto" }) {
         "auto" => ProtocolChoice::Auto,
         "ascii" => ProtocolChoice::Ascii,
@@ -1475,6 +1576,57 @@ mod tests {
         assert!(s.detail_enabled);
         assert_eq!(s.poll_us, 50);
         assert_eq!(s.backlog, 64);
+    }
+
+    /// Numeric flags read as memcached reads them (C's `atoi`/`atof`/`strtol`), each case
+    /// checked against memcached 1.6.18.
+    #[test]
+    fn numeric_flags_read_as_c_reads_them() {
+        assert_eq!(c_strtol(" -12x", 10), -12);
+        assert_eq!(c_strtol("abc", 10), 0);
+        assert_eq!(c_strtol("99999999999999999999", 10), i64::MAX);
+        assert_eq!(c_strtol("0778", 8), 0o77);
+        assert_eq!(c_atof("1.5x").unwrap(), 1.5);
+        assert_eq!(c_atof("abc").unwrap(), 0.0);
+        assert_eq!(c_atof("-3").unwrap(), -3.0);
+        assert_eq!(c_atof("2e1x").unwrap(), 20.0);
+        assert_eq!(c_atof("2ex").unwrap(), 2.0);
+        // memcached runs with these
+        assert_eq!(ok(&["-t", "5x"]).settings.threads, 5);
+        assert_eq!(ok(&["-R", "-5"]).settings.reqs_per_event, 1);
+        assert_eq!(ok(&["-b", "-1"]).settings.backlog, i32::MAX as u32);
+        assert_eq!(ok(&["-f", "1.5x"]).settings.store.growth_factor, 1.5);
+        assert_eq!(ok(&["-a", "0777x"]).settings.unix_mask, 0o777);
+        assert_eq!(ok(&["-p", "abc"]).settings.tcp_port, 0);
+        assert_eq!(ok(&["-p", "5x"]).settings.tcp_port, 5);
+        // ... and refuses these, with these messages
+        for (args, says) in [
+            (
+                &["-c", "abc"][..],
+                "Maximum connections must be greater than 0",
+            ),
+            (&["-c", "-5"], "Maximum connections must be greater than 0"),
+            (&["-t", "-1"], "Number of threads must be greater than 0"),
+            (&["-t", "abc"], "Number of threads must be greater than 0"),
+            (
+                &["-R", "abc"],
+                "Number of requests per event must be greater than 0",
+            ),
+            (&["-n", "abc"], "Chunk size must be greater than 0"),
+            (&["-f", "abc"], "Factor must be greater than 1"),
+            (&["-f", "-3"], "Factor must be greater than 1"),
+            (
+                &["-N", "0"],
+                "Maximum number of NAPI IDs must be greater than 0",
+            ),
+            (
+                &["-N", "-1"],
+                "Maximum number of NAPI IDs must be greater than 0",
+            ),
+        ] {
+            let e = err(args);
+            assert_eq!((e.code, e.message.as_str()), (1, says), "{args:?}");
+        }
     }
 
     /// `-D` takes the first character of its argument, as memcached does (`-D ab` is `a`,

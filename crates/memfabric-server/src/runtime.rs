@@ -17,8 +17,6 @@ pub enum RunError {
     Net(#[from] NetError),
     #[error("failed to daemon() in order to daemonize: {0}")]
     Daemonize(nix::Error),
-    #[error("Could not open the pid file {path} for writing: {source}")]
-    Pidfile { path: String, source: io::Error },
     #[error("cannot set up the store: {0}")]
     Store(io::Error),
     #[error("cannot start the runtime: {0}")]
@@ -77,11 +75,18 @@ fn drop_privileges(settings: &Settings) {
     }
 }
 
-fn write_pidfile(path: &str) -> Result<(), RunError> {
-    std::fs::write(path, format!("{}\n", std::process::id())).map_err(|source| RunError::Pidfile {
-        path: path.to_string(),
-        source,
-    })
+/// As memcached: the pid goes to `<path>.tmp`, renamed to `path` (a reader never sees a
+/// half-written file); a file that cannot be written is said and the server runs on.
+fn write_pidfile(path: &str) {
+    let tmp = format!("{path}.tmp");
+    if let Err(e) = std::fs::write(&tmp, format!("{}\n", std::process::id())) {
+        tracing::warn!("Could not open the pid file {tmp} for writing: {e}");
+        return;
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        tracing::warn!("Could not rename the pid file from {tmp} to {path}: {e}");
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// Bind the sockets `settings` asks for (done before detaching, so errors reach the
@@ -110,7 +115,7 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
         nix::unistd::daemon(false, false).map_err(RunError::Daemonize)?;
     }
     if let Some(p) = &settings.pidfile {
-        write_pidfile(p)?;
+        write_pidfile(p);
     }
     drop_privileges(&settings);
     if settings.lock_memory {

@@ -308,6 +308,43 @@ fn a_ucx_port_equal_to_the_tcp_port_is_refused_before_listening() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// `-P`: the pid is written (through `<file>.tmp`, renamed, as memcached does) and the
+/// file is removed at shutdown; a pid file that cannot be written is said and, as with
+/// memcached, the server runs anyway.
+#[test]
+fn pid_file_is_written_and_an_unwritable_one_does_not_stop_the_server() {
+    let pidfile = temp_path("pidfile");
+    for (path, written) in [
+        (pidfile.display().to_string(), true),
+        ("/nonexistent-memfabric-dir/x.pid".to_string(), false),
+    ] {
+        let port = free_port();
+        let mut g = Guard::spawn(
+            Command::new(BIN)
+                .args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+                .args(["--ucx-port", "0", "-P", &path])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                g.child.try_wait().expect("try_wait").is_none(),
+                "-P {path}: the server exited"
+            );
+            assert!(start.elapsed() < WAIT, "-P {path}: never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if written {
+            let got = std::fs::read_to_string(&path).expect("pid file");
+            assert_eq!(got.trim(), g.child.id().to_string());
+            assert!(!Path::new(&format!("{path}.tmp")).exists());
+        }
+    }
+    let _ = std::fs::remove_file(&pidfile);
+}
+
 /// Two `-l` entries on one host (`-l 127.0.0.1 -l notls:127.0.0.1:P`, memcached's way to
 /// add a second TCP port) still give one UCX listener on that host: the server starts with
 /// both TCP ports and its `--ucx-port` (it once tried to bind the UCX port twice and, now
@@ -522,7 +559,7 @@ fn logs_written_to_a_pipe_carry_no_escape_bytes() {
         .collect();
     assert!(
         text.iter()
-            .any(|l| l.contains("WARN") && l.contains("worker threads")),
+            .any(|l| l.contains("WARN") && l.contains("high number of workerthreads")),
         "{text:?}"
     );
     for l in &lines {
