@@ -519,13 +519,17 @@ fn listen_list(given: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// `s` without the C whitespace strtol and atof skip first.
+fn skip_c_space(s: &str) -> &str {
+    s.trim_start_matches(|c: char| c.is_ascii() && memfabric_proto::number::c_isspace(c as u8))
+}
+
 /// glibc's `strtol(s, NULL, radix)`: leading whitespace, a sign, then the digits of
 /// `radix` that follow; whatever comes next ends the number, no digits is 0, and a value
 /// past `long` saturates. memcached reads most numeric flags with `atoi` (this, cast to
 /// `int`), so `-t 5x` is 5 threads and `-c abc` is 0 connections, refused as 0.
 fn c_strtol(s: &str, radix: u32) -> i64 {
-    let s =
-        s.trim_start_matches(|c: char| c.is_ascii() && memfabric_proto::number::c_isspace(c as u8));
+    let s = skip_c_space(s);
     let (negative, digits) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
         Some(b'+') => (false, &s[1..]),
@@ -556,8 +560,7 @@ fn c_atoi(s: &str) -> Result<i32, std::convert::Infallible> {
 /// C's `atof` for decimal numbers as a flag's parser: the longest prefix that is a
 /// number (`1.5x` is 1.5), 0 when there is none.
 fn c_atof(s: &str) -> Result<f64, std::convert::Infallible> {
-    let s =
-        s.trim_start_matches(|c: char| c.is_ascii() && memfabric_proto::number::c_isspace(c as u8));
+    let s = skip_c_space(s);
     let b = s.as_bytes();
     let digits_from = |mut i: usize| {
         while b.get(i).is_some_and(u8::is_ascii_digit) {

@@ -48,6 +48,24 @@ impl Guard {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// [`Guard::exit_status`], and what the server wrote to its (piped) standard error.
+    fn exit_status_and_stderr(&mut self) -> (ExitStatus, String) {
+        let status = self.exit_status();
+        (status, self.stderr_text())
+    }
+
+    /// Everything on the server's piped standard error (to its end: call once it exited).
+    fn stderr_text(&mut self) -> String {
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read stderr");
+        err
+    }
 }
 
 fn free_port() -> u16 {
@@ -155,14 +173,7 @@ fn flags_for_missing_features_exit_non_zero_with_one_line_and_never_listen() {
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped()),
         );
-        let status = g.exit_status();
-        let mut err = String::new();
-        g.child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("read stderr");
+        let (status, err) = g.exit_status_and_stderr();
         assert_eq!(status.code(), Some(64), "{flags:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{flags:?}: one line, got {err:?}");
         assert!(
@@ -201,14 +212,7 @@ fn ucx_tier_transports_that_ucx_cannot_use_refuse_to_start() {
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped()),
         );
-        let status = g.exit_status();
-        let mut err = String::new();
-        g.child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("read stderr");
+        let (status, err) = g.exit_status_and_stderr();
         assert!(!status.success(), "{flag}: started anyway: {err}");
         assert!(
             err.contains(&format!("{flag} no-such-transport")),
@@ -290,14 +294,7 @@ fn a_ucx_port_equal_to_the_tcp_port_is_refused_before_listening() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
-    let status = g.exit_status();
-    let mut err = String::new();
-    g.child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err)
-        .expect("read stderr");
+    let (status, err) = g.exit_status_and_stderr();
     assert_eq!(status.code(), Some(64), "{err}");
     assert!(
         err.contains(&format!(
@@ -369,14 +366,7 @@ fn one_host_named_twice_gets_one_ucx_listener() {
     };
     while !all_listen() {
         if let Some(status) = g.child.try_wait().expect("try_wait") {
-            let mut err = String::new();
-            let _ = g
-                .child
-                .stderr
-                .take()
-                .expect("stderr")
-                .read_to_string(&mut err);
-            panic!("memfabricd exited ({status}): {err}");
+            panic!("memfabricd exited ({status}): {}", g.stderr_text());
         }
         assert!(
             start.elapsed() < WAIT,
@@ -403,14 +393,7 @@ fn a_ucx_port_that_is_taken_refuses_to_start() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
-    let status = g.exit_status();
-    let mut err = String::new();
-    g.child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err)
-        .expect("read stderr");
+    let (status, err) = g.exit_status_and_stderr();
     assert!(!status.success(), "started anyway: {err}");
     assert!(
         err.contains(&format!("127.0.0.1:{taken} (--ucx-port)")),
@@ -433,14 +416,7 @@ fn unknown_extended_option_exits_1_with_memcacheds_message() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
-    let status = g.exit_status();
-    let mut err = String::new();
-    g.child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err)
-        .expect("read stderr");
+    let (status, err) = g.exit_status_and_stderr();
     assert_eq!(status.code(), Some(1));
     assert_eq!(err, "Illegal suboption \"bogus_option\"\n");
 }
