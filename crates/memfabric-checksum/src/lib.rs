@@ -50,6 +50,12 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     crc32c_append_with(large_engine(), crc, data)
 }
 
+/// The crc32c of two buffers one after the other, from `crc1` (the first's) and `crc2`
+/// (the second's, `len2` bytes long), without reading either again.
+pub fn crc32c_combine(crc1: u32, crc2: u32, len2: usize) -> u32 {
+    crc32c::crc32c_combine(crc1, crc2, len2)
+}
+
 /// crc32c by a given engine (both give the same value).
 pub fn crc32c_append_with(engine: Engine, crc: u32, data: &[u8]) -> u32 {
     match engine {
@@ -127,6 +133,14 @@ mod tests {
                 let first = crc32c_append_with(e, 0, a);
                 assert_eq!(crc32c_append_with(e, first, b), want, "{e:?} cut {cut}");
             }
+        }
+        for cut in [0, 1, 4096, 70_000] {
+            let (a, b) = d.split_at(cut);
+            assert_eq!(
+                crc32c_combine(crc32c(a), crc32c(b), b.len()),
+                crc32c(&d),
+                "combine at {cut}"
+            );
         }
         // The standard's check value.
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);

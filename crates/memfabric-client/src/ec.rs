@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::{shard_len, FragmentHeader};
+use memfabric_proto::ec_fragment::{data_crc, shard_len, FragmentHeader, WriteId};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// Why a value could not be coded or rebuilt.
@@ -54,10 +54,10 @@ impl std::str::FromStr for EcGeometry {
 impl EcGeometry {
     /// The code `bytes` were made with, if they are an intact fragment of a coded value
     /// (what a pool without this code reads from one of its servers).
+    /// A damaged fragment (its header intact) or one of the old format names its code
+    /// too: its value is still read whole, through the other fragments.
     pub fn of_fragment(bytes: &[u8]) -> Option<EcGeometry> {
-        FragmentHeader::decode(bytes)
-            .ok()
-            .map(|(h, _)| EcGeometry { k: h.k, m: h.m })
+        memfabric_proto::ec_fragment::code_of(bytes).map(|(k, m)| EcGeometry { k, m })
     }
 }
 
@@ -199,10 +199,12 @@ impl Code {
 
     /// The `k` data fragments of `value` for write `stripe`: header room, then the shard
     /// (the value's bytes, the last one zero-padded), so the value is copied once. They
-    /// can be sent before the parity is computed ([`Code::encode_parity`]).
+    /// can be sent before the parity is computed ([`Code::encode_parity`]). Each shard's
+    /// checksum is computed once: its own header's, and combined, every header's data
+    /// checksum.
     pub fn encode_data(&self, stripe: u64, value: &[u8]) -> Vec<Vec<u8>> {
         let len = shard_len(value.len() as u64, self.k) as usize;
-        (0..self.data_shards())
+        let mut frags: Vec<Vec<u8>> = (0..self.data_shards())
             .map(|i| {
                 let mut f = self.recycler.take(HEADER_LEN + len);
                 f.resize(HEADER_LEN, 0);
@@ -210,10 +212,18 @@ impl Code {
                 let to = ((i + 1) * len).min(value.len());
                 f.extend_from_slice(&value[from..to]);
                 f.resize(HEADER_LEN + len, 0);
-                self.seal(stripe, value.len(), i, &mut f);
                 f
             })
-            .collect()
+            .collect();
+        let crcs: Vec<u32> = frags
+            .iter()
+            .map(|f| memfabric_checksum::crc32c(&f[HEADER_LEN..]))
+            .collect();
+        let data_crc = data_crc(crcs.iter().copied(), len);
+        for (i, (f, crc)) in frags.iter_mut().zip(crcs).enumerate() {
+            self.seal(stripe, value.len(), data_crc, i, crc, f);
+        }
+        frags
     }
 
     /// The `m` parity fragments of the write whose data fragments
@@ -226,6 +236,12 @@ impl Code {
         data: &[B],
     ) -> Result<Vec<Vec<u8>>, EcError> {
         let len = shard_len(value_len as u64, self.k) as usize;
+        // The write's data checksum, as its data fragments' headers carry it.
+        let data_crc = data
+            .first()
+            .and_then(|f| FragmentHeader::peek(f.as_ref()).ok())
+            .map(|(h, _)| h.data_crc)
+            .ok_or_else(|| EcError::Coding("no data fragment to code".into()))?;
         let mut parity: Vec<Vec<u8>> = (0..usize::from(self.m))
             .map(|_| {
                 let mut f = self.recycler.take(HEADER_LEN + len);
@@ -241,21 +257,32 @@ impl Code {
                 .map_err(|e| EcError::Coding(format!("{e:?}")))?;
         }
         for (j, f) in parity.iter_mut().enumerate() {
-            self.seal(stripe, value_len, self.data_shards() + j, f);
+            let crc = memfabric_checksum::crc32c(&f[HEADER_LEN..]);
+            self.seal(stripe, value_len, data_crc, self.data_shards() + j, crc, f);
         }
         Ok(parity)
     }
 
-    /// Writes fragment `index`'s header (with the CRC of its shard) in front of it.
-    fn seal(&self, stripe: u64, value_len: usize, index: usize, f: &mut [u8]) {
+    /// Writes fragment `index`'s header (with `payload_crc`, its shard's checksum) in
+    /// front of it.
+    fn seal(
+        &self,
+        stripe: u64,
+        value_len: usize,
+        data_crc: u32,
+        index: usize,
+        payload_crc: u32,
+        f: &mut [u8],
+    ) {
         let header = FragmentHeader {
             k: self.k,
             m: self.m,
             index: index as u8,
             stripe,
             value_len: value_len as u64,
+            data_crc,
         }
-        .header(&f[HEADER_LEN..]);
+        .header_with(payload_crc);
         f[..HEADER_LEN].copy_from_slice(&header);
     }
 
@@ -284,15 +311,27 @@ impl Code {
             .copied()
             .collect();
         // Newest write first; within it by index (duplicates next to each other).
-        intact.sort_by(|a, b| b.0.stripe.cmp(&a.0.stripe).then(a.0.index.cmp(&b.0.index)));
-        intact.dedup_by(|a, b| a.0.stripe == b.0.stripe && a.0.index == b.0.index);
-        let newest = intact.first().ok_or(EcError::NoFragments)?.0;
-        // A write is identified by its stripe and its length: two writes that chose the
-        // same stripe are never mixed.
-        let stripe: Vec<&(FragmentHeader, &[u8])> = intact
+        intact.sort_by(|a, b| {
+            b.0.write()
+                .cmp(&a.0.write())
+                .then(a.0.index.cmp(&b.0.index))
+        });
+        intact.dedup_by(|a, b| a.0.write() == b.0.write() && a.0.index == b.0.index);
+        let first = intact.first().ok_or(EcError::NoFragments)?.0;
+        // A write is its stripe, its length and its data checksum: two writes that chose
+        // the same stripe are never mixed (unless they wrote the same bytes). Neither of
+        // two such writes is newer: the one with k fragments here is the value.
+        let of = |w: WriteId| -> Vec<&(FragmentHeader, &[u8])> {
+            intact.iter().filter(|(h, _)| h.write() == w).collect()
+        };
+        let newest = intact
             .iter()
-            .filter(|(h, _)| h.stripe == newest.stripe && h.value_len == newest.value_len)
-            .collect();
+            .map(|(h, _)| h)
+            .take_while(|h| h.stripe == first.stripe)
+            .find(|h| of(h.write()).len() >= self.data_shards())
+            .copied()
+            .unwrap_or(first);
+        let stripe = of(newest.write());
         if stripe.len() < self.data_shards() {
             return Err(EcError::NotEnough {
                 stripe: newest.stripe,
@@ -503,6 +542,40 @@ mod tests {
         let other = Code::new(4, 2).unwrap().encode(3, &new).unwrap();
         let foreign: Vec<&[u8]> = other.iter().map(|f| &f[..]).collect();
         assert_eq!(code.decode(&foreign), Err(EcError::NoFragments));
+    }
+
+    /// Two writers that chose one stripe, values of one length: whatever mix of their
+    /// fragments a reader meets, it returns one of the two values or reports too few,
+    /// never pieces of both (before the data checksum it returned such a mix).
+    #[test]
+    fn writes_that_chose_the_same_stripe_are_never_mixed() {
+        let code = Code::new(4, 2).unwrap();
+        let (x, y) = (value(40_000), vec![7u8; 40_000]);
+        let a = code.encode(5, &x).unwrap();
+        let b = code.encode(5, &y).unwrap();
+        for pattern in 0u32..64 {
+            let pick = |i: usize| {
+                if pattern & (1 << i) == 0 {
+                    &a[i]
+                } else {
+                    &b[i]
+                }
+            };
+            let all: Vec<&[u8]> = (0..6).map(|i| &pick(i)[..]).collect();
+            let from_a = (0..6).filter(|&i| pattern & (1 << i) == 0).count();
+            match code.decode(&all) {
+                Ok(v) => assert!(v == x || v == y, "pattern {pattern:06b}: a mix"),
+                Err(e) => assert!(
+                    matches!(e, EcError::NotEnough { .. }) && from_a < 4 && 6 - from_a < 4,
+                    "pattern {pattern:06b}: {e}"
+                ),
+            }
+            // Only the data shards (no decoding needed if they were one write).
+            let data: Vec<&[u8]> = (0..4).map(|i| &pick(i)[..]).collect();
+            if let Ok(v) = code.decode(&data) {
+                assert!(v == x || v == y, "pattern {pattern:06b}: data shards mixed");
+            }
+        }
     }
 
     #[test]

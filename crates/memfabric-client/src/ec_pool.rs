@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::{FragmentHeader, HEADER_LEN, MAGIC as FRAGMENT_MAGIC};
+use memfabric_proto::ec_fragment::{FragmentHeader, WriteId, HEADER_LEN, MAGIC as FRAGMENT_MAGIC};
 
 use crate::client::{Client, Handle};
 use crate::ec::{Code, EcGeometry};
@@ -55,10 +55,11 @@ impl Client {
             && self.servers.len() >= code.total_shards()
     }
 
-    /// Whether a value read is an intact fragment of a coded value, of any code (its
-    /// header names the code and is checked, payload included).
+    /// Whether a value read is a fragment of a coded value, of any code: intact (its
+    /// header names the code and is checked, payload included), or damaged or of the old
+    /// format under a checked header (a fragment lost: the value is read from the others).
     pub(crate) fn is_fragment(&self, v: &Value) -> bool {
-        FragmentHeader::decode(&v.data).is_ok()
+        memfabric_proto::ec_fragment::code_of(&v.data).is_some()
     }
 
     /// The code RS(`k`, `m`): the pool's own, or one kept for reading values coded
@@ -208,9 +209,11 @@ impl Client {
     /// A read met a fragment on server `s`: ask k more of the value's servers at once (k + 1
     /// fragments: late binding with one spare), the others only if those do not do.
     pub(crate) fn ec_read_begin(&mut self, id: u64, t: &mut Task, s: usize, v: Value) {
-        // Checked once (payload checksum included) and kept for the fragment list below.
+        // Checked once (payload checksum included) and kept for the fragment list below;
+        // a damaged one names its code, and its server counts as one without a fragment.
         let first = FragmentHeader::decode(&v.data).ok().map(|(h, _)| h);
-        let Some(code) = first.and_then(|h| self.code_for(h.k, h.m)) else {
+        let geometry = memfabric_proto::ec_fragment::code_of(&v.data);
+        let Some(code) = geometry.and_then(|(k, m)| self.code_for(k, m)) else {
             // Not reachable: the caller checked the header.
             let e = Error::Protocol("a fragment whose code cannot be built".into());
             return self.deliver(id, t, Err(e));
@@ -245,8 +248,9 @@ impl Client {
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
             if srv == s {
-                if let Some(h) = first {
-                    read.frags.push((pos, h, v.data.clone()));
+                match first {
+                    Some(h) => read.frags.push((pos, h, v.data.clone())),
+                    None => read.missing.push(pos),
                 }
             } else if missed.contains(&srv) {
                 read.missing.push(pos);
@@ -478,9 +482,10 @@ impl Client {
                     read.flags = v.flags;
                     read.frags.push((pos, h, v.data.clone()));
                 }
-                Err(_) if pos == 0 => {
+                Err(e) if pos == 0 && !e.is_fragment() => {
                     // The primary holds a value that is not coded (written since, small):
-                    // what a read of an uncoded key returns.
+                    // what a read of an uncoded key returns. (A damaged fragment, or one
+                    // of the old format, is a fragment lost, below.)
                     let key = t.key.clone();
                     self.coded.remove(&key);
                     t.acked = 1;
@@ -491,7 +496,7 @@ impl Client {
                 // pool's, or before this pool's code changed); read with it if newest.
                 Ok((h, _)) => {
                     read.missing.push(pos);
-                    if read.other.is_none_or(|o| o.stripe < h.stripe) {
+                    if read.other.is_none_or(|o| o.write() < h.write()) {
                         read.other = Some(h);
                     }
                 }
@@ -517,7 +522,7 @@ impl Client {
         else {
             return;
         };
-        let Some((stripe, value)) = &read.decoded else {
+        let Some((write, value)) = &read.decoded else {
             return;
         };
         if !self.config.read_repair || positions.is_empty() {
@@ -526,9 +531,9 @@ impl Client {
         let source = read
             .frags
             .iter()
-            .find(|f| f.1.stripe == *stripe)
+            .find(|f| f.1.write() == *write)
             .map(|f| read.servers[f.0]);
-        let (Some(source), Ok(frags)) = (source, read.code.encode(*stripe, value)) else {
+        let (Some(source), Ok(frags)) = (source, read.code.encode(write.stripe, value)) else {
             return;
         };
         let writes = positions
@@ -557,38 +562,38 @@ impl Client {
         let (k, n) = (code.data_shards(), code.total_shards());
         // Distinct fragments of a write: a fragment found twice (misplaced by another
         // pool, or a copy) counts once, as decoding counts it.
-        let count = |stripe: u64| {
+        let count = |write: WriteId| {
             read.frags
                 .iter()
-                .filter(|f| f.1.stripe == stripe)
+                .filter(|f| f.1.write() == write)
                 .map(|f| f.1.index)
                 .collect::<std::collections::HashSet<u8>>()
                 .len()
         };
-        let newest = read.frags.iter().map(|f| f.1.stripe).max();
+        let newest = read.frags.iter().map(|f| f.1.write()).max();
         let heard = read.frags.len() + read.missing.len();
         let unheard = n - heard;
         let key_gone = newest.is_none() && read.failed == 0 && read.unasked.is_empty();
         let chosen = match newest {
             Some(st) if count(st) >= k && unheard < t.needed => Some(st),
             _ if t.outstanding == 0 && read.failed == 0 => {
-                let mut stripes: Vec<u64> = read.frags.iter().map(|f| f.1.stripe).collect();
-                stripes.sort_unstable_by(|a, b| b.cmp(a));
-                stripes.into_iter().find(|&st| count(st) >= k)
+                let mut writes: Vec<WriteId> = read.frags.iter().map(|f| f.1.write()).collect();
+                writes.sort_unstable_by(|a, b| b.cmp(a));
+                writes.into_iter().find(|&w| count(w) >= k)
             }
             _ => None,
         };
         // A newer write of another code than any of this one's: that write is the value.
         let newer_other = read
             .other
-            .filter(|o| chosen.or(newest).is_none_or(|st| o.stripe > st));
+            .filter(|o| chosen.or(newest).is_none_or(|w| o.write() > w));
         if let Some(o) = newer_other.filter(|_| read.code_switches < MAX_CODE_SWITCHES) {
             if t.outstanding > 0 {
                 return; // the rest first: they may hold more of either write
             }
             return self.ec_read_with_other_code(id, t, o);
         }
-        let Some(stripe) = chosen else {
+        let Some(write) = chosen else {
             if t.outstanding == 0 && !read.unasked.is_empty() {
                 // Not decided with those asked: ask the rest.
                 let more = read.unasked.len();
@@ -632,14 +637,14 @@ impl Client {
         let pieces: Vec<(FragmentHeader, &[u8])> = read
             .frags
             .iter()
-            .filter(|f| f.1.stripe == stripe)
+            .filter(|f| f.1.write() == write)
             .map(|f| (f.1, &f.2[HEADER_LEN..]))
             .collect();
         let rebuilt = (0..k).any(|i| {
             !read
                 .frags
                 .iter()
-                .any(|f| f.1.stripe == stripe && usize::from(f.1.index) == i)
+                .any(|f| f.1.write() == write && usize::from(f.1.index) == i)
         });
         let start = Instant::now();
         let decoded = Some(code.decode_checked(&pieces));
@@ -663,9 +668,9 @@ impl Client {
         // Write the fragments back to servers that answered without one; a miss that
         // arrives after this decode is repaired when it does (`ec_read_step`).
         let missing: Vec<usize> = read.missing.clone();
-        t.acked = count(stripe);
+        t.acked = count(write);
         if let Kind::Read { ec: Some(read), .. } = &mut t.kind {
-            read.decoded = Some((stripe, value.clone()));
+            read.decoded = Some((write, value.clone()));
         }
         self.ec_repair(t, &missing);
         let flags = match &t.kind {

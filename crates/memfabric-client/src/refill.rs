@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::FragmentHeader;
+use memfabric_proto::ec_fragment::{FragmentHeader, WriteId};
 use memfabric_proto::metadump::{parse_line, DumpEntry, DumpLine, LINE_MAX};
 
 use crate::addr::{Scheme, ServerAddr};
@@ -641,30 +641,27 @@ impl<'a> Refill<'a> {
             .filter(|h| usize::from(h.k) == k && usize::from(h.k) + usize::from(h.m) == n)
             .collect();
         // The newest write with k distinct fragments (the one a reader returns).
-        let mut writes: Vec<(u64, u64)> = headers.iter().map(|h| (h.stripe, h.value_len)).collect();
+        let mut writes: Vec<WriteId> = headers.iter().map(FragmentHeader::write).collect();
         writes.sort_unstable_by(|a, b| b.cmp(a));
         writes.dedup();
-        let chosen = writes.into_iter().find(|&(stripe, len)| {
+        let chosen = writes.into_iter().find(|&w| {
             let have: HashSet<u8> = headers
                 .iter()
-                .filter(|h| h.stripe == stripe && h.value_len == len)
+                .filter(|h| h.write() == w)
                 .map(|h| h.index)
                 .collect();
             have.len() >= k
         });
-        let Some((stripe, len)) = chosen else {
+        let Some(write) = chosen else {
             return Some(None);
         };
         let of_it: Vec<&[u8]> = pieces
             .iter()
-            .filter(|p| {
-                FragmentHeader::decode(p)
-                    .is_ok_and(|(h, _)| h.stripe == stripe && h.value_len == len)
-            })
+            .filter(|p| FragmentHeader::decode(p).is_ok_and(|(h, _)| h.write() == write))
             .map(|p| &p[..])
             .collect();
         let value = code.decode(&of_it).ok()?;
-        let mut fragments = code.encode(stripe, &value).ok()?;
+        let mut fragments = code.encode(write.stripe, &value).ok()?;
         let fragment = fragments.swap_remove(pos);
         Some(Some((Bytes::from(fragment), read)))
     }

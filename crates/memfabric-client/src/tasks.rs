@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use memfabric_proto::ec_fragment::FragmentHeader;
+use memfabric_proto::ec_fragment::{FragmentHeader, WriteId};
 
 use crate::error::Error;
 use crate::op::{Op, Reply};
@@ -242,7 +242,7 @@ pub(crate) struct EcRead {
     pub(crate) code: std::sync::Arc<crate::ec::Code>,
     /// The value's servers, fragment `i` on `servers[i]`.
     pub(crate) servers: Vec<usize>,
-    /// Fragments of this code that arrived: (position, stripe, bytes).
+    /// Fragments of this code that arrived: (position, header, bytes).
     pub(crate) frags: Vec<(usize, FragmentHeader, Bytes)>,
     /// Positions that answered without a fragment of this code (a miss, or something else).
     pub(crate) missing: Vec<usize>,
@@ -259,7 +259,7 @@ pub(crate) struct EcRead {
     /// How many times the read started again with another code (bounded: writes of
     /// several codes racing could otherwise send it back and forth).
     pub(crate) code_switches: u8,
-    /// The write delivered (stripe and value), kept until the read's last reply so a
+    /// The write delivered (its id and value), kept until the read's last reply so a
     /// server whose miss arrives after the decode still gets its fragment back.
-    pub(crate) decoded: Option<(u64, Bytes)>,
+    pub(crate) decoded: Option<(WriteId, Bytes)>,
 }
