@@ -18,6 +18,7 @@ import memfabric
 import pylibmc
 import pytest
 from pymemcache.client.base import Client as PymemcacheClient
+from pymemcache.client.hash import HashClient as PymemcacheHashClient
 from pymemcache import serde as pymemcache_serde
 
 
@@ -139,6 +140,43 @@ def test_errors_are_typed(server):
     ignoring = memfabric.Client(("127.0.0.1", 1), transport="tcp", ignore_exc=True)
     assert ignoring.get("k", default=b"fallback") == b"fallback"
     c.close()
+
+
+def test_arguments_are_pymemcaches_and_what_cannot_be_honoured_is_refused(server):
+    """Every pymemcache argument is taken; tls_context and hasher, which this package
+    cannot honour, are refused rather than ignored (a client asked for TLS must never talk
+    in the clear); an unknown argument is a TypeError, as in pymemcache itself. Before,
+    every unknown argument was ignored silently."""
+    import inspect
+    import ssl
+
+    from pymemcache.client.base import PooledClient
+
+    host, port = server.addr
+    # HashClient hands its keyword arguments to Client's.
+    taken = set(inspect.signature(memfabric.Client.__init__).parameters)
+    for theirs in (PymemcacheClient, PooledClient, PymemcacheHashClient):
+        names = set(inspect.signature(theirs.__init__).parameters) - {"self", "server", "servers"}
+        assert names <= taken, f"{theirs.__name__}: {sorted(names - taken)} not taken"
+    quiet = memfabric.HashClient([(host, port)], socket_keepalive=None, max_pool_size=4,
+                                 use_pooling=True, retry_attempts=3, retry_timeout=1,
+                                 dead_timeout=30, default_noreply=False)
+    assert quiet.set("args", b"ok") is True and quiet.get("args") == b"ok"
+    quiet.close()
+    with pytest.raises(memfabric.MemcacheNotSupportedError, match="TLS"):
+        memfabric.Client((host, port), tls_context=ssl.create_default_context())
+    with pytest.raises(memfabric.MemcacheNotSupportedError, match="ketama"):
+        memfabric.HashClient([(host, port)], hasher=object)
+    for bad in ({"replicas": 2}, {"ec": "4+2"}, {"tls": True}):
+        with pytest.raises(TypeError):
+            memfabric.HashClient([(host, port)], **bad)
+        with pytest.raises(TypeError):
+            PymemcacheHashClient([(host, port)], **bad)
+    with pytest.raises(memfabric.MemcacheNotSupportedError, match="conn_args"):
+        memfabric.AsyncClient(host, port, conn_args={"ssl": ssl.create_default_context()})
+    with pytest.raises(TypeError):
+        memfabric.AsyncClient(host, port, replicas=2)
+    memfabric.AsyncClient(host, port, pool_size=4, pool_minsize=1)
 
 
 def test_requests_in_flight(server):

@@ -182,9 +182,27 @@ class Client:
 
     def __init__(self, server=("127.0.0.1", 11211), serde=None, serializer=None,
                  deserializer=None, connect_timeout=1.0, timeout=1.0, no_delay=True,
-                 ignore_exc=False, key_prefix=b"", default_noreply=True,
-                 allow_unicode_keys=False, encoding="ascii", transport="auto",
-                 get_mode="auto", **_ignored):
+                 ignore_exc=False, socket_module=None, socket_keepalive=None, key_prefix=b"",
+                 default_noreply=True, allow_unicode_keys=False, encoding="ascii",
+                 tls_context=None, transport="auto", get_mode="auto",
+                 max_pool_size=None, pool_idle_timeout=0, lock_generator=None,
+                 use_pooling=False, retry_attempts=2, retry_timeout=None, dead_timeout=60,
+                 hasher=None):
+        # pymemcache's arguments are all taken (an unknown one is a TypeError, as there).
+        # Those about its own sockets and pools (socket_module, socket_keepalive,
+        # no_delay, max_pool_size, pool_idle_timeout, lock_generator, use_pooling,
+        # retry_attempts, dead_timeout) mean nothing here: each thread has its own native
+        # connections, TCP_NODELAY always on. Two cannot be honoured and are refused
+        # rather than ignored: a client asked for TLS must never talk in the clear, and
+        # one asked for another placement must not put keys where its fleet does not.
+        if tls_context is not None:
+            raise MemcacheNotSupportedError(
+                "tls_context: memfabric's Python package has no TLS; it would send in the "
+                "clear (use pymemcache for memcached -Z, or memfabric's Rust client)")
+        if hasher is not None:
+            raise MemcacheNotSupportedError(
+                "hasher: keys are placed by libmemcached's weighted ketama, as pylibmc "
+                "and PHP clients place them; another hasher is not supported")
         servers = server if isinstance(self, HashClient) else [server]
         self.servers = [_server(s) for s in servers]
         if serde is None and (serializer or deserializer):
@@ -201,6 +219,7 @@ class Client:
             transport=transport,
             get_mode=get_mode,
             distribution=self._distribution,
+            retry_timeout_s=max(0, int(retry_timeout)) if retry_timeout is not None else 2,
         )
         # A native pool (its connections, its UCX worker) belongs to one thread: each
         # thread that uses this client gets its own, made on first use.
@@ -455,8 +474,15 @@ class AsyncClient:
     on meanwhile. Keys are bytes, values bytes.
     """
 
-    def __init__(self, host="127.0.0.1", port=11211, *, timeout=1.0, transport="auto",
-                 get_mode="auto", **_ignored):
+    def __init__(self, host="127.0.0.1", port=11211, *, pool_size=2, pool_minsize=None,
+                 conn_args=None, timeout=1.0, transport="auto", get_mode="auto"):
+        # aiomcache's pool sizes mean nothing here (one native client on a thread of its
+        # own); its conn_args go to asyncio.open_connection (ssl=..., local_addr=...),
+        # which this client does not use, so any is refused rather than ignored.
+        if conn_args:
+            raise MemcacheNotSupportedError(
+                f"conn_args {sorted(conn_args)}: memfabric's client opens its own "
+                "connections (no TLS, no local address)")
         self._args = dict(server=(host, port), timeout=timeout, transport=transport,
                           get_mode=get_mode, default_noreply=False)
         self._executor = concurrent.futures.ThreadPoolExecutor(
