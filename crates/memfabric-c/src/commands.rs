@@ -181,6 +181,8 @@ impl Pool {
                 StoreStatus::NotFound => abi::NOTFOUND,
                 // The binary protocol's statuses: add finds the key (exists), replace does
                 // not (not found); the text protocol says NOT_STORED for all.
+                // Only a fragment write (which libmemcached's calls never make) is told so.
+                StoreStatus::Superseded { .. } => abi::NOTSTORED,
                 StoreStatus::NotStored => match (binary, mode) {
                     (true, StoreMode::Add) => abi::DATA_EXISTS,
                     (true, StoreMode::Replace) => abi::NOTFOUND,

@@ -26,7 +26,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, Value};
 use crate::replicate::{gat_exptime, repair_add};
-use crate::tasks::{Background, EcRead, Kind, Task, WritePolicy};
+use crate::tasks::{Background, EcRead, EcWriting, Kind, Task, WritePolicy};
 
 /// Codes other than the pool's kept for reads (each holds its coding matrices).
 const OTHER_CODES_KEPT: usize = 4;
@@ -42,6 +42,11 @@ pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {
         WritePolicy::One => k,
     }
 }
+
+/// How many times a coded write is made again with a newer stripe after servers kept a
+/// newer write's fragments (`Client::ec_rewrite`). Two writers that keep racing on one
+/// key each give up after this many; the key then holds the newest of their writes.
+const MAX_REWRITES: u8 = 3;
 
 impl Client {
     /// Whether `op` is a set to erasure-code: a value at or above the threshold, in a pool
@@ -98,23 +103,16 @@ impl Client {
 
     /// Encodes the value and writes fragment `i` to the `i`-th server along the ring.
     pub(crate) fn submit_ec_write(&mut self, op: Op) -> Handle {
-        let Op::Store {
-            key,
-            value,
-            flags,
-            exptime,
-            ..
-        } = &op
-        else {
+        let Op::Store { key, .. } = &op else {
             return self.fail_now(Error::Protocol("not a set".into()));
         };
+        let key = key.clone();
         let (k, n) = match &self.ec_code {
             Some(c) => (c.data_shards(), c.total_shards()),
             None => return self.fail_now(Error::Protocol("no code".into())),
         };
-        let copies = self.ring.successors(key, n);
+        let copies = self.ring.successors(&key, n);
         let needed = ec_needed(self.config.write_policy, k, n - k);
-        let key_for_hint = key.clone();
         // Overwriting fragments on fewer servers than needed would leave neither the old
         // value nor the new one readable (the write hole): with servers known to be down,
         // do not start.
@@ -135,34 +133,17 @@ impl Client {
         let Some(code) = self.ec_code.clone() else {
             return self.fail_now(Error::Protocol("no code".into()));
         };
-        let stripe = self.next_stripe();
-        let started = Instant::now();
-        let data: Vec<Bytes> = code
-            .encode_data(stripe, value)
-            .into_iter()
-            .map(|f| code.share(f))
-            .collect();
-        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
         self.counters.ec_writes += 1;
-        self.remember_coded(&key_for_hint);
-        let value_len = value.len();
-        let (key, flags, exptime) = (key.clone(), *flags, *exptime);
-        let store = |value: Bytes| Op::Store {
-            mode: StoreMode::Set,
-            key: key.clone(),
-            value,
-            flags,
-            exptime,
-            cas: 0,
-        };
+        self.remember_coded(&key);
+        let stripe = self.next_stripe();
         let h = self.new_handle();
         let mut task = Task {
             delivered: false,
             abandoned: false,
             outstanding: 0,
-            key: key.clone(),
+            key,
             needed,
-            copies: copies.clone(),
+            copies,
             acked: 0,
             failed: 0,
             last_err: None,
@@ -173,37 +154,112 @@ impl Client {
                 per_copy: Vec::new(),
                 any: false,
                 cas: 0,
+                ec: Some(EcWriting {
+                    stripe,
+                    superseded: 0,
+                    newest_kept: 0,
+                    rewrites: 0,
+                }),
             },
         };
-        // The data fragments go out first; the parity is computed while they travel
-        // (a rendezvous transfer is pulled by the server meanwhile). Nothing is settled
-        // until every fragment is issued.
+        // Nothing is settled until every fragment is issued.
         let was = std::mem::replace(&mut self.settling, true);
-        for (&s, f) in copies.iter().zip(data.iter()) {
-            let op = store(f.clone());
-            self.fanout_copy(h.0, &mut task, s, op);
-        }
-        let started = Instant::now();
-        let parity = code.encode_parity(stripe, value_len, &data);
-        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
-        drop(data);
-        match parity {
-            Ok(parity) => {
-                for (&s, f) in copies[code.data_shards()..].iter().zip(parity) {
-                    self.fanout_copy(h.0, &mut task, s, store(code.share(f)));
-                }
-            }
-            Err(e) => {
-                // Not reachable for a valid code; the parity copies count as failed.
-                task.failed += copies.len() - code.data_shards();
-                task.last_err = Some(Error::Protocol(e.to_string()));
-            }
-        }
+        self.issue_ec_fragments(h.0, &mut task, &code, stripe);
         self.decide(h.0, &mut task);
         self.tasks.insert(h.0, task);
         self.settling = was;
         self.settle();
         h
+    }
+
+    /// Codes the value of write task `t` under `stripe` and writes fragment `i` to its
+    /// `i`-th server. The data fragments go out first; the parity is computed while they
+    /// travel (a rendezvous transfer is pulled by the server meanwhile).
+    fn issue_ec_fragments(&mut self, id: u64, t: &mut Task, code: &Arc<Code>, stripe: u64) {
+        let Kind::Fanout {
+            op:
+                Op::Store {
+                    key,
+                    value,
+                    flags,
+                    exptime,
+                    ..
+                },
+            ..
+        } = &t.kind
+        else {
+            return;
+        };
+        let (key, value, flags, exptime) = (key.clone(), value.clone(), *flags, *exptime);
+        // Servers that can keep the newest of two racing writes' fragments do.
+        let store = |value: Bytes| Op::Store {
+            mode: StoreMode::SetFragment,
+            key: key.clone(),
+            value,
+            flags,
+            exptime,
+            cas: 0,
+        };
+        let copies = t.copies.clone();
+        let started = Instant::now();
+        let data: Vec<Bytes> = code
+            .encode_data(stripe, &value)
+            .into_iter()
+            .map(|f| code.share(f))
+            .collect();
+        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
+        for (&s, f) in copies.iter().zip(data.iter()) {
+            self.fanout_copy(id, t, s, store(f.clone()));
+        }
+        let started = Instant::now();
+        let parity = code.encode_parity(stripe, value.len(), &data);
+        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
+        drop(data);
+        match parity {
+            Ok(parity) => {
+                for (&s, f) in copies[code.data_shards()..].iter().zip(parity) {
+                    self.fanout_copy(id, t, s, store(code.share(f)));
+                }
+            }
+            Err(e) => {
+                // Not reachable for a valid code; the parity copies count as failed.
+                t.failed += copies.len() - code.data_shards();
+                t.last_err = Some(Error::Protocol(e.to_string()));
+            }
+        }
+    }
+
+    /// A coded write that every server answered, some of them keeping a newer write's
+    /// fragment instead of this one's (memfabricd over UCX, `StoreMode::SetFragment`):
+    /// written again, to all its servers, with a stripe newer than any they kept, at most
+    /// `MAX_REWRITES` times. Two writers racing thus end with every server holding the
+    /// same write; and a write made after another by a client whose clock is behind
+    /// (its stripe older) still becomes the value, as it did before servers kept the
+    /// newer write. Returns false when the write is not to be made again.
+    pub(crate) fn ec_rewrite(&mut self, id: u64, t: &mut Task) -> bool {
+        let Kind::Fanout { ec: Some(w), .. } = &t.kind else {
+            return false;
+        };
+        if w.superseded == 0 || w.rewrites >= MAX_REWRITES || t.outstanding > 0 {
+            return false;
+        }
+        let Some(code) = self.ec_code.clone() else {
+            return false;
+        };
+        let stripe = self.next_stripe().max(w.newest_kept + 1);
+        self.last_stripe = self.last_stripe.max(stripe);
+        if let Kind::Fanout { ec: Some(w), .. } = &mut t.kind {
+            w.stripe = stripe;
+            w.superseded = 0;
+            w.newest_kept = 0;
+            w.rewrites += 1;
+        }
+        self.counters.ec_rewrites += 1;
+        t.acked = 0;
+        t.failed = 0;
+        t.last_err = None;
+        self.issue_ec_fragments(id, t, &code, stripe);
+        true
     }
 
     /// A read met a fragment on server `s`: ask k more of the value's servers at once (k + 1

@@ -99,7 +99,7 @@ pub fn encode(op: Op, out: &mut OutQueue) -> Result<Expect, Error> {
             cas,
         } => codec::Request::Store {
             mode: match mode {
-                StoreMode::Set => codec::StoreMode::Set,
+                StoreMode::Set | StoreMode::SetFragment => codec::StoreMode::Set,
                 StoreMode::Add => codec::StoreMode::Add,
                 StoreMode::Replace => codec::StoreMode::Replace,
                 StoreMode::Append => codec::StoreMode::Append,

@@ -17,6 +17,11 @@ pub enum StoreMode {
     Prepend,
     /// Store only if the item's CAS value still equals the one given.
     Cas,
+    /// Store an erasure-coded fragment (`memfabric_proto::ec_fragment`) as `Set` does,
+    /// except that a memfabricd reached over UCX that holds a fragment of a newer write
+    /// under the key keeps it and answers `NotStored` (the fabric protocol's
+    /// `FLAG_KEEP_NEWER_WRITE`). Over TCP, and to memcached, a plain set.
+    SetFragment,
 }
 
 /// One request to one server.
@@ -105,6 +110,9 @@ pub enum StoreStatus {
     Exists,
     /// cas: the item does not exist.
     NotFound,
+    /// A [`StoreMode::SetFragment`] the server did not store: it holds a fragment of a
+    /// newer write of the key, whose stripe this is.
+    Superseded { stripe: u64 },
 }
 
 /// The reply to an [`Op`].

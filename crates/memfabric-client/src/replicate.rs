@@ -312,6 +312,7 @@ impl Client {
                 per_copy: Vec::new(),
                 any: false,
                 cas: 0,
+                ec: None,
             },
             _ => Kind::Lead { op, reply: None },
         };
@@ -503,6 +504,23 @@ impl Client {
             return;
         }
         let n = t.copies.len();
+        // A coded write some of whose servers kept a newer write's fragment: once every
+        // server answered, made again with a newer stripe; when it may not be made again,
+        // those servers hold a newer write of the key, which counts as this one's
+        // acknowledgement there (as if this one had come first).
+        let superseded = match &t.kind {
+            Kind::Fanout { ec: Some(w), .. } => w.superseded,
+            _ => 0,
+        };
+        if superseded > 0 && t.acked < t.needed && t.outstanding == 0 {
+            if self.ec_rewrite(id, t) {
+                return self.decide(id, t);
+            }
+            t.acked += superseded;
+            if let Kind::Fanout { ec: Some(w), .. } = &mut t.kind {
+                w.superseded = 0;
+            }
+        }
         if t.acked >= t.needed {
             let reply = match &t.kind {
                 Kind::Fanout { op, any, cas, .. } => match op {
@@ -613,7 +631,21 @@ impl Client {
                     self.read_next(id, t);
                 }
             },
-            Kind::Fanout { op, any, cas, .. } => {
+            Kind::Fanout {
+                op, any, cas, ec, ..
+            } => {
+                if let (Some(w), Ok(Reply::Stored(StoreStatus::Superseded { stripe }))) =
+                    (ec.as_mut(), &result)
+                {
+                    // The server kept a fragment of a newer write of the key
+                    // (`StoreMode::SetFragment`): neither stored nor failed; once every
+                    // server answered, the write is made again (`ec_rewrite`).
+                    w.superseded += 1;
+                    w.newest_kept = w.newest_kept.max(*stripe);
+                    self.counters.ec_fragments_superseded += 1;
+                    self.decide(id, t);
+                    return;
+                }
                 let ok = match (&*op, result) {
                     (Op::Store { .. }, Ok(Reply::Stored(StoreStatus::Stored { cas: c }))) => {
                         if *cas == 0 || s == t.copies[0] {

@@ -114,6 +114,12 @@ pub struct PoolCounters {
     pub ec_lost_reads: u64,
     /// Fragments written back to servers that missed them.
     pub fragment_repairs: u64,
+    /// Fragment writes a server did not store because it held a fragment of a newer
+    /// write of the key (memfabricd over UCX: two writers raced, the newer one won there).
+    pub ec_fragments_superseded: u64,
+    /// Coded writes made again with a newer stripe after servers kept a newer write's
+    /// fragments (a writer racing, or one whose clock is ahead).
+    pub ec_rewrites: u64,
 }
 
 impl PoolCounters {
@@ -137,6 +143,8 @@ impl PoolCounters {
             ("decode_ns", self.decode_ns),
             ("ec_lost_reads", self.ec_lost_reads),
             ("fragment_repairs", self.fragment_repairs),
+            ("ec_fragments_superseded", self.ec_fragments_superseded),
+            ("ec_rewrites", self.ec_rewrites),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -230,9 +238,23 @@ pub(crate) enum Kind {
         per_copy: Vec<Op>,
         any: bool,
         cas: u64,
+        /// A coded write (its fragments, not `op`, went to the copies).
+        ec: Option<EcWriting>,
     },
     /// Conditional operations: the leader, then the others.
     Lead { op: Op, reply: Option<Reply> },
+}
+
+/// A coded write in flight.
+pub(crate) struct EcWriting {
+    /// The stripe its fragments carry (a newer one after each rewrite).
+    pub(crate) stripe: u64,
+    /// Servers that kept a newer write's fragment instead of this write's, and the
+    /// newest stripe they kept.
+    pub(crate) superseded: usize,
+    pub(crate) newest_kept: u64,
+    /// Times it was written again with a newer stripe (`Client::ec_rewrite`).
+    pub(crate) rewrites: u8,
 }
 
 /// A read that found a fragment: what the value's servers answered.

@@ -136,6 +136,11 @@ pub const TTL_NEVER: u64 = u64::MAX;
 
 /// Request flag: send no response on success (errors are still answered).
 pub const FLAG_NOREPLY: u8 = 1;
+/// Request flag of a SET whose value is an erasure-coded fragment
+/// (`memfabric_proto::ec_fragment`): a server whose item under the key is a fragment of a
+/// newer write keeps it and answers NOT_STORED. Servers that do not know the flag ignore
+/// it (a plain SET).
+pub const FLAG_KEEP_NEWER_WRITE: u8 = 2;
 
 /// A request header. The value, when there is one, travels as the AM's data.
 #[derive(Debug, Clone, PartialEq, Eq)]

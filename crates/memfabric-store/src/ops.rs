@@ -200,6 +200,51 @@ impl Store {
         }
     }
 
+    /// A plain set of `value`, unless `keep_old` (run under the key's locks, given the
+    /// live item's value as slices of item memory) says that what the key holds stays:
+    /// then nothing is stored (`NotStored`) and the old item counts as referenced, as
+    /// `add` leaves it. A copy of the key on flash is brought back to RAM to be judged.
+    pub fn store_found_unless(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        keep_old: impl FnOnce(&[&[u8]]) -> bool,
+    ) -> Found<StoreStatus> {
+        let mut item = match self.alloc(key, value.len(), flags, exptime) {
+            Ok(it) => it,
+            Err(e) => return Found::unfound(e.into()),
+        };
+        item.write(0, value);
+        self.store_item_unless(item, keep_old)
+    }
+
+    /// `store_found_unless` of an item already filled.
+    pub(crate) fn store_item_unless<'s>(
+        &'s self,
+        item: NewItem<'s>,
+        keep_old: impl FnOnce(&[&[u8]]) -> bool,
+    ) -> Found<StoreStatus> {
+        let key = item.key();
+        self.transact(&key, |t| {
+            let class_id = t.item().map(|i| i.class_id);
+            if t.with_value_slices(keep_old) == Some(true) {
+                t.mark_referenced();
+                return Found {
+                    status: StoreStatus::NotStored,
+                    class_id,
+                };
+            }
+            Found {
+                status: StoreStatus::Stored {
+                    cas: t.link(item, LinkOptions::default()),
+                },
+                class_id,
+            }
+        })
+    }
+
     /// append/prepend: keep the old item's flags and exptime.
     fn concat(
         &self,

@@ -47,6 +47,19 @@ impl PendingItem {
         self.0.write(offset, bytes)
     }
 
+    /// A copy of the value's first `n` bytes (fewer when it is shorter).
+    pub fn value_prefix(&self, n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n.min(self.value_len()));
+        for (at, len) in self.0.segments() {
+            let take = len.min(n - out.len());
+            self.0.owner.arena.read_into(at, take, &mut out);
+            if out.len() == n {
+                break;
+            }
+        }
+        out
+    }
+
     /// The value's first `upto` bytes are final: fold them into the item's checksum now
     /// (see `NewItem::fold_checksum`), so that storing it has only the rest to do.
     pub fn fold_checksum(&mut self, upto: usize) {
@@ -167,6 +180,18 @@ impl Store {
             return Found::unfound(StoreStatus::NotStored);
         }
         self.store_item_found(mode, item.0, cas)
+    }
+
+    /// [`Store::store_found_unless`] of a value received into `item`.
+    pub fn store_pending_unless(
+        &self,
+        item: PendingItem,
+        keep_old: impl FnOnce(&[&[u8]]) -> bool,
+    ) -> Found<StoreStatus> {
+        if !std::ptr::eq(&*item.0.owner, &**self) {
+            return Found::unfound(StoreStatus::NotStored);
+        }
+        self.store_item_unless(item.0, keep_old)
     }
 
     /// Look `key` up (same rules as `get_into`: expiry, flush, `opts.bump`,

@@ -18,13 +18,20 @@ impl UcxTransport {
             return Err(Error::Closed);
         };
         let want_cas = !matches!(op, Op::Get { cas: false, .. });
+        let flags = match op {
+            Op::Store {
+                mode: StoreMode::SetFragment,
+                ..
+            } => fp::FLAG_KEEP_NEWER_WRITE,
+            _ => 0,
+        };
         let (opcode, item_flags, exptime, cas, key, value) = request_of(op);
         let opaque = self.next_opaque;
         self.next_opaque += 1;
         let value_len = value.as_ref().map_or(0, |v| v.len());
         let header = fp::Request {
             opcode,
-            flags: 0,
+            flags,
             session: c.session,
             opaque,
             item_flags,
@@ -255,6 +262,10 @@ fn reply_of(op: Opcode, r: &fp::Response, data: Bytes) -> Result<Reply, Error> {
             S::Ok => StoreStatus::Stored { cas: r.cas },
             S::Exists => StoreStatus::Exists,
             S::NotFound => StoreStatus::NotFound,
+            // A set that kept a newer write's fragment says which (FLAG_KEEP_NEWER_WRITE).
+            S::NotStored if op == Opcode::Set && r.cas != 0 => {
+                StoreStatus::Superseded { stripe: r.cas }
+            }
             _ => StoreStatus::NotStored,
         }),
         Opcode::Delete => Reply::Deleted(r.status == S::Ok),
@@ -295,7 +306,7 @@ fn request_of(op: Op) -> (Opcode, u32, u32, u64, Vec<u8>, Option<Bytes>) {
             cas,
         } => {
             let opcode = match mode {
-                StoreMode::Set => Opcode::Set,
+                StoreMode::Set | StoreMode::SetFragment => Opcode::Set,
                 StoreMode::Add => Opcode::Add,
                 StoreMode::Replace => Opcode::Replace,
                 StoreMode::Append => Opcode::Append,

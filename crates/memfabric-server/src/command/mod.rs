@@ -13,6 +13,7 @@
 //! the result is ready ([`crate::shared::Inbox`]).
 use std::sync::atomic::Ordering;
 
+use memfabric_proto::ec_fragment::{self, FragmentHeader, WriteId};
 use memfabric_store::{
     AllocError, ArithOptions, ArithStatus, DeleteStatus, Found, GetOptions, ItemInfo, PendingItem,
     PinnedItem, PrefetchHint, SetMode, StoreStatus,
@@ -408,14 +409,71 @@ pub struct StoreArgs<'k> {
     /// Count the outcome as a compare-and-swap (`cas_hits`, `cas_badval`, `cas_misses`).
     pub counts_as_cas: bool,
     pub accounting: StoreAccounting,
+    /// A set of an erasure-coded fragment that must not replace a fragment of a newer
+    /// write (the UCX front end's `FLAG_KEEP_NEWER_WRITE`): see [`newer_write_kept`].
+    pub keep_newer_write: bool,
+}
+
+/// The write a set under `keep_newer_write` brings, if the rule applies to it: a plain
+/// set (no CAS) whose value starts with a fragment header. Anything else is stored as
+/// its command says.
+fn ordered_write(a: &StoreArgs<'_>, value_prefix: &[u8]) -> Option<WriteId> {
+    if !a.keep_newer_write || a.mode != SetMode::Set || a.cas != 0 {
+        return None;
+    }
+    FragmentHeader::peek(value_prefix)
+        .ok()
+        .map(|(h, _)| h.write())
+}
+
+/// The stripe of the write the value a key holds (`old`, as slices of item memory) is a
+/// fragment of, if that write is newer than `new`: then it stays. Two clients that
+/// code-write one key at once reach its servers in different orders; each server keeping
+/// the newest write (stripe order) leaves every server holding the same one, where "the
+/// last to arrive" left some with one write and some with the other, fewer than k of
+/// either (docs/resilience.md, the write hole). The writer told so writes again with a
+/// newer stripe, so a write made after another, by a client whose clock is behind, still
+/// ends up the value.
+fn newer_write_kept(old: &[&[u8]], new: WriteId) -> Option<u64> {
+    let mut head = [0u8; ec_fragment::HEADER_LEN];
+    let mut filled = 0;
+    for s in old {
+        let n = s.len().min(head.len() - filled);
+        head[filled..filled + n].copy_from_slice(&s[..n]);
+        filled += n;
+        if filled == head.len() {
+            break;
+        }
+    }
+    FragmentHeader::peek(&head[..filled])
+        .ok()
+        .map(|(h, _)| h.write())
+        .filter(|old| *old > new)
+        .map(|old| old.stripe)
 }
 
 /// set/add/replace/append/prepend/cas with the whole value at hand.
 pub fn store(ctx: &ExecCtx<'_>, a: &StoreArgs<'_>, value: &[u8]) -> StoreStatus {
+    store_keeping_newer(ctx, a, value).0
+}
+
+/// [`store`], also giving the stripe of the newer write a `keep_newer_write` set found
+/// and kept (0 when none was: the status says what happened).
+pub fn store_keeping_newer(
+    ctx: &ExecCtx<'_>,
+    a: &StoreArgs<'_>,
+    value: &[u8],
+) -> (StoreStatus, u64) {
     let store = &ctx.shared.store;
-    let found = store.store_found(a.mode, a.key, value, a.flags, a.exptime, a.cas);
+    let kept = std::cell::Cell::new(0);
+    let found = match ordered_write(a, value) {
+        Some(new) => store.store_found_unless(a.key, value, a.flags, a.exptime, |old| {
+            newer_write_kept(old, new).map(|s| kept.set(s)).is_some()
+        }),
+        None => store.store_found(a.mode, a.key, value, a.flags, a.exptime, a.cas),
+    };
     let class = store.item_class(a.key.len(), value.len());
-    stored(ctx, a, found, class)
+    (stored(ctx, a, found, class), kept.get())
 }
 
 /// Allocate the item a storage command's large value will be received into (so the
@@ -434,10 +492,27 @@ pub fn alloc_pending(
 
 /// A storage command whose value was received into `item` (from [`alloc_pending`]).
 pub fn store_pending(ctx: &ExecCtx<'_>, a: &StoreArgs<'_>, item: PendingItem) -> StoreStatus {
+    store_pending_keeping_newer(ctx, a, item).0
+}
+
+/// [`store_pending`], also giving the stripe of a newer write kept (as
+/// [`store_keeping_newer`]).
+pub fn store_pending_keeping_newer(
+    ctx: &ExecCtx<'_>,
+    a: &StoreArgs<'_>,
+    item: PendingItem,
+) -> (StoreStatus, u64) {
     let store = &ctx.shared.store;
     let class = store.item_class(a.key.len(), item.value_len());
-    let found = store.store_pending_found(a.mode, item, a.cas);
-    stored(ctx, a, found, class)
+    let head = item.value_prefix(ec_fragment::HEADER_LEN);
+    let kept = std::cell::Cell::new(0);
+    let found = match ordered_write(a, &head) {
+        Some(new) => store.store_pending_unless(item, |old| {
+            newer_write_kept(old, new).map(|s| kept.set(s)).is_some()
+        }),
+        None => store.store_pending_found(a.mode, item, a.cas),
+    };
+    (stored(ctx, a, found, class), kept.get())
 }
 
 /// A storage command refused before its value was read (larger than any item can be):

@@ -586,6 +586,7 @@ fn store_args<'k>(
         cas,
         counts_as_cas: cmd == StoreCmd::Cas,
         accounting: StoreAccounting::Text,
+        keep_newer_write: false,
     }
 }
 

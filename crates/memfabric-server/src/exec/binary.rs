@@ -271,6 +271,7 @@ fn store_args<'k>(
         cas: h.cas,
         counts_as_cas: h.cas != 0 && matches!(op, StoreOp::Set | StoreOp::Add | StoreOp::Replace),
         accounting: StoreAccounting::Binary,
+        keep_newer_write: false,
     }
 }
 

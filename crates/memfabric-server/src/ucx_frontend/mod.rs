@@ -151,6 +151,8 @@ struct Receiving {
     opcode: Opcode,
     opaque: u64,
     noreply: bool,
+    /// The request's `FLAG_KEEP_NEWER_WRITE`.
+    keep_newer_write: bool,
     cas: u64,
     flags: u32,
     exptime: u32,

@@ -215,14 +215,23 @@ impl FabricWorker {
     }
 
     /// Answer a storage outcome (counted by the command), as the binary protocol does.
+    /// `kept_stripe`: the stripe of a newer write a `FLAG_KEEP_NEWER_WRITE` set found and
+    /// kept (0: none), sent in the NOT_STORED answer's CAS field.
     pub(super) fn answer_store(
         &mut self,
         session: u32,
         op: Opcode,
         opaque: u64,
         status: StoreStatus,
+        kept_stripe: u64,
         noreply: bool,
     ) {
+        if status == StoreStatus::NotStored && kept_stripe != 0 {
+            let mut r = Response::status_only(op, opaque, Status::NotStored);
+            r.cas = kept_stripe;
+            self.respond(session, r, None);
+            return;
+        }
         let st = match status {
             StoreStatus::Stored { cas } => {
                 if noreply {

@@ -240,9 +240,9 @@ impl FabricWorker {
         noreply: bool,
     ) {
         let exptime = ctx.shared.store.clock().exptime(i64::from(req.exptime));
-        let args = store_args(req.opcode, req.key, req.item_flags, exptime, req.cas);
-        let status = command::store(ctx, &args, value);
-        self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
+        let args = store_args(req, exptime);
+        let (status, kept) = command::store_keeping_newer(ctx, &args, value);
+        self.answer_store(req.session, req.opcode, req.opaque, status, kept, noreply);
     }
 
     /// A value arriving by rendezvous: allocate the item and receive into it (append and
@@ -257,7 +257,7 @@ impl FabricWorker {
     ) {
         let store = &ctx.shared.store;
         let exptime = store.clock().exptime(i64::from(req.exptime));
-        let args = store_args(req.opcode, req.key, req.item_flags, exptime, req.cas);
+        let args = store_args(req, exptime);
         let len = d.len();
         let target: Box<dyn mf::RecvBuf> = if matches!(req.opcode, Opcode::Append | Opcode::Prepend)
         {
@@ -265,7 +265,7 @@ impl FabricWorker {
                 drop(d);
                 command::refuse_too_large(ctx, &args);
                 let status = StoreStatus::TooLarge;
-                self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
+                self.answer_store(req.session, req.opcode, req.opaque, status, 0, noreply);
                 return;
             }
             Box::new(vec![0u8; len])
@@ -274,7 +274,7 @@ impl FabricWorker {
                 Ok(p) => Box::new(ItemTarget(p)),
                 Err(status) => {
                     drop(d); // tells the sender to give up the transfer
-                    self.answer_store(req.session, req.opcode, req.opaque, status, noreply);
+                    self.answer_store(req.session, req.opcode, req.opaque, status, 0, noreply);
                     return;
                 }
             }
@@ -288,6 +288,7 @@ impl FabricWorker {
             opcode: req.opcode,
             opaque: req.opaque,
             noreply,
+            keep_newer_write: req.flags & fp::FLAG_KEEP_NEWER_WRITE != 0,
             cas: req.cas,
             flags: req.item_flags,
             exptime,
@@ -366,18 +367,21 @@ impl FabricWorker {
             self.respond_status(r.session, r.opcode, r.opaque, Status::Failed);
             return;
         }
-        let args = store_args(r.opcode, &r.key, r.flags, r.exptime, r.cas);
-        let status = match buf {
+        let args = StoreArgs {
+            keep_newer_write: r.keep_newer_write,
+            ..store_args_of(r.opcode, &r.key, r.flags, r.exptime, r.cas)
+        };
+        let (status, kept) = match buf {
             Some(b) => match b.downcast::<ItemTarget>() {
-                Ok(item) => command::store_pending(&ctx, &args, item.0),
+                Ok(item) => command::store_pending_keeping_newer(&ctx, &args, item.0),
                 Err(b) => match b.downcast::<Vec<u8>>() {
-                    Ok(v) => command::store(&ctx, &args, &v),
-                    Err(_) => StoreStatus::NotStored,
+                    Ok(v) => command::store_keeping_newer(&ctx, &args, &v),
+                    Err(_) => (StoreStatus::NotStored, 0),
                 },
             },
-            None => StoreStatus::NotStored,
+            None => (StoreStatus::NotStored, 0),
         };
-        self.answer_store(r.session, r.opcode, r.opaque, status, r.noreply);
+        self.answer_store(r.session, r.opcode, r.opaque, status, kept, r.noreply);
     }
 
     /// Everything but storage.
@@ -634,9 +638,17 @@ fn set_mode(op: Opcode) -> SetMode {
         _ => SetMode::Set,
     }
 }
+/// A storage request's arguments (`exptime` absolute), with its flags.
+fn store_args<'k>(req: &Request<'k>, exptime: u32) -> StoreArgs<'k> {
+    StoreArgs {
+        keep_newer_write: req.flags & fp::FLAG_KEEP_NEWER_WRITE != 0,
+        ..store_args_of(req.opcode, req.key, req.item_flags, exptime, req.cas)
+    }
+}
+
 /// A storage request's arguments (`exptime` absolute). As in the binary protocol, set,
 /// add and replace with a CAS are compare-and-swap.
-fn store_args(op: Opcode, key: &[u8], flags: u32, exptime: u32, cas: u64) -> StoreArgs<'_> {
+fn store_args_of(op: Opcode, key: &[u8], flags: u32, exptime: u32, cas: u64) -> StoreArgs<'_> {
     StoreArgs {
         mode: set_mode(op),
         key,
@@ -646,5 +658,6 @@ fn store_args(op: Opcode, key: &[u8], flags: u32, exptime: u32, cas: u64) -> Sto
         counts_as_cas: op == Opcode::Cas
             || (cas != 0 && matches!(op, Opcode::Set | Opcode::Add | Opcode::Replace)),
         accounting: StoreAccounting::Text,
+        keep_newer_write: false,
     }
 }

@@ -260,3 +260,60 @@ fn a_metadump_in_small_turns_lists_every_live_item_once_and_only_the_asked_class
     let cls = format!(" cls={class} ");
     assert!(text.lines().all(|l| l.contains(&cls)), "{text:.200}");
 }
+
+/// `store_found_unless` keeps what the key holds when the judge says so (NotStored, the
+/// old value unchanged), stores otherwise, and stores on a missing key without asking;
+/// a value received in place is judged the same way. The judge sees the old value whole,
+/// however many chunks it spans.
+#[test]
+fn a_set_unless_keeps_what_the_judge_keeps() {
+    use crate::StoreStatus;
+    let s = quiet_store(16 << 20);
+    let value = |key: &[u8]| {
+        let mut out = Vec::new();
+        s.get(key, &crate::GetOptions::default(), &mut out)
+            .map(|_| out)
+    };
+    let asked = std::cell::Cell::new(0);
+    let judge = |verdict: bool| {
+        let asked = &asked;
+        move |old: &[&[u8]]| {
+            asked.set(asked.get() + 1);
+            assert_eq!(old.concat(), b"old".repeat(old.concat().len() / 3));
+            verdict
+        }
+    };
+    let stored = |f: crate::Found<StoreStatus>| matches!(f.status, StoreStatus::Stored { .. });
+    assert!(stored(s.store_found_unless(
+        b"k",
+        b"old",
+        0,
+        0,
+        judge(true)
+    )));
+    assert_eq!(asked.get(), 0, "nothing to judge on a missing key");
+    assert_eq!(
+        s.store_found_unless(b"k", b"new", 0, 0, judge(true)).status,
+        StoreStatus::NotStored
+    );
+    assert_eq!(value(b"k").as_deref(), Some(&b"old"[..]));
+    assert!(stored(s.store_found_unless(b"k", b"new", 0, 0, |_| false)));
+    assert_eq!(value(b"k").as_deref(), Some(&b"new"[..]));
+    // A chained old value (larger than a chunk), and a value received in place.
+    let big = b"old".repeat(300_000);
+    assert!(matches!(
+        s.store(SetMode::Set, b"big", &big, 0, 0, 0),
+        StoreStatus::Stored { .. }
+    ));
+    let mut pending = s.alloc_pending(b"big", 5, 0, 0).unwrap();
+    pending.write(0, b"fresh");
+    assert_eq!(
+        s.store_pending_unless(pending, judge(true)).status,
+        StoreStatus::NotStored
+    );
+    assert_eq!(value(b"big").map(|v| v.len()), Some(big.len()));
+    let mut pending = s.alloc_pending(b"big", 5, 0, 0).unwrap();
+    pending.write(0, b"fresh");
+    assert!(stored(s.store_pending_unless(pending, judge(false))));
+    assert_eq!(value(b"big").as_deref(), Some(&b"fresh"[..]));
+}
