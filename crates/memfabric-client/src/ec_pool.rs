@@ -96,7 +96,7 @@ impl Client {
         let micros = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let s = (micros << 8).max(self.last_stripe + 1);
+        let s = (micros << 8).max(self.last_stripe.saturating_add(1));
         self.last_stripe = s;
         s
     }
@@ -235,7 +235,12 @@ impl Client {
     /// `MAX_REWRITES` times. Two writers racing thus end with every server holding the
     /// same write; and a write made after another by a client whose clock is behind
     /// (its stripe older) still becomes the value, as it did before servers kept the
-    /// newer write. Returns false when the write is not to be made again.
+    /// newer write. Also after the write was delivered (a `quorum` or `one` write whose
+    /// last servers refused it): otherwise a newer write left on a few servers (its
+    /// writer failed part way, its clock ahead) would refuse every later write there.
+    /// Returns false when the write is not to be made again: the budget is spent, or
+    /// fewer of its servers are up than it needs (overwriting fewer would open the write
+    /// hole, as `submit_ec_write` knows).
     pub(crate) fn ec_rewrite(&mut self, id: u64, t: &mut Task) -> bool {
         let Kind::Fanout { ec: Some(w), .. } = &t.kind else {
             return false;
@@ -243,21 +248,31 @@ impl Client {
         if w.superseded == 0 || w.rewrites >= MAX_REWRITES || t.outstanding > 0 {
             return false;
         }
+        if t.copies.iter().filter(|&&s| self.is_up(s)).count() < t.needed {
+            return false;
+        }
         let Some(code) = self.ec_code.clone() else {
             return false;
         };
-        let stripe = self.next_stripe().max(w.newest_kept + 1);
+        let stripe = self.next_stripe().max(w.newest_kept.saturating_add(1));
         self.last_stripe = self.last_stripe.max(stripe);
-        if let Kind::Fanout { ec: Some(w), .. } = &mut t.kind {
+        if let Kind::Fanout {
+            ec: Some(w), cas, ..
+        } = &mut t.kind
+        {
             w.stripe = stripe;
             w.superseded = 0;
             w.newest_kept = 0;
             w.rewrites += 1;
+            *cas = 0;
         }
         self.counters.ec_rewrites += 1;
         t.acked = 0;
         t.failed = 0;
         t.last_err = None;
+        // The copies that failed the last round were suspected for it; this round judges
+        // them afresh (a suspect that now stores would otherwise get a delete after it).
+        t.suspects.clear();
         self.issue_ec_fragments(id, t, &code, stripe);
         true
     }

@@ -586,6 +586,9 @@ impl<'a> Refill<'a> {
                 }
                 _ => return Ok(None),
             },
+            // A fragment damaged where it is, or of the old format: not a value to copy
+            // (copied, it would keep the right fragment out: the refill writes with add).
+            Err(e) if e.is_fragment() => return Ok(None),
             Err(_) => false,
         };
         if coded {

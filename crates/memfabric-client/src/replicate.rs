@@ -500,19 +500,16 @@ impl Client {
     /// Delivers a write once enough copies acknowledged, or once too many failed and the
     /// rest answered.
     pub(crate) fn decide(&mut self, id: u64, t: &mut Task) {
-        if t.delivered {
-            return;
-        }
-        let n = t.copies.len();
         // A coded write some of whose servers kept a newer write's fragment: once every
-        // server answered, made again with a newer stripe; when it may not be made again,
-        // those servers hold a newer write of the key, which counts as this one's
-        // acknowledgement there (as if this one had come first).
+        // server answered, made again with a newer stripe, also when it was delivered
+        // already (`ec_rewrite`); when it may not be made again, those servers hold a
+        // newer write of the key, which counts as this one's acknowledgement there (as if
+        // this one had come first).
         let superseded = match &t.kind {
             Kind::Fanout { ec: Some(w), .. } => w.superseded,
             _ => 0,
         };
-        if superseded > 0 && t.acked < t.needed && t.outstanding == 0 {
+        if superseded > 0 && t.outstanding == 0 && (t.delivered || t.acked < t.needed) {
             if self.ec_rewrite(id, t) {
                 return self.decide(id, t);
             }
@@ -521,6 +518,10 @@ impl Client {
                 w.superseded = 0;
             }
         }
+        if t.delivered {
+            return;
+        }
+        let n = t.copies.len();
         if t.acked >= t.needed {
             let reply = match &t.kind {
                 Kind::Fanout { op, any, cas, .. } => match op {

@@ -944,6 +944,15 @@ fn racing_coded_writers_never_read_as_pieces_of_both() {
     }
 }
 
+/// The stripe a client whose clock is a minute ahead gives a write (as
+/// `Client::next_stripe` makes them: microseconds, shifted).
+fn stripe_a_minute_ahead() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    (now.as_micros() as u64 + 60_000_000) << 8
+}
+
 /// A write made after another by a client whose clock is behind carries the older
 /// stripe. Servers that keep the newer write's fragment (memfabricd over UCX) refuse
 /// it, and the writer writes it again with a stripe newer than the one kept: the later
@@ -956,12 +965,7 @@ fn a_later_write_from_a_clock_behind_wins(kind: Kind) {
     // The earlier write, by a client whose clock is a minute ahead: its fragments put
     // where a pool puts them.
     let early = big(1, 40_000);
-    let ahead = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-        + 60_000_000)
-        << 8;
+    let ahead = stripe_a_minute_ahead();
     let code = memfabric_client::ec::Code::new(4, 2).unwrap();
     let homes = homes(&writer, b"skew", 6);
     for (i, f) in code.encode(ahead, &early).unwrap().into_iter().enumerate() {
@@ -991,6 +995,75 @@ fn a_later_write_from_a_clock_behind_wins(kind: Kind) {
 fn a_later_coded_write_from_a_client_whose_clock_is_behind_is_the_value() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
         a_later_write_from_a_clock_behind_wins(kind);
+    }
+}
+
+/// A newer write left on one server only (its writer, whose clock is ahead, failed after
+/// one fragment): a later `quorum` write is acknowledged by the other five before that
+/// server refuses it. The writer makes it again in the background, so that all six
+/// servers end up holding the later write; before, that server went on holding the lone
+/// fragment and refusing every later write there.
+fn a_lone_newer_fragment_is_overwritten(kind: Kind) {
+    use memfabric_proto::ec_fragment::FragmentHeader;
+    let servers = start(kind, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::Quorum)
+    };
+    let mut writer = pool(&servers, config);
+    let homes = homes(&writer, b"lone", 6);
+    let ahead = stripe_a_minute_ahead();
+    let code = memfabric_client::ec::Code::new(4, 2).unwrap();
+    let lone = code.encode(ahead, &big(1, 40_000)).unwrap().remove(5);
+    let mut direct = Client::new(servers[homes[5]].url().as_str(), raw()).unwrap();
+    direct.set(b"lone", &lone, 0, 0).unwrap();
+    let late = big(2, 40_000);
+    writer.set(b"lone", &late, 0, 0).unwrap();
+    let writes = |servers: &[Server]| -> Vec<Option<(u64, u8)>> {
+        let held = copies(servers, b"lone");
+        homes
+            .iter()
+            .map(|&i| {
+                held[i]
+                    .as_ref()
+                    .and_then(|v| FragmentHeader::decode(v).ok())
+                    .map(|(h, _)| (h.stripe, h.index))
+            })
+            .collect()
+    };
+    let mut held = writes(&servers);
+    for _ in 0..100 {
+        let stripes: std::collections::HashSet<u64> =
+            held.iter().flatten().map(|&(s, _)| s).collect();
+        if held.iter().all(Option::is_some) && stripes.len() == 1 {
+            break;
+        }
+        let _ = writer.drain(Duration::from_millis(20));
+        held = writes(&servers);
+    }
+    let stripes: std::collections::HashSet<u64> = held.iter().flatten().map(|&(s, _)| s).collect();
+    assert!(
+        held.iter().all(Option::is_some) && stripes.len() == 1,
+        "{kind:?}: the servers hold {held:?}"
+    );
+    assert!(
+        !stripes.contains(&ahead),
+        "{kind:?}: the lone fragment's write won"
+    );
+    for (pos, h) in held.iter().enumerate() {
+        assert_eq!(h.map(|(_, i)| usize::from(i)), Some(pos), "{kind:?}");
+    }
+    let mut reader = pool(&servers, replicated(0, WritePolicy::Quorum));
+    assert!(reader.get(b"lone").unwrap().unwrap().data[..] == late[..]);
+    if kind == Kind::MemfabricdUcx {
+        assert_eq!(writer.pool_counters().ec_rewrites, 1, "{kind:?}");
+    }
+}
+
+#[test]
+fn a_newer_fragment_left_on_one_server_does_not_refuse_later_writes() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        a_lone_newer_fragment_is_overwritten(kind);
     }
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import pickle
 import threading
 from typing import Any, Iterable
@@ -219,7 +220,7 @@ class Client:
             transport=transport,
             get_mode=get_mode,
             distribution=self._distribution,
-            retry_timeout_s=max(0, int(retry_timeout)) if retry_timeout is not None else 2,
+            retry_timeout_s=max(0, math.ceil(retry_timeout)) if retry_timeout is not None else 2,
         )
         # A native pool (its connections, its UCX worker) belongs to one thread: each
         # thread that uses this client gets its own, made on first use.

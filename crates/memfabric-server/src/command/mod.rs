@@ -549,7 +549,9 @@ fn stored(
                     s.store_no_memory.incr();
                 }
             }
-            if a.mode == SetMode::Set {
+            // Not for a fragment set that must keep a newer write: the item there may be
+            // that write's fragment.
+            if a.mode == SetMode::Set && !a.keep_newer_write {
                 let _ = ctx.shared.store.delete(a.key, 0);
             }
             return status;
