@@ -101,6 +101,11 @@ impl Client {
         s
     }
 
+    /// How many of `servers` are not marked down.
+    fn up_among(&self, servers: &[usize]) -> usize {
+        servers.iter().filter(|&&s| self.is_up(s)).count()
+    }
+
     /// Encodes the value and writes fragment `i` to the `i`-th server along the ring.
     pub(crate) fn submit_ec_write(&mut self, op: Op) -> Handle {
         let Op::Store { key, .. } = &op else {
@@ -116,7 +121,7 @@ impl Client {
         // Overwriting fragments on fewer servers than needed would leave neither the old
         // value nor the new one readable (the write hole): with servers known to be down,
         // do not start.
-        let up = copies.iter().filter(|&&s| self.is_up(s)).count();
+        let up = self.up_among(&copies);
         if up < needed {
             let e = Error::NotEnoughCopies {
                 acked: 0,
@@ -248,7 +253,7 @@ impl Client {
         if w.superseded == 0 || w.rewrites >= MAX_REWRITES || t.outstanding > 0 {
             return false;
         }
-        if t.copies.iter().filter(|&&s| self.is_up(s)).count() < t.needed {
+        if self.up_among(&t.copies) < t.needed {
             return false;
         }
         let Some(code) = self.ec_code.clone() else {

@@ -96,12 +96,13 @@ impl FragmentError {
 }
 
 /// The code (`k`, `m`) of any fragment, intact or not ([`FragmentError::is_fragment`]):
-/// what a reader that met one needs to find the others.
+/// what a reader that met one needs to find the others. Only the header is checked (a
+/// payload checksum is not what tells a fragment from a plain value), so asking costs
+/// nothing next to the full check the reader makes of the fragments it uses.
 pub fn code_of(bytes: &[u8]) -> Option<(u8, u8)> {
-    match FragmentHeader::decode(bytes) {
+    match FragmentHeader::peek(bytes) {
         Ok((h, _)) => Some((h.k, h.m)),
         Err(FragmentError::OldFormat { k, m }) => Some((k, m)),
-        Err(e) if e.is_fragment() => FragmentHeader::peek(bytes).ok().map(|(h, _)| (h.k, h.m)),
         Err(_) => None,
     }
 }
