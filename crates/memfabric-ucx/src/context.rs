@@ -116,12 +116,20 @@ impl Context {
             }
         }
         let cname = std::ffi::CString::new(name).unwrap_or_default();
+        // Every context is shared by workers of different threads (a server's worker
+        // threads; a client process's `Client`s, one per thread): UCX makes the context's
+        // own state thread safe (its memory registration cache, which rendezvous transfers
+        // use, and the lock `Send`/`Sync` below rely on) only when told so
+        // (`mt_workers_shared`, ucp.h); without it that lock does nothing.
         let mut params = sys::ucp_params_t {
-            field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
+            field_mask: (sys::UCP_PARAM_FIELD_FEATURES
+                | sys::UCP_PARAM_FIELD_NAME
+                | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
             features: (sys::UCP_FEATURE_AM
                 | if rma { sys::UCP_FEATURE_RMA } else { 0 }
                 | sys::UCP_FEATURE_WAKEUP) as u64,
             name: cname.as_ptr(),
+            mt_workers_shared: 1,
             ..Default::default()
         };
         if let Some(n) = estimated_eps {
