@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::repair::{RepairJob, RepairTally};
-use crate::tasks::{Acks, Child, PoolCounters, ServerHints, Task, WritePolicy};
+use crate::tasks::{Acks, Child, Modify, PoolCounters, ServerHints, Task, WritePolicy};
 pub use crate::tls::TlsConfig;
 pub use crate::transport::Credentials;
 use crate::transport::{Completion, ConnId, GetMode, Transport};
@@ -250,6 +250,10 @@ pub struct Client {
     pub(crate) last_stripe: u64,
     /// Keys known to hold a coded value (`ec_known_keys`).
     pub(crate) coded: std::collections::HashSet<Vec<u8>>,
+    /// Appends and prepends made in steps (`crate::modify`), by the request or task of
+    /// the step in flight; and that request's id by the caller's handle id.
+    pub(crate) modifies: HashMap<u64, Modify>,
+    pub(crate) modify_users: HashMap<u64, u64>,
     /// Repairs of restarted servers (running, or asked to stop and not yet ended).
     pub(crate) repairs: Vec<RepairJob>,
     pub(crate) repair_tally: std::sync::Arc<RepairTally>,
@@ -357,6 +361,8 @@ impl Client {
             other_codes: Vec::new(),
             last_stripe: 0,
             coded: std::collections::HashSet::new(),
+            modifies: HashMap::new(),
+            modify_users: HashMap::new(),
             repairs: Vec::new(),
             repair_tally: std::sync::Arc::default(),
         }
@@ -509,7 +515,7 @@ impl Client {
             None => {
                 let result = self.not_a_fragment(result);
                 let acks = Acks::single(result.is_ok());
-                self.finished.insert(id, Done { result, acks });
+                self.finish(id, Done { result, acks });
             }
         }
     }
@@ -669,6 +675,9 @@ impl Client {
 
     /// Forgets a request the caller stopped waiting for; its reply is dropped when it comes.
     fn abandon(&mut self, id: u64) -> Error {
+        if let Some(step) = self.abandon_modify(id) {
+            return self.abandon(step);
+        }
         if let Some(e) = self.abandon_task(id) {
             return e;
         }
@@ -686,7 +695,12 @@ impl Client {
     /// Whether request `id` is still to finish (a request in flight or a replicated
     /// operation not yet decided).
     fn waiting(&self, id: u64) -> bool {
-        self.pending.contains_key(&id) || self.tasks.get(&id).is_some_and(|t| !t.delivered)
+        self.pending.contains_key(&id)
+            || self.tasks.get(&id).is_some_and(|t| !t.delivered)
+            || self
+                .modify_users
+                .get(&id)
+                .is_some_and(|&step| self.waiting(step))
     }
 
     /// When request `id` will have finished at the latest: its own deadline, or for a

@@ -320,12 +320,16 @@ impl Client {
             other: None,
             code_switches: 0,
             decoded: None,
+            cas_at: Vec::new(),
         };
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
             if srv == s {
                 match first {
-                    Some(h) => read.frags.push((pos, h, v.data.clone())),
+                    Some(h) => {
+                        read.frags.push((pos, h, v.data.clone()));
+                        read.cas_at.push((pos, v.cas));
+                    }
                     None => read.missing.push(pos),
                 }
             } else if missed.contains(&srv) {
@@ -435,6 +439,7 @@ impl Client {
             other: None,
             code_switches: 0,
             decoded: None,
+            cas_at: Vec::new(),
         };
         let task = Task {
             delivered: false,
@@ -508,6 +513,7 @@ impl Client {
             other: None,
             code_switches: read.code_switches + 1,
             decoded: None,
+            cas_at: Vec::new(),
         };
         t.needed = ec_needed(self.config.write_policy, k, n - k);
         t.copies = servers;
@@ -557,6 +563,7 @@ impl Client {
                 Ok((h, _)) if read.code.is(h.k, h.m) => {
                     read.flags = v.flags;
                     read.frags.push((pos, h, v.data.clone()));
+                    read.cas_at.push((pos, v.cas));
                 }
                 Err(e) if pos == 0 && !e.is_fragment() => {
                     // The primary holds a value that is not coded (written since, small):
@@ -636,16 +643,7 @@ impl Client {
         };
         let code = read.code.clone();
         let (k, n) = (code.data_shards(), code.total_shards());
-        // Distinct fragments of a write: a fragment found twice (misplaced by another
-        // pool, or a copy) counts once, as decoding counts it.
-        let count = |write: WriteId| {
-            read.frags
-                .iter()
-                .filter(|f| f.1.write() == write)
-                .map(|f| f.1.index)
-                .collect::<std::collections::HashSet<u8>>()
-                .len()
-        };
+        let count = |write: WriteId| fragments_of(read, write);
         let newest = read.frags.iter().map(|f| f.1.write()).max();
         let heard = read.frags.len() + read.missing.len();
         let unheard = n - heard;
@@ -669,6 +667,13 @@ impl Client {
             }
             return self.ec_read_with_other_code(id, t, o);
         }
+        if chosen.is_some() && self.ec_wait_for_leader(id, t) {
+            return;
+        }
+        let Kind::Read { ec: Some(read), .. } = &t.kind else {
+            return;
+        };
+        let count = |write: WriteId| fragments_of(read, write);
         let Some(write) = chosen else {
             if t.outstanding == 0 && !read.unasked.is_empty() {
                 // Not decided with those asked: ask the rest.
@@ -749,20 +754,131 @@ impl Client {
             read.decoded = Some((write, value.clone()));
         }
         self.ec_repair(t, &missing);
+        self.ec_touch_unasked(t);
         let flags = match &t.kind {
             Kind::Read { ec: Some(read), .. } => read.flags,
             _ => 0,
         };
+        let cas = self.ec_leader_cas(t, write);
         self.deliver(
             id,
             t,
             Ok(Reply::Value(Some(Value {
                 data: value,
                 flags,
-                cas: 0,
+                cas,
             }))),
         );
     }
+
+    /// A `gat` of a coded value gives its new expiry time to the value's servers it did
+    /// not ask (late binding asks k+1 of k+m): each fragment must live as long as the
+    /// value, or the value would later stand on fewer than k+m of them, one server
+    /// failure closer to lost.
+    fn ec_touch_unasked(&mut self, t: &Task) {
+        let Kind::Read {
+            op, ec: Some(read), ..
+        } = &t.kind
+        else {
+            return;
+        };
+        let Some(exptime) = gat_exptime(op) else {
+            return;
+        };
+        for srv in read.unasked.clone() {
+            if self.is_up(srv) {
+                let op = Op::Touch {
+                    key: t.key.clone(),
+                    exptime,
+                };
+                self.in_background(srv, Background::Touch, op);
+            }
+        }
+    }
+
+    /// The position of a coded value's leader: the first of its first `plain_copies`
+    /// servers that is up, where a conditional operation (`cas`) on the key goes.
+    fn ec_leader(&self, read: &EcRead) -> Option<usize> {
+        let plain = self.plain_copies();
+        read.servers.iter().take(plain).position(|&s| self.is_up(s))
+    }
+
+    /// The CAS value a coded read gives: that of the write's fragment on the leader. A
+    /// `cas` goes to the leader, where every later write of the key (each rewrites all
+    /// fragments) or append changes it; 0 when the leader's fragment was not read (a
+    /// `cas` with it then answers `EXISTS`) or the read did not ask for one.
+    fn ec_leader_cas(&self, t: &Task, write: WriteId) -> u64 {
+        let Kind::Read {
+            op, ec: Some(read), ..
+        } = &t.kind
+        else {
+            return 0;
+        };
+        if !wants_cas(op) {
+            return 0;
+        }
+        let Some(leader) = self.ec_leader(read) else {
+            return 0;
+        };
+        let of_write = read
+            .frags
+            .iter()
+            .any(|f| f.0 == leader && f.1.write() == write);
+        match read.cas_at.iter().find(|c| c.0 == leader) {
+            Some(&(_, cas)) if of_write => cas,
+            _ => 0,
+        }
+    }
+
+    /// A `gets` or `gat` whose value can be rebuilt before the leader's fragment arrived:
+    /// waits for it (while anything is in flight), asking the leader if it was not yet,
+    /// so that the CAS value given is one a `cas` can use. True while waiting.
+    fn ec_wait_for_leader(&mut self, id: u64, t: &mut Task) -> bool {
+        if t.outstanding == 0 {
+            return false;
+        }
+        let Kind::Read {
+            op, ec: Some(read), ..
+        } = &t.kind
+        else {
+            return false;
+        };
+        if !wants_cas(op) {
+            return false;
+        }
+        let Some(leader) = self.ec_leader(read) else {
+            return false;
+        };
+        let heard = read.frags.iter().any(|f| f.0 == leader) || read.missing.contains(&leader);
+        if heard {
+            return false;
+        }
+        let srv = read.servers[leader];
+        if let Some(i) = read.unasked.iter().position(|&u| u == srv) {
+            let op = op.clone();
+            if let Kind::Read { ec: Some(read), .. } = &mut t.kind {
+                read.unasked.remove(i);
+            }
+            self.step(id, t, srv, op);
+        }
+        true
+    }
+}
+
+/// Distinct fragments of `write` a read holds: a fragment found twice (misplaced by
+/// another pool, or a copy) counts once, as decoding counts it.
+fn fragments_of(read: &EcRead, write: WriteId) -> usize {
+    read.frags
+        .iter()
+        .filter(|f| f.1.write() == write)
+        .map(|f| f.1.index)
+        .collect::<std::collections::HashSet<u8>>()
+        .len()
+}
+
+/// Whether a read gives its caller a CAS value (`gets`, `gat`).
+fn wants_cas(op: &Op) -> bool {
+    matches!(op, Op::Get { cas: true, .. } | Op::Gat { .. })
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ mod ec_pool;
 pub mod error;
 pub mod ketama;
 pub mod meta;
+mod modify;
 mod onesided;
 pub mod op;
 mod refill;

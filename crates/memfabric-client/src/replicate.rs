@@ -256,6 +256,14 @@ impl Client {
 
     /// Starts a replicated operation under a new handle.
     pub(crate) fn submit_resilient(&mut self, op: Op) -> Handle {
+        if self.modifies_by_reading(&op) {
+            return self.submit_modify(op);
+        }
+        self.submit_task(op)
+    }
+
+    /// [`Client::submit_resilient`] as one task: an append or prepend is sent as it is.
+    pub(crate) fn submit_task(&mut self, op: Op) -> Handle {
         let key = op.key().unwrap_or_default().to_vec();
         if self.wants_ec(&op) {
             return self.submit_ec_write(op);
@@ -478,7 +486,8 @@ impl Client {
                 acked: to_u8(t.acked),
                 copies: to_u8(t.copies.len()),
             };
-            self.finished.insert(id, Done { result, acks });
+            self.note_coded_source(id, t);
+            self.finish(id, Done { result, acks });
         }
     }
 
@@ -893,7 +902,7 @@ pub(crate) fn gat_exptime(op: &Op) -> Option<u32> {
 
 /// The memcached expiry time for `secs` seconds from now: relative up to 30 days, an
 /// absolute unix time beyond (memcached reads larger numbers as absolute times).
-fn exptime_in(secs: u32) -> u32 {
+pub(crate) fn exptime_in(secs: u32) -> u32 {
     const RELATIVE_MAX: u32 = 60 * 60 * 24 * 30;
     if secs <= RELATIVE_MAX {
         return secs;

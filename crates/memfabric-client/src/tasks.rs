@@ -284,4 +284,26 @@ pub(crate) struct EcRead {
     /// The write delivered (its id and value), kept until the read's last reply so a
     /// server whose miss arrives after the decode still gets its fragment back.
     pub(crate) decoded: Option<(WriteId, Bytes)>,
+    /// The CAS value of each fragment of this code that arrived, by position (a `gets`
+    /// gives the leader's: `Client::ec_leader_cas`).
+    pub(crate) cas_at: Vec<(usize, u64)>,
+}
+
+/// An append or prepend in a pool that codes values, made in steps
+/// ([`crate::modify`]): the step in flight, under the caller's handle `user`.
+pub(crate) struct Modify {
+    pub(crate) user: u64,
+    /// The append or prepend (`Noop` once only the write's outcome is awaited).
+    pub(crate) op: Op,
+    pub(crate) step: ModifyStep,
+}
+
+pub(crate) enum ModifyStep {
+    /// Reading the key; `coded_at` is a server holding a fragment of the value read, when
+    /// it was coded.
+    Read { coded_at: Option<usize> },
+    /// Asking that server how long the coded value `value` still lives.
+    Ttl { value: crate::op::Value },
+    /// Writing: the outcome is the caller's.
+    Write,
 }

@@ -236,6 +236,33 @@ fn read_repair_keeps_the_expiry_time(kind: Kind) {
     until(&mut ec, |c| c.pool_counters().fragment_repairs > repairs);
     assert_eq!(ec.pool_counters().fragment_repairs, repairs + 1, "{kind:?}");
     assert!((1..=2001).contains(&seconds(direct[holder].ttl(b"ttl-ec").unwrap())));
+
+    // gat of a coded value: every fragment gets the new time, also those of servers the
+    // read did not ask (it asks k+1 of k+m).
+    ec.set(b"gat-ec", &value, 0, 100).unwrap();
+    assert_eq!(
+        &ec.gat(b"gat-ec", 5000).unwrap().unwrap().data[..],
+        &value[..]
+    );
+    let holders = homes(&ec, b"gat-ec", 6);
+    let lives = |direct: &mut Vec<Client>| -> Vec<u32> {
+        holders
+            .iter()
+            .map(|&s| seconds(direct[s].ttl(b"gat-ec").unwrap()))
+            .collect()
+    };
+    let mut left = lives(&mut direct);
+    for _ in 0..500 {
+        if left.iter().all(|&l| l > 4000) {
+            break;
+        }
+        let _ = ec.drain(Duration::from_millis(10));
+        left = lives(&mut direct);
+    }
+    assert!(
+        left.iter().all(|&l| (4000..=5001).contains(&l)),
+        "{kind:?}: {left:?}"
+    );
 }
 
 #[test]
@@ -896,13 +923,18 @@ fn racing_coded_writers(kind: Kind) {
             let (go, done, list, config) = (go.clone(), done.clone(), list.clone(), config.clone());
             std::thread::spawn(move || {
                 let mut c = Client::new(list.as_str(), config).unwrap();
+                // Failures are collected, not unwrapped here: a writer that stopped would
+                // leave the others waiting at the barrier for ever.
+                let mut failed = Vec::new();
                 for r in 0..rounds {
                     go.wait();
                     let written = c.set(b"race", &racing_value(w, r, len), 0, 0);
                     done.wait();
-                    written.unwrap();
+                    if let Err(e) = written {
+                        failed.push(format!("writer {w}, round {r}: {e}"));
+                    }
                 }
-                c.pool_counters().ec_fragments_superseded
+                (c.pool_counters().ec_fragments_superseded, failed)
             })
         })
         .collect();
@@ -917,7 +949,13 @@ fn racing_coded_writers(kind: Kind) {
             Ok(None) | Err(_) => not_read += 1,
         }
     }
-    let superseded: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    let (mut superseded, mut failed) = (0, Vec::new());
+    for w in writers {
+        let (s, f) = w.join().unwrap();
+        superseded += s;
+        failed.extend(f);
+    }
+    assert!(failed.is_empty(), "{kind:?}: writes failed: {failed:?}");
     eprintln!(
         "{kind:?}: {whole} whole, {not_read} miss or error, {} mixed, {superseded} fragments superseded",
         mixed.len()
@@ -1095,6 +1133,201 @@ fn damaged_primary_fragment(kind: Kind) {
 fn a_damaged_fragment_on_the_primary_is_read_past() {
     for kind in [Kind::Memfabricd, Kind::Memcached] {
         damaged_primary_fragment(kind);
+    }
+}
+
+/// Whether every fragment of `key` the servers hold is intact (header and payload checked).
+fn fragments_intact(servers: &[Server], key: &[u8]) -> usize {
+    let mut intact = 0;
+    for (i, copy) in copies(servers, key).into_iter().enumerate() {
+        let Some(bytes) = copy else { continue };
+        if memfabric_proto::ec_fragment::code_of(&bytes).is_some() {
+            let checked = memfabric_proto::ec_fragment::FragmentHeader::decode(&bytes);
+            assert!(
+                checked.is_ok(),
+                "server {i}: a damaged fragment: {checked:?}"
+            );
+            intact += 1;
+        }
+    }
+    intact
+}
+
+/// `append` and `prepend` in a pool that codes values: a coded value is read, joined and
+/// written whole again (no fragment is appended to), with its flags and the expiry time
+/// it had left; a plain value gets the operation itself; a missing key is not stored.
+fn appends_in_a_coded_pool(kind: Kind) {
+    let servers = start(kind, 6);
+    let mut c = pool(&servers, coded_all());
+    let value = big(7, 40_000);
+    c.set(b"log", &value, 5, 3600).unwrap();
+    assert_eq!(fragments_intact(&servers, b"log"), 6);
+    assert!(c.append(b"log", b"<tail>").unwrap(), "{kind:?}");
+    assert!(c.prepend(b"log", b"<head>").unwrap(), "{kind:?}");
+    let mut want = b"<head>".to_vec();
+    want.extend_from_slice(&value);
+    want.extend_from_slice(b"<tail>");
+    assert_eq!(
+        fragments_intact(&servers, b"log"),
+        6,
+        "{kind:?}: coded again"
+    );
+    // Read by pools that know nothing of the key: coded, replicated, plain.
+    for config in [
+        coded_all(),
+        replicated(2, WritePolicy::All),
+        Config::default(),
+    ] {
+        let got = pool(&servers, config.clone()).get(b"log").unwrap();
+        let got = got.unwrap_or_else(|| panic!("{kind:?} {config:?}: a miss"));
+        assert!(
+            got.data[..] == want[..],
+            "{kind:?} {config:?}: not the value"
+        );
+        assert_eq!(got.flags, 5);
+    }
+    let left = seconds(c.ttl(b"log").unwrap());
+    assert!((3000..=3600).contains(&left), "{kind:?}: {left} s left");
+
+    // Many at once, each its own steps, on keys coded and plain.
+    let keys: Vec<Vec<u8>> = (0..24).map(|i| format!("many{i}").into_bytes()).collect();
+    let start_value = |i: usize| {
+        if i.is_multiple_of(2) {
+            big(i as u8, 30_000)
+        } else {
+            vec![b'x'; 100]
+        }
+    };
+    for (i, k) in keys.iter().enumerate() {
+        c.set(k, &start_value(i), 0, 0).unwrap();
+    }
+    let hs: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            c.submit(memfabric_client::Op::Store {
+                mode: memfabric_client::StoreMode::Append,
+                key: k.clone(),
+                value: bytes::Bytes::from_static(b"+1"),
+                flags: 0,
+                exptime: 0,
+                cas: 0,
+            })
+        })
+        .collect();
+    for r in c.wait_all(&hs, Duration::from_secs(20)) {
+        assert!(
+            matches!(
+                r,
+                Ok(memfabric_client::Reply::Stored(StoreStatus::Stored { .. }))
+            ),
+            "{kind:?}: {r:?}"
+        );
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let mut want = start_value(i);
+        want.extend_from_slice(b"+1");
+        let got = pool(&servers, coded_all()).get(k).unwrap().unwrap();
+        assert!(got.data[..] == want[..], "{kind:?} key {i}");
+        if i % 2 == 1 {
+            // Plain: every copy was appended to.
+            let held: Vec<_> = copies(&servers, k).into_iter().flatten().collect();
+            assert_eq!(held.len(), 3, "{kind:?} key {i}");
+            assert!(held.iter().all(|h| h[..] == want[..]), "{kind:?} key {i}");
+        } else {
+            assert_eq!(fragments_intact(&servers, k), 6, "{kind:?} key {i}");
+        }
+    }
+    assert!(
+        !c.append(b"never-set", b"x").unwrap(),
+        "{kind:?}: a miss is not stored"
+    );
+    assert!(!c.prepend(b"never-set", b"x").unwrap());
+    assert_eq!(c.get(b"never-set").unwrap(), None);
+}
+
+#[test]
+fn append_and_prepend_to_a_coded_value_write_it_whole_again() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        appends_in_a_coded_pool(kind);
+    }
+}
+
+/// `gets` of a coded value gives a CAS value a `cas` can use: the leader's fragment's.
+/// A `cas` with it stores; one with it after any other write of the key does not.
+fn cas_on_coded_values(kind: Kind) {
+    let servers = start(kind, 6);
+    let mut c = pool(&servers, coded_all());
+    let first = big(9, 50_000);
+    c.set(b"doc", &first, 2, 0).unwrap();
+    let seen = c.gets(b"doc").unwrap().unwrap();
+    assert!(seen.data[..] == first[..], "{kind:?}");
+    assert_ne!(
+        seen.cas, 0,
+        "{kind:?}: a coded value's gets gives a usable cas"
+    );
+    let mut other = pool(&servers, coded_all());
+    assert_eq!(
+        other.gets(b"doc").unwrap().unwrap().cas,
+        seen.cas,
+        "{kind:?}"
+    );
+    let second = big(10, 60_000);
+    assert!(
+        matches!(
+            c.cas(b"doc", &second, 3, 0, seen.cas),
+            Ok(StoreStatus::Stored { .. })
+        ),
+        "{kind:?}"
+    );
+    assert_eq!(
+        other.cas(b"doc", b"late", 0, 0, seen.cas).unwrap(),
+        StoreStatus::Exists,
+        "{kind:?}: the cas was used"
+    );
+    for config in [
+        coded_all(),
+        replicated(2, WritePolicy::All),
+        Config::default(),
+    ] {
+        let got = pool(&servers, config.clone()).get(b"doc").unwrap().unwrap();
+        assert!(got.data[..] == second[..], "{kind:?} {config:?}");
+        assert_eq!(got.flags, 3);
+    }
+    // A read-modify-write loop on a value coded again: the first try stores.
+    c.set(b"doc", &first, 2, 0).unwrap();
+    let seen = other.gets(b"doc").unwrap().unwrap();
+    assert!(seen.data[..] == first[..]);
+    c.set(b"doc", &second, 2, 0).unwrap();
+    assert_eq!(
+        other.cas(b"doc", b"stale", 0, 0, seen.cas).unwrap(),
+        StoreStatus::Exists,
+        "{kind:?}: a write since changes the cas"
+    );
+    let seen = other.gets(b"doc").unwrap().unwrap();
+    assert!(seen.data[..] == second[..]);
+    let third = big(11, 20_000);
+    assert!(
+        matches!(
+            other.cas(b"doc", &third, 4, 0, seen.cas),
+            Ok(StoreStatus::Stored { .. })
+        ),
+        "{kind:?}"
+    );
+    assert!(c.get(b"doc").unwrap().unwrap().data[..] == third[..]);
+    // A pool of one server's view (no `ec`) reads the value whole, with the same cas.
+    c.set(b"doc", &first, 2, 0).unwrap();
+    let plain = pool(&servers, Config::default())
+        .gets(b"doc")
+        .unwrap()
+        .unwrap();
+    assert!(plain.data[..] == first[..]);
+    assert_eq!(plain.cas, c.gets(b"doc").unwrap().unwrap().cas, "{kind:?}");
+}
+
+#[test]
+fn gets_of_a_coded_value_gives_a_cas_that_a_cas_can_use() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        cas_on_coded_values(kind);
     }
 }
 
