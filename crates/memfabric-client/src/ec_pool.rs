@@ -796,9 +796,19 @@ impl Client {
         }
     }
 
-    /// The position of a coded value's leader: the first of its first `plain_copies`
-    /// servers that is up, where a conditional operation (`cas`) on the key goes.
-    fn ec_leader(&self, read: &EcRead) -> Option<usize> {
+    /// The position of a coded value's leader, for a read that gives a CAS value
+    /// (`gets`, `gat`): the first of its first `plain_copies` servers that is up, where a
+    /// conditional operation (`cas`) on the key goes.
+    fn ec_cas_leader(&self, t: &Task) -> Option<usize> {
+        let Kind::Read {
+            op, ec: Some(read), ..
+        } = &t.kind
+        else {
+            return None;
+        };
+        if !wants_cas(op) {
+            return None;
+        }
         let plain = self.plain_copies();
         read.servers.iter().take(plain).position(|&s| self.is_up(s))
     }
@@ -808,16 +818,8 @@ impl Client {
     /// fragments) or append changes it; 0 when the leader's fragment was not read (a
     /// `cas` with it then answers `EXISTS`) or the read did not ask for one.
     fn ec_leader_cas(&self, t: &Task, write: WriteId) -> u64 {
-        let Kind::Read {
-            op, ec: Some(read), ..
-        } = &t.kind
+        let (Some(leader), Kind::Read { ec: Some(read), .. }) = (self.ec_cas_leader(t), &t.kind)
         else {
-            return 0;
-        };
-        if !wants_cas(op) {
-            return 0;
-        }
-        let Some(leader) = self.ec_leader(read) else {
             return 0;
         };
         let of_write = read
@@ -837,16 +839,13 @@ impl Client {
         if t.outstanding == 0 {
             return false;
         }
-        let Kind::Read {
-            op, ec: Some(read), ..
-        } = &t.kind
+        let (
+            Some(leader),
+            Kind::Read {
+                op, ec: Some(read), ..
+            },
+        ) = (self.ec_cas_leader(t), &t.kind)
         else {
-            return false;
-        };
-        if !wants_cas(op) {
-            return false;
-        }
-        let Some(leader) = self.ec_leader(read) else {
             return false;
         };
         let heard = read.frags.iter().any(|f| f.0 == leader) || read.missing.contains(&leader);
