@@ -10,16 +10,24 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, memfabricd, Server};
 
-/// The thread's id, by the name the store gives it.
+/// The thread's id, by the name the store gives it. The server's port may answer before
+/// the thread has its name (CI once looked too early): looked for again for a while.
 fn thread_named(pid: u32, name: &str) -> u32 {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
-    tasks
-        .filter_map(|t| t.ok())
-        .find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|comm| comm.trim() == name)
-        })
-        .and_then(|t| t.file_name().to_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+        let found = tasks
+            .filter_map(|t| t.ok())
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|comm| comm.trim() == name)
+            })
+            .and_then(|t| t.file_name().to_str()?.parse().ok());
+        match found {
+            Some(tid) => return tid,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            None => panic!("no thread {name} in {pid}"),
+        }
+    }
 }
 
 /// How often the thread has gone to sleep: its voluntary context switches. (Its
