@@ -1,5 +1,5 @@
 #![no_main]
-//! The UCX wire protocol's decoders (AM request/response headers, move answers, bootstrap frames) on
+//! The UCX wire protocol's decoders (AM request/response headers, move answers, READY, bootstrap frames) on
 //! arbitrary input: never panic, and whatever decodes re-encodes to the same bytes.
 use libfuzzer_sys::fuzz_target;
 use memfabric_proto::ucx_wire;
@@ -19,6 +19,11 @@ fuzz_target!(|data: &[u8]| {
         // The reserved byte (3) is not kept; everything else round-trips.
         let e = a.encode();
         assert_eq!((&e[..3], &e[4..]), (&data[..3], &data[4..]));
+    }
+    if let Ok(r) = ucx_wire::decode_ready(data) {
+        // The reserved bytes (2, 3) are not kept; everything else round-trips.
+        let e = r.encode();
+        assert_eq!((&e[..2], &e[4..]), (&data[..2], &data[4..]));
     }
     if let Ok(Some((h, used))) = ucx_wire::decode_hello(data) {
         assert!(used <= data.len());

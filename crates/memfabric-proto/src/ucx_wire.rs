@@ -14,9 +14,14 @@ pub const VERSION: u16 = 1;
 pub const AM_REQUEST: u16 = 1;
 /// AM id of responses (server → client).
 pub const AM_RESPONSE: u16 = 2;
-/// AM id of the reachability probe earlier servers sent (server → client, no header):
-/// clients accept and ignore it; servers no longer send it (docs/fabric-protocol.md 1.3).
-pub const AM_PROBE: u16 = 3;
+/// AM id of READY (server → client): the first message on an endpoint the server made to
+/// the client (at HELLO, or on another worker for a move), with a [`Ready`] header. A
+/// WELCOME (or move) with [`Welcome::ready`] set promises it: the client creates its own
+/// endpoint only once it has come, so that UCX pairs the client's endpoint with the
+/// connection the server already made instead of both ends connecting at once
+/// (docs/fabric-protocol.md 1.3). Earlier servers sent this id empty, as a reachability
+/// probe; every client registers it, and one that does not know READY ignores it.
+pub const AM_READY: u16 = 3;
 /// AM id of access hints (client → server, no reply): items the client read with
 /// one-sided RMA reads, so that eviction counts them as used (`onesided::decode_hints`).
 pub const AM_HINTS: u16 = 4;
@@ -365,6 +370,9 @@ pub struct Welcome {
     /// The server's endpoint to the client uses UCX peer-failure handling; the client's
     /// endpoint must use the same mode (UCX pairs endpoints of one mode only).
     pub peer_errors: bool,
+    /// The server sends [`AM_READY`] on its endpoint to the client: wait for it before
+    /// creating the client's endpoint (flags bit 1).
+    pub ready: bool,
     pub session: u32,
     /// Values up to this many bytes travel eagerly; larger ones by rendezvous.
     pub eager_max: u32,
@@ -514,7 +522,7 @@ impl Welcome {
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
         out.push(self.status);
-        out.push(u8::from(self.peer_errors));
+        out.push(u8::from(self.peer_errors) | u8::from(self.ready) << 1);
         out.extend_from_slice(&self.session.to_le_bytes());
         out.extend_from_slice(&self.eager_max.to_le_bytes());
         out.extend_from_slice(&self.item_size_max.to_le_bytes());
@@ -538,7 +546,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
         r.take(4)?;
         let version = r.u16()?;
         let sf = r.take(2)?;
-        let (status, peer_errors) = (sf[0], sf[1] & 1 != 0);
+        let (status, peer_errors, ready) = (sf[0], sf[1] & 1 != 0, sf[1] & 2 != 0);
         let session = r.u32()?;
         let eager_max = r.u32()?;
         let item_size_max = r.u64()?;
@@ -548,6 +556,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Option<(Welcome, usize)>, DecodeError>
             version,
             status,
             peer_errors,
+            ready,
             session,
             eager_max,
             item_size_max,
@@ -708,6 +717,7 @@ mod tests {
             version: VERSION,
             status: WELCOME_OK,
             peer_errors: true,
+            ready: true,
             session: 9,
             eager_max: 8192,
             item_size_max: 1 << 20,
@@ -826,6 +836,114 @@ pub fn decode_move_answer(b: &[u8]) -> Result<MoveAnswer, DecodeError> {
     };
     let session = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
     Ok(MoveAnswer { step, session })
+}
+
+/// The header of an [`AM_READY`] message: `b"RD"`, two reserved bytes, the session id,
+/// the server's instance (`instance`, `started_unix`, as in WELCOME) and
+/// [`address_tag`] of the server worker's address that the WELCOME (or move) named — so a
+/// client tells the READY of each of its connections, and of each move, apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    pub session: u32,
+    pub instance: u32,
+    pub started_unix: u64,
+    pub address_tag: u32,
+}
+
+/// Bytes of a [`Ready`].
+pub const READY_LEN: usize = 24;
+
+impl Ready {
+    /// The READY that goes with `w` (a WELCOME, or a move's frame).
+    pub fn for_welcome(w: &Welcome) -> Ready {
+        Ready {
+            session: w.session,
+            instance: w.instance,
+            started_unix: w.started_unix,
+            address_tag: address_tag(&w.worker_address),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(READY_LEN);
+        out.extend_from_slice(b"RD\0\0");
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.instance.to_le_bytes());
+        out.extend_from_slice(&self.started_unix.to_le_bytes());
+        out.extend_from_slice(&self.address_tag.to_le_bytes());
+        out
+    }
+}
+
+pub fn decode_ready(b: &[u8]) -> Result<Ready, DecodeError> {
+    if b.len() < READY_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if b.len() > READY_LEN {
+        return Err(DecodeError::Trailing);
+    }
+    if &b[..2] != b"RD" {
+        return Err(DecodeError::BadMagic);
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let mut started = [0u8; 8];
+    started.copy_from_slice(&b[12..20]);
+    Ok(Ready {
+        session: u32_at(4),
+        instance: u32_at(8),
+        started_unix: u64::from_le_bytes(started),
+        address_tag: u32_at(20),
+    })
+}
+
+/// A short tag of a UCX worker address (CRC-32C): which of a server's workers a READY
+/// comes from.
+pub fn address_tag(worker_address: &[u8]) -> u32 {
+    memfabric_checksum::crc32c(worker_address)
+}
+
+#[cfg(test)]
+mod ready_tests {
+    use super::*;
+
+    #[test]
+    fn ready_round_trips_and_refuses_junk() {
+        let w = Welcome {
+            session: 7,
+            instance: 0xabcd_0123,
+            started_unix: 1_790_000_000,
+            worker_address: b"some worker".to_vec(),
+            ready: true,
+            ..Default::default()
+        };
+        let r = Ready::for_welcome(&w);
+        let e = r.encode();
+        assert_eq!(e.len(), READY_LEN);
+        assert_eq!(decode_ready(&e), Ok(r));
+        assert_eq!(r.address_tag, address_tag(b"some worker"));
+        assert_ne!(r.address_tag, address_tag(b"other worker"));
+        assert_eq!(
+            decode_ready(&e[..READY_LEN - 1]),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(decode_ready(&[]), Err(DecodeError::Truncated));
+        let mut long = e.clone();
+        long.push(0);
+        assert_eq!(decode_ready(&long), Err(DecodeError::Trailing));
+        let mut bad = e.clone();
+        bad[0] = b'X';
+        assert_eq!(decode_ready(&bad), Err(DecodeError::BadMagic));
+        // The flag travels in WELCOME's flags byte next to peer_errors, each on its own.
+        for (peer_errors, ready) in [(false, false), (true, false), (false, true), (true, true)] {
+            let w = Welcome {
+                peer_errors,
+                ready,
+                ..w.clone()
+            };
+            let (d, _) = decode_welcome(&w.encode()).unwrap().unwrap();
+            assert_eq!((d.peer_errors, d.ready), (peer_errors, ready));
+        }
+    }
 }
 
 #[cfg(test)]

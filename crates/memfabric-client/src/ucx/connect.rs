@@ -45,7 +45,15 @@ impl UcxTransport {
         addr: &ServerAddr,
         timeout: Duration,
     ) -> Result<ConnId, Error> {
+        let deadline = Instant::now() + timeout;
         let (lifeline, welcome) = self.bootstrap(addr, timeout)?;
+        // The server's endpoint to us is connecting already: ours is made once it is up,
+        // so that UCX pairs the two over that one connection (both ends connecting at once
+        // sometimes lost a reply, docs/fabric-protocol.md 1.3). Should READY not come in
+        // time, ours is made anyway, as with servers that send none.
+        if welcome.ready {
+            self.await_ready(&fp::Ready::for_welcome(&welcome), deadline);
+        }
         // Same error-handling mode as the server's endpoint to us, or UCX cannot pair them.
         self.w.set_peer_errors(welcome.peer_errors);
         let mut ep = self
@@ -90,6 +98,54 @@ impl UcxTransport {
             },
         );
         Ok(id)
+    }
+
+    /// Progress the worker until the READY `want` comes (or has come), at most until
+    /// `deadline`. Everything else that arrives meanwhile is kept for the next wait.
+    pub(super) fn await_ready(&mut self, want: &fp::Ready, deadline: Instant) -> bool {
+        if self.take_ready(want) {
+            return true;
+        }
+        let mut events = std::collections::VecDeque::new();
+        loop {
+            let n = self.w.progress();
+            self.w.drain_into(&mut events);
+            let mut found = false;
+            while let Some(e) = events.pop_front() {
+                match e {
+                    mf::Event::Am(msg)
+                        if !found
+                            && msg.id == fp::AM_READY
+                            && fp::decode_ready(&msg.header).as_ref() == Ok(want) =>
+                    {
+                        found = true;
+                    }
+                    other => self.local_events.push_back(other),
+                }
+            }
+            if found {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if n == 0 {
+                // A connection on its way: a wake-up costs less than the core it would
+                // take from the server on this host.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    /// Whether READY `r` came before anyone waited for it (forgotten once taken).
+    pub(super) fn take_ready(&mut self, r: &fp::Ready) -> bool {
+        match self.readies_seen.iter().position(|x| x == r) {
+            Some(i) => {
+                self.readies_seen.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// HELLO / WELCOME over the bootstrap connection.

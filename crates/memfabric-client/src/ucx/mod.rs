@@ -177,9 +177,16 @@ pub struct UcxTransport {
     last_lifeline_check: Instant,
     /// Who to be to a server that challenges the bootstrap (`-Y`).
     credentials: Option<crate::transport::Credentials>,
-    /// Connections with a move in progress (`Conn::moving`), as an upper bound: checked
-    /// after each progress round only while it is not 0.
+    /// Connections with a move in progress (`Conn::moving`) or waiting for its READY
+    /// (`moves_awaiting_ready`), as an upper bound: checked after each progress round
+    /// only while it is not 0.
     moves_pending: usize,
+    /// Moves whose server promised a READY on its new endpoint that has not come: the
+    /// move's frame and until when to wait for it (then the move goes ahead without).
+    moves_awaiting_ready: HashMap<ConnId, (fp::Welcome, Instant)>,
+    /// READYs that came before the move or connection they belong to (a few, newest
+    /// last; older ones are forgotten).
+    readies_seen: std::collections::VecDeque<fp::Ready>,
 }
 
 impl UcxTransport {
@@ -191,8 +198,9 @@ impl UcxTransport {
         // the buffer and gives it back when dropped.
         w.set_am_handler_holding(fp::AM_RESPONSE, HOLD_MIN)
             .map_err(ucx)?;
-        // Earlier servers' reachability probe: received and ignored.
-        w.set_am_handler(fp::AM_PROBE).map_err(ucx)?;
+        // A server's READY on the endpoint it made to us (earlier servers sent this id
+        // empty, as a probe: ignored).
+        w.set_am_handler(fp::AM_READY).map_err(ucx)?;
         // A server moving our session to another of its workers.
         w.set_am_handler(fp::AM_MOVE).map_err(ucx)?;
         let address = w.address().map_err(ucx)?;
@@ -225,6 +233,8 @@ impl UcxTransport {
             last_lifeline_check: Instant::now(),
             credentials: None,
             moves_pending: 0,
+            moves_awaiting_ready: HashMap::new(),
+            readies_seen: std::collections::VecDeque::new(),
         })
     }
 }
@@ -258,6 +268,22 @@ impl Drop for UcxTransport {
         // closes, and UCX 1.13 aborts the process (an assertion in its TCP transport) when
         // an endpoint still wiring up fails under it. Then the worker goes.
         let mut conns: Vec<Conn> = self.conns.drain().map(|(_, c)| c).collect();
+        // A move still waiting for its READY: the server's endpoint on the new worker may
+        // have reached us already, and UCX then made an endpoint of ours for it that we do
+        // not hold, still wiring up (UCX 1.13 aborts the process when the worker is
+        // destroyed with it so). Ours is made now and adopts it, to be closed like the
+        // others.
+        let awaiting: Vec<fp::Welcome> = self
+            .moves_awaiting_ready
+            .drain()
+            .map(|(_, (w, _))| w)
+            .collect();
+        for w in awaiting {
+            self.w.set_peer_errors(w.peer_errors);
+            if let Ok(ep) = self.w.connect_address(&w.worker_address) {
+                self.w.close(ep, false);
+            }
+        }
         for c in &mut conns {
             if let Some(ep) = c.ep.take() {
                 self.w.close(ep, false);

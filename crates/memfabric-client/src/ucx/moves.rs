@@ -5,13 +5,18 @@
 //! on the new one, and the waiting requests go out there. So no request fails, is
 //! answered twice, or overtakes one sent before it. A server we cannot reach on the
 //! other worker (no transport in common) is told so, and we stay.
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memfabric_proto::ucx_wire as fp;
 use memfabric_ucx as mf;
 
 use super::{Moving, UcxTransport, SEND_TOKEN};
 use crate::transport::{Completion, ConnId, Transport};
+
+/// How long a move waits for the READY of the server's endpoint on the new worker.
+const READY_WAIT: Duration = Duration::from_secs(1);
+/// READYs kept that came before their move (each names its session and worker).
+const READIES_KEPT: usize = 16;
 
 /// How long the one-sided set-up on the new endpoint may take (one RMA read).
 const RMA_SETUP: Duration = Duration::from_secs(1);
@@ -38,6 +43,44 @@ impl UcxTransport {
         }) else {
             return;
         };
+        if w.ready && !self.take_ready(&fp::Ready::for_welcome(&w)) {
+            // The server's endpoint there is still connecting: ours is made once its
+            // READY comes (as at connect), or after READY_WAIT without it.
+            self.moves_awaiting_ready
+                .insert(conn, (w, Instant::now() + READY_WAIT));
+            self.moves_pending += 1;
+            return;
+        }
+        self.start_move(conn, w, done);
+    }
+
+    /// A READY from a server: the move waiting for it goes ahead; one nobody waits for
+    /// yet (it came before its move) is kept for a while.
+    pub(super) fn on_ready(&mut self, msg: mf::AmMessage, done: &mut Vec<Completion>) {
+        let Ok(r) = fp::decode_ready(&msg.header) else {
+            return;
+        };
+        let waiting = self
+            .moves_awaiting_ready
+            .iter()
+            .find_map(|(&conn, (w, _))| (fp::Ready::for_welcome(w) == r).then_some(conn));
+        if let Some(conn) = waiting {
+            if let Some((w, _)) = self.moves_awaiting_ready.remove(&conn) {
+                self.start_move(conn, w, done);
+            }
+            return;
+        }
+        if self.readies_seen.len() >= READIES_KEPT {
+            self.readies_seen.pop_front();
+        }
+        self.readies_seen.push_back(r);
+    }
+
+    /// Open our endpoint to the worker a move sends `conn` to (its frame `w`).
+    fn start_move(&mut self, conn: ConnId, w: fp::Welcome, done: &mut Vec<Completion>) {
+        if self.conns.get(&conn).is_none_or(|c| c.moving.is_some()) {
+            return;
+        }
         // Same error-handling mode as the server's endpoint to us there.
         self.w.set_peer_errors(w.peer_errors);
         match self.w.connect_address(&w.worker_address) {
@@ -95,6 +138,20 @@ impl UcxTransport {
 
     /// Complete the moves whose old endpoint has drained (no request in flight there).
     pub(super) fn finish_moves(&mut self, done: &mut Vec<Completion>) {
+        if !self.moves_awaiting_ready.is_empty() {
+            let now = Instant::now();
+            let late: Vec<ConnId> = self
+                .moves_awaiting_ready
+                .iter()
+                .filter(|(c, (_, until))| now >= *until || !self.conns.contains_key(c))
+                .map(|(c, _)| *c)
+                .collect();
+            for conn in late {
+                if let Some((w, _)) = self.moves_awaiting_ready.remove(&conn) {
+                    self.start_move(conn, w, done);
+                }
+            }
+        }
         let ready: Vec<ConnId> = self
             .conns
             .iter()
@@ -108,7 +165,8 @@ impl UcxTransport {
         for conn in ready {
             self.complete_move(conn, done);
         }
-        self.moves_pending = self.conns.values().filter(|c| c.moving.is_some()).count();
+        self.moves_pending = self.conns.values().filter(|c| c.moving.is_some()).count()
+            + self.moves_awaiting_ready.len();
     }
 
     /// Switch `conn` to its new endpoint: arrive there (before anything else is sent on

@@ -95,6 +95,7 @@ impl UcxTransport {
     pub(super) fn handle(&mut self, e: mf::Event, done: &mut Vec<Completion>) {
         match e {
             mf::Event::Am(msg) if msg.id == fp::AM_MOVE => self.on_move(msg, done),
+            mf::Event::Am(msg) if msg.id == fp::AM_READY => self.on_ready(msg, done),
             mf::Event::Am(msg) if msg.id != fp::AM_RESPONSE => {}
             mf::Event::Am(msg) => {
                 let Ok(r) = fp::decode_response(&msg.header) else {

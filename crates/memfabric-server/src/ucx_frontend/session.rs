@@ -337,6 +337,7 @@ impl FabricWorker {
                 Ok((w, tier, ep)) => {
                     reply = w;
                     reply.peer_errors = ep.peer_errors();
+                    reply.ready = self.send_ready(tier, &ep, &reply);
                     if ep.peer_errors() {
                         fs.peer_error_sessions.fetch_add(1, Ordering::Relaxed);
                     }
@@ -442,6 +443,29 @@ impl FabricWorker {
         Ok(w)
     }
 
+    /// Send READY (`fp::AM_READY`) for `w` (the WELCOME or move frame about to go out) on
+    /// `ep`, the endpoint just made to the client on `tier`'s worker. Making it already
+    /// started UCX's connection to the client; a client that created its own endpoint now
+    /// would connect too, and with both ends connecting at once UCX 1.13 over TCP
+    /// sometimes lost a reply (several clients in one process, docs/fabric-protocol.md
+    /// 1.3). READY tells the client that our connection is up, so its endpoint is paired
+    /// with it. Only in peer-failure mode (TCP, RDMA), where a connection that fails is
+    /// reported on the endpoint: shared memory connects no socket and never raced. `true`
+    /// if it is sent or queued (then the frame says so: `ready`).
+    pub(super) fn send_ready(&mut self, tier: usize, ep: &mf::Endpoint, w: &fp::Welcome) -> bool {
+        if !ep.peer_errors() {
+            return false;
+        }
+        let how = mf::SendHow {
+            proto: mf::Proto::Eager,
+            reply: false,
+        };
+        let header = fp::Ready::for_welcome(w).encode();
+        self.tiers[tier]
+            .am_send(ep, fp::AM_READY, header, None, how, SEND_TOKEN)
+            .is_ok()
+    }
+
     /// An endpoint to a client on `tier`'s worker: with UCX peer-failure handling when the
     /// tier's transports support it (then a client that dies mid-transfer has its
     /// transfers cancelled and their items freed at once), otherwise without (UCX 1.13's
@@ -452,10 +476,8 @@ impl FabricWorker {
     /// endpoint of the client's was then paired with an old one of ours, whose close
     /// left the client's requests nowhere to go.
     ///
-    /// Nothing is sent on the endpoint here: the client's endpoint to us wires the pair up
-    /// when the client first sends. (A probe sent from here made us open the transport
-    /// connection to the client ourselves, and UCX 1.13 aborts the process when that
-    /// fails mid wire-up, as it does for a client that died after HELLO.)
+    /// Creating the endpoint starts UCX's wire-up: over TCP it connects to the client's
+    /// worker at once (see `send_ready`).
     pub(super) fn connect_client(
         &mut self,
         tier: usize,

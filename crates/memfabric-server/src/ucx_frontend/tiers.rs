@@ -139,6 +139,7 @@ impl FabricWorker {
         let frame = match self.welcome_for(to, id) {
             Ok(mut w) => {
                 w.peer_errors = ep.peer_errors();
+                w.ready = self.send_ready(to, &ep, &w);
                 w.encode()
             }
             Err(e) => {
