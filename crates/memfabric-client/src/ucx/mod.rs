@@ -152,7 +152,8 @@ pub struct UcxTransport {
     get_mode: GetMode,
     access_hints: bool,
     onesided: HashMap<u64, OneSidedGet>,
-    /// RMA reads that completed inside the call that posted them.
+    /// Events for the next wait: RMA reads that completed inside the call that posted
+    /// them, and whatever arrived while a connect waited for its READY.
     local_events: std::collections::VecDeque<mf::Event>,
     counters: GetCounters,
     waits: WaitCounters,
