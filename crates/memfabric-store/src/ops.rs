@@ -167,6 +167,8 @@ impl Store {
                     t.mark_referenced();
                     StoreStatus::NotStored
                 }
+                // On flash, and no memory to bring it back: it exists all the same.
+                (SetMode::Add, None) if t.held_on_flash() => StoreStatus::NotStored,
                 (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
                     StoreStatus::NotStored
                 }
@@ -278,7 +280,15 @@ impl Store {
         self.transact(key, |t| {
             let cur = t.item();
             let status = match cur {
-                None => DeleteStatus::NotFound,
+                // On flash, and no memory to bring it back: removed where it is.
+                None => match t.held_on_flash_cas() {
+                    Some(held) if cas_check(cas, held) == CasCheck::BadVal => DeleteStatus::Exists,
+                    Some(_) => {
+                        t.drop_held_on_flash();
+                        DeleteStatus::Deleted
+                    }
+                    None => DeleteStatus::NotFound,
+                },
                 Some(old) if cas_check(cas, old.cas) == CasCheck::BadVal => DeleteStatus::Exists,
                 Some(_) => {
                     t.unlink();

@@ -400,3 +400,81 @@ fn a_set_over_a_flash_item_drops_it_unread_and_it_never_comes_back() {
         }
     }
 }
+
+/// Whether `k` is held on flash only (not in RAM, a flash slot with its tag).
+fn only_on_flash(s: &Store, k: &str) -> bool {
+    let mut out = Vec::new();
+    s.get(k.as_bytes(), &GetOptions::default(), &mut out)
+        .is_none()
+        && !s.flash_candidates(k.as_bytes()).is_empty()
+}
+
+/// An item on flash that cannot come back to RAM, because every RAM item of its size is
+/// pinned (being sent from) and there is nothing to evict, stays where it is: `add` does
+/// not store over it, it reads back exactly, and `delete` removes it. (Bringing it back
+/// cleared its flash slot before allocating: the item was lost, and the `add` stored.)
+#[test]
+fn an_item_that_cannot_come_back_to_ram_stays_on_flash() {
+    let dir = temp_dir();
+    let s = store_min(&dir, 4, 32, 32);
+    // The small class has its page before the large one takes the rest (the `add`'s
+    // one-byte value goes there).
+    for i in 0..100 {
+        set(&s, &format!("n:{i}"), b"xx");
+    }
+    set(&s, "held", &value("held", 1, 1500));
+    // Twice RAM: `held`, never read meanwhile, goes to flash. (Looking whether it is
+    // there would read it, and a read item gets a second chance in RAM.)
+    let written = 6_000;
+    for i in 0..written {
+        set(&s, &key(i), &value(&key(i), 1, 1500));
+    }
+    settle(&s);
+    // Pin every item of that size in RAM, then store (and pin) more until the class is
+    // full of pinned items: the next one finds nothing to evict.
+    let mut pins = Vec::new();
+    for i in 0..written {
+        let k = key(i);
+        let mut out = Vec::new();
+        if s.get(k.as_bytes(), &GetOptions::default(), &mut out)
+            .is_some()
+        {
+            if let Some((_, p)) = s.get_pinned(k.as_bytes(), &GetOptions::default()) {
+                pins.push(p);
+            }
+        }
+    }
+    let mut i = 100_000;
+    loop {
+        assert!(i < 120_000, "the class never filled up with pinned items");
+        let k = key(i);
+        match s.store(SetMode::Set, k.as_bytes(), &value(&k, 1, 1500), 7, 0, 0) {
+            StoreStatus::Stored { .. } => {
+                let (_, p) = s.get_pinned(k.as_bytes(), &GetOptions::default()).unwrap();
+                pins.push(p);
+            }
+            StoreStatus::OutOfMemory => break,
+            other => panic!("{k}: {other:?}"),
+        }
+        i += 1;
+    }
+    assert!(only_on_flash(&s, "held"), "{:?}", s.flash_stats());
+    // It exists: add does not store, and the value is intact on flash.
+    assert!(matches!(
+        s.store(SetMode::Add, b"held", b"x", 0, 0, 0),
+        StoreStatus::NotStored
+    ));
+    assert_eq!(get(&s, "held"), Some(value("held", 1, 1500)));
+    // A delete with another CAS value leaves it; a plain one removes it.
+    assert_eq!(s.delete(b"held", 12345), DeleteStatus::Exists);
+    assert_eq!(get(&s, "held"), Some(value("held", 1, 1500)));
+    assert_eq!(s.delete(b"held", 0), DeleteStatus::Deleted);
+    assert_eq!(get(&s, "held"), None);
+    // Memory back: the key is free for an add.
+    drop(pins);
+    assert!(matches!(
+        s.store(SetMode::Add, b"held", b"y", 0, 0, 0),
+        StoreStatus::Stored { .. }
+    ));
+    assert_eq!(get(&s, "held").as_deref(), Some(&b"y"[..]));
+}

@@ -871,17 +871,23 @@ impl Txn<'_> {
                     }
                     FlashRecord::Item(h, v) => (h, v),
                 };
-                // Whatever happens next, this slot's record stops being the key's.
-                inner.index.set_raw_slot(b, i, 0);
-                inner.forget_flash_slot(raw);
                 if let Some(flushed) = inner.dead(&h, inner.clock.now()) {
+                    inner.index.set_raw_slot(b, i, 0);
+                    inner.forget_flash_slot(raw);
                     inner.count_dead_lookup(flushed);
                     return;
                 }
                 let Ok(mut it) = self.alloc(value.len(), h.flags, h.exptime) else {
-                    // No memory for it: the item is lost, as an eviction would lose it.
+                    // No memory for it now (eviction found nothing it could take): the
+                    // record stays, and the command learns that the key is held
+                    // (`held_on_flash`). Cleared first, the item was lost and an `add`
+                    // stored over it.
+                    self.set_flash_unloaded(h.cas);
                     return;
                 };
+                // From here the RAM copy is the key's item: the slot's record stops being it.
+                inner.index.set_raw_slot(b, i, 0);
+                inner.forget_flash_slot(raw);
                 it.write(0, &value);
                 self.link_counted(
                     it,

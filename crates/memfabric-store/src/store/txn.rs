@@ -48,6 +48,7 @@ impl Store {
             kh,
             cur: None,
             to_free: Vec::new(),
+            flash_unloaded: None,
         };
         t.cur = t.find_live();
         if t.cur.is_none() && inner.flash.is_some() {
@@ -80,6 +81,10 @@ pub struct Txn<'s> {
     cur: Option<(usize, usize, usize)>,
     /// Items unlinked in this transaction, freed after the buckets are unlocked.
     to_free: Vec<usize>,
+    /// The key's item is on flash and could not be brought back to RAM (no memory): the
+    /// record's CAS value. The record stays where it is; `item` is None, but the key is
+    /// not absent.
+    flash_unloaded: Option<u64>,
 }
 
 impl<'s> Txn<'s> {
@@ -122,6 +127,32 @@ impl<'s> Txn<'s> {
 
     pub(super) fn key_hash(&self) -> KeyHash {
         self.kh
+    }
+
+    /// Whether the key holds an item on flash that this transaction could not bring into
+    /// RAM (no memory: eviction found nothing it could take). `item` is then None, but the
+    /// item exists and stays on flash: `add` must not store over it. Linking a new item
+    /// replaces it (its flash copies go), as for any item.
+    pub fn held_on_flash(&self) -> bool {
+        self.flash_unloaded.is_some()
+    }
+
+    /// The CAS value of the item `held_on_flash` names.
+    pub fn held_on_flash_cas(&self) -> Option<u64> {
+        self.flash_unloaded
+    }
+
+    pub(super) fn set_flash_unloaded(&mut self, cas: u64) {
+        self.flash_unloaded = Some(cas);
+    }
+
+    /// Remove the item `held_on_flash` names (its flash copies). `false` if there is none.
+    pub fn drop_held_on_flash(&mut self) -> bool {
+        if self.flash_unloaded.take().is_none() {
+            return false;
+        }
+        self.drop_flash_copies();
+        true
     }
 
     /// Arena offset of the live item.
@@ -190,6 +221,9 @@ impl<'s> Txn<'s> {
         opts: LinkOptions,
         stored: bool,
     ) -> u64 {
+        // An item left on flash for want of memory is replaced like a RAM one: its flash
+        // copies go, or a later lookup could find the old value.
+        self.drop_held_on_flash();
         let inner = self.inner;
         let a = &inner.arena;
         let off = item.off;
