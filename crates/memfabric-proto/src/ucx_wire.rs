@@ -819,16 +819,22 @@ impl MoveAnswer {
     }
 }
 
-pub fn decode_move_answer(b: &[u8]) -> Result<MoveAnswer, DecodeError> {
-    if b.len() < MOVE_ANSWER_LEN {
+/// Check an AM header of a fixed `len` that starts with a two-byte `magic`.
+fn fixed_header(b: &[u8], len: usize, magic: &[u8; 2]) -> Result<(), DecodeError> {
+    if b.len() < len {
         return Err(DecodeError::Truncated);
     }
-    if b.len() > MOVE_ANSWER_LEN {
+    if b.len() > len {
         return Err(DecodeError::Trailing);
     }
-    if &b[..2] != b"MV" {
+    if &b[..2] != magic {
         return Err(DecodeError::BadMagic);
     }
+    Ok(())
+}
+
+pub fn decode_move_answer(b: &[u8]) -> Result<MoveAnswer, DecodeError> {
+    fixed_header(b, MOVE_ANSWER_LEN, b"MV")?;
     let step = match b[2] {
         1 => MoveStep::Arrived,
         2 => MoveStep::Refused,
@@ -876,15 +882,7 @@ impl Ready {
 }
 
 pub fn decode_ready(b: &[u8]) -> Result<Ready, DecodeError> {
-    if b.len() < READY_LEN {
-        return Err(DecodeError::Truncated);
-    }
-    if b.len() > READY_LEN {
-        return Err(DecodeError::Trailing);
-    }
-    if &b[..2] != b"RD" {
-        return Err(DecodeError::BadMagic);
-    }
+    fixed_header(b, READY_LEN, b"RD")?;
     let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     let mut started = [0u8; 8];
     started.copy_from_slice(&b[12..20]);
