@@ -106,6 +106,8 @@ def test_a_mass_expiry_is_reclaimed_and_counted_as_memcached_does(servers):
 @pytest.mark.parametrize("ops", [
     [b"incr z 1", b"incr z 1", b"decr z 5"],  # 9 -> 10 is a new item; then in place
     [b"decr z 1", b"decr z 1", b"incr z 3"],  # all in place
+    [b"ma z", b"ma z", b"ma z MD D5"],  # meta arithmetic: new item, then in place
+    [b"ma z MD N0 T100", b"ma z MD N0", b"ma z D1 N0 T100"],  # with a TTL: all in place
 ])
 def test_in_place_incr_and_decr_are_not_stores(servers, ops):
     def scenario(c: Client) -> dict[str, int]:

@@ -340,7 +340,18 @@ impl Store {
     }
 }
 
-/// incr/decr under the key's bucket locks (see `Store::arith`).
+impl Txn<'_> {
+    /// incr/decr of the key's item under its bucket locks, as memcached's `do_add_delta`
+    /// does it: one implementation for every protocol (`Store::arith`, and meta's `ma`,
+    /// which also sets a TTL in the same transaction). On a miss with `opts.create`, the
+    /// item is made with the initial value; `OutOfMemory` then means that item could not
+    /// be.
+    pub fn arith(&mut self, incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
+        arith_locked(self, incr, delta, opts)
+    }
+}
+
+/// incr/decr under the key's bucket locks (see `Txn::arith`).
 fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) -> ArithStatus {
     let Some(old) = t.item() else {
         let Some((initial, flags, exptime)) = opts.create else {
@@ -358,6 +369,10 @@ fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) ->
             cas,
         };
     };
+    // memcached refuses an empty or chunked value before it compares the CAS.
+    if old.value_len == 0 || old.chunked {
+        return ArithStatus::NonNumeric;
+    }
     if opts.cas != 0 && opts.cas != old.cas {
         return ArithStatus::Exists;
     }
@@ -372,8 +387,10 @@ fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) ->
         current.saturating_sub(delta)
     };
     let mut digits = value.to_string().into_bytes();
-    // memcached rewrites a number that fits in place (blanking the rest) and counts no
-    // store; a longer one is a new item, counted in `total_items`.
+    // memcached rewrites a number that fits in place (blanking the rest): the item stays
+    // what it was (fetched, stale, its win token, its key's encoding) and no store is
+    // counted. A longer one is a new item, counted in `total_items`, that knows none of
+    // that. (Here both are new items, for the one-sided readers; the marks carry over.)
     let in_place = digits.len() <= raw.len();
     if digits.len() < raw.len() {
         digits.resize(raw.len(), b' ');
@@ -383,7 +400,16 @@ fn arith_locked(t: &mut Txn<'_>, incr: bool, delta: u64, opts: &ArithOptions) ->
         Err(_) => return ArithStatus::OutOfMemory,
     };
     it.write(0, &digits);
-    let cas = t.link_counted(it, LinkOptions::default(), !in_place);
+    let marks = LinkOptions {
+        explicit_cas: None,
+        stale: in_place && old.stale,
+        token_sent: in_place && old.token_sent,
+        fetched: in_place && old.fetched,
+    };
+    let cas = t.link_counted(it, marks, !in_place);
+    if in_place && old.key_binary {
+        t.set_key_binary(true);
+    }
     ArithStatus::Value { value, cas }
 }
 

@@ -146,6 +146,58 @@ fn incr_wraps_decr_floors_and_shrinking_numbers_are_space_padded() {
 }
 
 #[test]
+fn an_incr_that_fits_keeps_what_the_item_was_and_one_that_grows_does_not() {
+    // memcached rewrites a number that fits in place: the same item, still fetched and
+    // still stale; a longer number is a new item that knows neither.
+    let s = store();
+    let o = ArithOptions::default();
+    set(&s, "n", "12 34");
+    get(&s, "n").unwrap();
+    s.transact(b"n", |t| t.set_marks(Some(true), Some(true)));
+    assert!(matches!(
+        s.arith(b"n", true, 5, &o),
+        ArithStatus::Value { value: 17, .. }
+    ));
+    let info = s.peek(b"n").unwrap();
+    assert!(info.fetched && info.stale && info.token_sent, "{info:?}");
+    assert_eq!(get(&s, "n").unwrap(), b"17   ");
+    assert!(matches!(
+        s.arith(b"n", true, 99_983, &o),
+        ArithStatus::Value { value: 100_000, .. }
+    ));
+    let info = s.peek(b"n").unwrap();
+    assert!(!info.fetched && !info.stale && !info.token_sent, "{info:?}");
+    // In place is not a store; the new item is (memcached's total_items).
+    let before = s.stats().total_items;
+    s.arith(b"n", false, 1, &o);
+    assert_eq!(s.stats().total_items, before);
+}
+
+#[test]
+fn empty_and_chunked_values_are_not_numbers_whatever_the_cas() {
+    // memcached's order: an empty or chunked value is refused before the CAS is compared,
+    // and a chunked one even when it reads as a number.
+    let s = store();
+    let wrong_cas = ArithOptions {
+        cas: 999_999,
+        create: None,
+    };
+    set(&s, "e", "");
+    assert_eq!(s.arith(b"e", true, 1, &wrong_cas), ArithStatus::NonNumeric);
+    let padded = format!("5{}", " ".repeat(600_000));
+    set(&s, "c", &padded);
+    assert!(s.peek(b"c").unwrap().chunked);
+    let o = ArithOptions::default();
+    assert_eq!(s.arith(b"c", true, 1, &o), ArithStatus::NonNumeric);
+    set(&s, "u", &padded[..1000]);
+    assert_eq!(s.arith(b"u", true, 1, &wrong_cas), ArithStatus::Exists);
+    assert!(matches!(
+        s.arith(b"u", true, 1, &o),
+        ArithStatus::Value { value: 6, .. }
+    ));
+}
+
+#[test]
 fn arith_create_initialises_missing_counters() {
     let s = store();
     let o = ArithOptions {

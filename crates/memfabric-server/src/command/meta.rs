@@ -3,8 +3,6 @@
 //! the counting and unlinking around them that memcached's meta path does.
 use memfabric_store::{AllocError, DeleteStatus, LinkOptions, NewItem, SetMode, StoreStatus, Txn};
 
-use memfabric_proto::number::safe_strtoull;
-
 use crate::counters::ClassStat;
 use crate::shared::ExecCtx;
 
@@ -216,6 +214,7 @@ fn store_compared(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, req_cas: u64, data: &[u8
                                 explicit_cas: None,
                                 stale: true,
                                 token_sent: old.token_sent,
+                                fetched: false,
                             };
                             StoreStatus::Stored {
                                 cas: t.link(item, opts),
@@ -233,17 +232,6 @@ fn store_compared(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, req_cas: u64, data: &[u8
     })
 }
 
-/// An `ma`'s arithmetic.
-pub struct MetaArith {
-    pub incr: bool,
-    pub delta: u64,
-    /// `C`: only if the item's CAS is this (0: any).
-    pub cas: Option<u64>,
-    /// `N`: on a miss, create the counter with `initial` (no TTL: the reply sets it).
-    pub vivify: bool,
-    pub initial: u64,
-}
-
 /// Result of the arithmetic itself, before the reply.
 pub enum ArithDone {
     Value { value: u64, cas: u64, created: bool },
@@ -252,71 +240,4 @@ pub enum ArithDone {
     NonNumeric,
     NoMemory,
     VivifyNoMemory,
-}
-
-/// memcached's `do_add_delta` (and the vivify on a miss) under the key's lock.
-pub fn arith_locked(t: &mut Txn<'_>, a: &MetaArith) -> ArithDone {
-    let Some(old) = t.item() else {
-        if !a.vivify {
-            return ArithDone::NotFound;
-        }
-        // Created with no TTL; the N flag sets it in the reply loop.
-        let digits = a.initial.to_string();
-        return match t.alloc(digits.len(), 0, 0) {
-            Ok(mut item) => {
-                item.write(0, digits.as_bytes());
-                let cas = t.link(item, LinkOptions::default());
-                ArithDone::Value {
-                    value: a.initial,
-                    cas,
-                    created: true,
-                }
-            }
-            Err(_) => ArithDone::VivifyNoMemory,
-        };
-    };
-    if old.value_len == 0 {
-        return ArithDone::NonNumeric;
-    }
-    if let Some(c) = a.cas {
-        if c != 0 && c != old.cas {
-            return ArithDone::Exists;
-        }
-    }
-    let mut raw = Vec::with_capacity(old.value_len as usize);
-    t.read_value(&mut raw);
-    // The value is a C string to memcached: it ends at a NUL.
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    let Some(current) = safe_strtoull(&raw[..end]) else {
-        return ArithDone::NonNumeric;
-    };
-    let value = if a.incr {
-        current.wrapping_add(a.delta)
-    } else {
-        current.saturating_sub(a.delta)
-    };
-    let mut digits = value.to_string().into_bytes();
-    // memcached rewrites a number that still fits in place, blanking the rest, and
-    // keeps the item's stale/win marks; a longer number goes into a new item.
-    let in_place = digits.len() <= raw.len();
-    if in_place {
-        digits.resize(raw.len(), b' ');
-    }
-    match t.alloc(digits.len(), old.flags, old.exptime) {
-        Ok(mut item) => {
-            item.write(0, &digits);
-            let opts = LinkOptions {
-                explicit_cas: None,
-                stale: in_place && old.stale,
-                token_sent: in_place && old.token_sent,
-            };
-            let cas = t.link(item, opts);
-            ArithDone::Value {
-                value,
-                cas,
-                created: false,
-            }
-        }
-        Err(_) => ArithDone::NoMemory,
-    }
 }

@@ -13,11 +13,12 @@ use memfabric_proto::meta::{
     self as wire, ArithMode, MetaCommand, MetaError, MetaRequest, StoreMode,
 };
 use memfabric_store::{
-    ArithStatus, Clock, DeleteStatus, ItemInfo, LinkOptions, PendingItem, SetMode, StoreStatus,
+    ArithOptions, ArithStatus, Clock, DeleteStatus, ItemInfo, LinkOptions, PendingItem, SetMode,
+    StoreStatus,
 };
 
 use super::{ExecCtx, Fetched, Finish, Receiving, Resume, Session, Step};
-use crate::command::meta::{ArithDone, MetaArith, MetaDelete, MetaStore};
+use crate::command::meta::{ArithDone, MetaDelete, MetaStore};
 use crate::command::{self, Retrieval};
 use crate::counters::ClassStat;
 use crate::outqueue::OutQueue;
@@ -631,14 +632,23 @@ fn arith(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     } else {
         store.transact(&req.key, |t| {
             let class = t.item().map(|i| i.class_id);
-            let args = MetaArith {
-                incr,
-                delta: f.delta,
-                cas: f.cas,
-                vivify: f.vivify.is_some(),
-                initial: f.initial,
+            // Created with no TTL on a miss (N): the reply loop sets it.
+            let opts = ArithOptions {
+                cas: f.cas.unwrap_or(0),
+                create: f.vivify.map(|_| (f.initial, 0, 0)),
             };
-            let done = command::meta::arith_locked(t, &args);
+            let done = match t.arith(incr, f.delta, &opts) {
+                ArithStatus::Value { value, cas } => ArithDone::Value {
+                    value,
+                    cas,
+                    created: class.is_none(),
+                },
+                ArithStatus::NotFound => ArithDone::NotFound,
+                ArithStatus::Exists => ArithDone::Exists,
+                ArithStatus::NonNumeric => ArithDone::NonNumeric,
+                ArithStatus::OutOfMemory if class.is_none() => ArithDone::VivifyNoMemory,
+                ArithStatus::OutOfMemory => ArithDone::NoMemory,
+            };
             if let ArithDone::Value { created, .. } = done {
                 if !created {
                     count_hit(class);

@@ -895,6 +895,7 @@ impl Txn<'_> {
                         explicit_cas: Some(h.cas),
                         stale: h.iflags & item::F_STALE != 0,
                         token_sent: h.iflags & item::F_TOKEN_SENT != 0,
+                        fetched: false,
                     },
                     false,
                 );

@@ -26,6 +26,9 @@ pub struct ItemInfo {
     pub key_binary: bool,
     /// Slab class holding the item.
     pub class_id: u8,
+    /// The value is too large for one chunk and spans several (memcached's
+    /// `ITEM_CHUNKED`: never a counter).
+    pub chunked: bool,
 }
 
 /// Options of a retrieval.
@@ -60,6 +63,10 @@ pub struct LinkOptions {
     pub stale: bool,
     /// Mark that a win token was already handed out.
     pub token_sent: bool,
+    /// Mark the item fetched, as the item it replaces was: memcached rewrites a counter
+    /// in place, and the item keeps what it knew of its reads (`mg h`, `me`'s `fetch`,
+    /// `evicted_unfetched`).
+    pub fetched: bool,
 }
 
 /// Why an item could not be allocated.

@@ -190,6 +190,7 @@ impl Inner {
             token_sent: h.iflags & item::F_TOKEN_SENT != 0,
             key_binary: h.iflags & item::F_KEY_BINARY != 0,
             class_id: h.class,
+            chunked: h.iflags & item::F_CHUNKED != 0,
         }
     }
 

@@ -240,6 +240,9 @@ impl<'s> Txn<'s> {
         if opts.token_sent {
             marks |= item::F_TOKEN_SENT;
         }
+        if opts.fetched {
+            marks |= item::F_ACCESSED;
+        }
         a.u8_at(off + item::OFF_IFLAGS)
             .fetch_or(marks, Ordering::Relaxed);
         item::seq_end(a, off);
