@@ -101,7 +101,16 @@ fn the_io_uring_engine_reads_what_pread_reads_with_many_in_flight() {
             hits += 1;
         }
     }
-    assert_eq!(hits, on_flash.len(), "every item on flash read back");
+    // Every key was set once, so a record missing from flash is one that a later SET of
+    // another key dropped unread because their buckets and 16-bit tags matched
+    // (`Store::transact_replacing`), counted as `overwritten`; 0-1 in a run here.
+    let dropped = s.flash_stats().unwrap().overwritten as usize;
+    assert!(
+        on_flash.len() - hits <= dropped,
+        "every item on flash read back: {} of {} missed, {dropped} dropped by tag",
+        on_flash.len() - hits,
+        on_flash.len()
+    );
     assert_eq!(engine.queued.load(std::sync::atomic::Ordering::Relaxed), 0);
     drop(engine);
     assert!(rx.try_recv().is_err());
