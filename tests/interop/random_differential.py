@@ -6,11 +6,12 @@ memfabricd differs from Debian's memcached, beyond what the transcripts under
 ``transcripts/`` pin down. Each step sends one generated request (ascii and meta, or
 binary packets) to a fresh memcached and a fresh memfabricd in lockstep, followed by a
 sentinel (``mn``, or a binary NOOP with its own opaque), and compares the normalised
-replies. A difference is printed with the earlier steps that named the same keys, then
+replies; with ``--batch N`` each text step is up to N requests in one write (a pipeline). A difference is printed with the earlier steps that named the same keys, then
 both stores are flushed and the session goes on.
 
     .venv/bin/python tests/interop/random_differential.py --protocol text --seed 21 --steps 2500
     .venv/bin/python tests/interop/random_differential.py --protocol binary --seed 3 --steps 1500
+    .venv/bin/python tests/interop/random_differential.py --seed 5 --steps 1000 --batch 8
 
 The servers run on free loopback ports and are always stopped. A step that does not
 complete within a second (a server waiting for data the request only announced) reconnects
@@ -29,6 +30,11 @@ Differences that are memcached's, not memfabricd's (seen in these sessions, 2026
 * Binary: a request that makes memcached close the connection (bad magic, a body shorter
   than its header says) also drops the replies of the requests before it in the same
   read; memfabricd sends them, then closes.
+* A ``get``, ``gets``, ``gat`` or ``gats`` whose key is too long answers ``CLIENT_ERROR bad
+  command line format`` and, in memcached, throws away the replies of the earlier
+  requests of the same pipeline that were not written yet (``conn_release_items``):
+  ``add k 0 0 1\r\nx\r\nget <251 bytes>\r\n`` in one write gets only the error, though
+  ``k`` was stored. memfabricd answers every request.
 * Unknown binary opcodes (a documented deviation, ``transcripts/binary_misc.txt``),
   ``watch`` (memfabricd has none and answers as memcached does with watch disabled) and
   ``me``'s ``cls=`` (the slab classes differ) are left out or normalised here.
@@ -182,6 +188,29 @@ def text_request(r: random.Random) -> bytes:
     if c < 0.93:
         return r.choice(MISC)
     return bytes(r.choice(b"ab mgset0123\t-") for _ in range(r.randint(1, 40))) + b"\r\n"
+
+
+ARITH = (b"incr", b"decr", b"ma")
+GETS = (b"get", b"gets", b"gat", b"gats")
+
+
+def text_batch(r: random.Random, most: int) -> bytes:
+    """1 to `most` requests sent in one write (a pipeline). Left out: an arithmetic request
+    on a key an earlier request of the same batch named (memcached does not rewrite in
+    place an item that a reply still waiting to be written refers to), and a get-family
+    request with a key over 250 bytes after the first (memcached drops the unwritten
+    replies of the requests before it): both in the module docs."""
+    out, named = [], set()
+    for _ in range(r.randint(1, most)):
+        req = text_request(r)
+        toks = req.split()
+        if len(toks) > 1 and toks[0] in ARITH and toks[1] in named:
+            continue
+        if out and toks and toks[0] in GETS and any(len(t) > 250 for t in toks[1:]):
+            continue
+        named.update(toks[1:])
+        out.append(req)
+    return b"".join(out)
 
 
 def expand_text(req: bytes, cas: CasMap) -> bytes:
@@ -373,7 +402,7 @@ class Peer:
             self.srv.stop()
 
 
-def session(protocol: str, seed: int, steps: int, max_diffs: int) -> int:
+def session(protocol: str, seed: int, steps: int, max_diffs: int, batch: int = 1) -> int:
     r = random.Random(seed)
     peers = []
     try:
@@ -383,7 +412,7 @@ def session(protocol: str, seed: int, steps: int, max_diffs: int) -> int:
         resync = False
         for step in range(steps):
             if protocol == "text":
-                gen = text_request(r)
+                gen = text_batch(r, batch)
                 shown = gen
                 keys = set(gen.split()[1:])
                 want_mn = 1 + sum(1 for line in gen.split(b"\n") if line.startswith(b"mn"))
@@ -397,12 +426,15 @@ def session(protocol: str, seed: int, steps: int, max_diffs: int) -> int:
                 replies = [p.exchange(expand_binary(reqs, p.cas), 0) for p in peers]
                 norm = [normalise_binary(b, p.cas) for b, p in zip(replies, peers)]
             history.append((shown, replies))
-            # memcached that never answered (it waits for the data the request announced,
-            # memfabricd may refuse the request at once) says nothing to compare.
+            # memcached that stopped answering (it waits for the data a request announced,
+            # memfabricd may refuse the request at once) says nothing more to compare.
             if protocol == "binary" and dropped_before_close(norm[0], norm[1]):
                 dropped += 1
                 resync = True
-            elif norm[0] != norm[1] and norm[0] != b"<timeout>":
+            elif norm[0] != norm[1] and not (
+                norm[0].endswith(b"<timeout>")
+                and norm[1].startswith(norm[0][: -len(b"<timeout>")])
+            ):
                 resync = True
                 diffs += 1
                 print(f"=== {protocol} seed {seed} step {step}: {shown!r}")
@@ -446,8 +478,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--max-diffs", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="text: send up to this many requests in one write per step")
     a = ap.parse_args()
-    return session(a.protocol, a.seed, a.steps, a.max_diffs)
+    return session(a.protocol, a.seed, a.steps, a.max_diffs, a.batch)
 
 
 if __name__ == "__main__":

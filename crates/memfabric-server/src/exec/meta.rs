@@ -74,16 +74,29 @@ fn abs_exptime(clock: &Clock, ttl: i32) -> u32 {
     clock.exptime(ttl as i64)
 }
 
+/// memcached's `process_started`: it backdates its start by `ITEM_UPDATE_INTERVAL` (60 s)
+/// and 2 s more; the store's clock backdates by the 2 s only.
+fn memcached_started(clock: &Clock) -> u32 {
+    clock.started().saturating_sub(60)
+}
+
 /// memcached keeps times relative to its start; an "already expired" exptime is its
 /// relative time 1. Our absolute times map onto that scale so that the odd numbers
-/// memcached prints for such items (a wrapped `t`) come out the same shape.
+/// memcached prints for such items (a wrapped `t`: `mg k N-1 t` gives 1 minus its
+/// relative now, -61 and less) come out the same. A live item's numbers do not depend on
+/// where the scale starts.
 fn rel_time(clock: &Clock, abs: u32) -> u32 {
-    let started = clock.started();
-    if abs > started {
+    let started = memcached_started(clock);
+    if abs > clock.started() {
         abs - started
     } else {
         1
     }
+}
+
+/// memcached's `current_time`: now on the scale of [`rel_time`].
+fn rel_now(clock: &Clock) -> u32 {
+    clock.now().saturating_sub(memcached_started(clock))
 }
 
 /// The `t` value: `None` (printed -1) for never, else memcached's 32-bit
@@ -92,8 +105,7 @@ fn ttl_remaining(clock: &Clock, exptime: u32) -> Option<u32> {
     if exptime == 0 {
         return None;
     }
-    let now = clock.now().saturating_sub(clock.started());
-    Some(rel_time(clock, exptime).wrapping_sub(now))
+    Some(rel_time(clock, exptime).wrapping_sub(rel_now(clock)))
 }
 
 // ----- me -----------------------------------------------------------------------------
@@ -109,8 +121,7 @@ fn debug(ctx: &mut ExecCtx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             } else {
                 // memcached prints `current_time - exptime` as a C int: negative while
                 // the item lives.
-                let rel_now = now.saturating_sub(clock.started());
-                rel_now.wrapping_sub(rel_time(clock, info.exptime)) as i32 as i64
+                rel_now(clock).wrapping_sub(rel_time(clock, info.exptime)) as i32 as i64
             };
             let d = wire::DebugInfo {
                 exp,
@@ -761,4 +772,22 @@ fn ma_reply(
     }
     out.extend_from_slice(wire::CRLF);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_on_memcacheds_scale() {
+        let clock = Clock::new();
+        // A live item: what is left, wherever the scale starts.
+        let left = ttl_remaining(&clock, clock.now() + 100).unwrap() as i32;
+        assert!((99..=100).contains(&left), "{left}");
+        // Already expired (`N-1`): relative time 1 against memcached's now, which starts
+        // at 62 (`process_started` is 60 + 2 s before the start): -61, less as time goes.
+        let expired = ttl_remaining(&clock, clock.exptime(-1)).unwrap() as i32;
+        assert!((-63..=-61).contains(&expired), "{expired}");
+        assert_eq!(ttl_remaining(&clock, 0), None);
+    }
 }
