@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::repair::{RepairJob, RepairTally};
-use crate::tasks::{Acks, Child, Modify, PoolCounters, ServerHints, Task, WritePolicy};
+use crate::tasks::{Acks, Child, Modify, PoolCounters, SharedHints, Task, WritePolicy};
 pub use crate::tls::TlsConfig;
 pub use crate::transport::Credentials;
 use crate::transport::{Completion, ConnId, GetMode, Transport};
@@ -191,7 +191,7 @@ pub(crate) struct Server {
     pub(crate) down_until: Option<Instant>,
     pub(crate) inflight: usize,
     /// Replicated pools: what must be deleted here before it is read again.
-    pub(crate) hints: ServerHints,
+    pub(crate) hints: SharedHints,
     /// The server's `instance_id` (memfabricd's `stats fabric`), once probed.
     pub(crate) instance: Option<String>,
 }
@@ -239,6 +239,10 @@ pub struct Client {
     pub(crate) events: std::collections::VecDeque<(Child, Result<Reply, Error>)>,
     pub(crate) settling: bool,
     pub(crate) background_inflight: usize,
+    /// Read repairs waiting for the expiry time of the value they copy, by key: how many,
+    /// and whether this client changed the key (or flushed) since one started; such a
+    /// repair writes nothing, or its `add` could bring back a value deleted meanwhile.
+    pub(crate) repairs_waiting: HashMap<Vec<u8>, RepairWait>,
     pub(crate) counters: PoolCounters,
     /// The pool's erasure code, when `config.ec` is set.
     /// Shared, so that an erasure-coded SET can hold it while it issues the fragments
@@ -257,6 +261,13 @@ pub struct Client {
     /// Repairs of restarted servers (running, or asked to stop and not yet ended).
     pub(crate) repairs: Vec<RepairJob>,
     pub(crate) repair_tally: std::sync::Arc<RepairTally>,
+}
+
+/// Read repairs of one key that wait for the expiry time (`Client::repairs_waiting`).
+#[derive(Default)]
+pub(crate) struct RepairWait {
+    pub(crate) waiting: u32,
+    pub(crate) overtaken: bool,
 }
 
 /// `STAT` name/value pairs of one server.
@@ -336,7 +347,7 @@ impl Client {
                 conn: None,
                 down_until: None,
                 inflight: 0,
-                hints: ServerHints::default(),
+                hints: SharedHints::default(),
                 instance: None,
             })
             .collect();
@@ -356,6 +367,7 @@ impl Client {
             events: std::collections::VecDeque::new(),
             settling: false,
             background_inflight: 0,
+            repairs_waiting: HashMap::new(),
             counters: PoolCounters::default(),
             ec_code,
             other_codes: Vec::new(),

@@ -54,6 +54,11 @@ pub(crate) struct Plan {
     pub(crate) credentials: Option<Credentials>,
     /// The pool's TLS, for servers with `-Z`.
     pub(crate) tls: Option<crate::tls::TlsConfig>,
+    /// Each server's hints, as the pool records and sends them: a server that owes a
+    /// delete of a key (it missed a write or a delete while paused or cut off, and the
+    /// pool has not reached it since) still holds what the key no longer is, and is no
+    /// source for it.
+    pub(crate) hints: Vec<crate::tasks::SharedHints>,
 }
 
 /// The keys a repair claims on the server it refills (with `add`, so that of many clients
@@ -424,6 +429,14 @@ impl<'a> Refill<'a> {
         Ok(())
     }
 
+    /// Does server `s` owe a delete of `key` (the pool's hints)?
+    fn owed(&self, s: usize, key: &[u8]) -> bool {
+        self.plan
+            .hints
+            .get(s)
+            .is_some_and(|h| crate::tasks::lock_hints(h).owes(key))
+    }
+
     fn skip(&self) -> Result<(), Halt> {
         RepairTally::add(&self.tally.skipped, 1);
         Ok(())
@@ -461,6 +474,11 @@ impl<'a> Refill<'a> {
         let mut read = 0;
         for (c, got) in batch.into_iter().zip(originals) {
             let original = match got {
+                // Stale there: left to read repair, which reads past it.
+                Ok(Reply::Value(Some(_))) if self.owed(source, &c.key) => {
+                    self.skip()?;
+                    continue;
+                }
                 Ok(Reply::Value(Some(v))) => v,
                 // Deleted or evicted since the dump listed it, or the source failed.
                 _ => {

@@ -34,8 +34,8 @@ use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::refill;
 use crate::repair::{RepairCounters, RepairJob};
+use crate::tasks::{lock_hints, Background, Child, Kind, Role, Task};
 pub use crate::tasks::{Acks, PoolCounters, WritePolicy};
-use crate::tasks::{Background, Child, Kind, Role, Task};
 use crate::transport::ConnId;
 
 fn to_u8(n: usize) -> u8 {
@@ -79,8 +79,11 @@ impl Client {
         if !self.is_up(s) {
             return false;
         }
-        let hints = &self.servers[s].hints;
-        if hints.keys.is_empty() && !hints.overflow {
+        let owes_nothing = {
+            let hints = lock_hints(&self.servers[s].hints);
+            hints.keys.is_empty() && !hints.overflow
+        };
+        if owes_nothing {
             return true;
         }
         match self.servers[s].conn {
@@ -121,13 +124,15 @@ impl Client {
 
     /// Sends the deletes (or the flush) that server `s`'s hints call for on `conn`.
     fn replay_hints(&mut self, s: usize, conn: ConnId) {
-        let hints = &mut self.servers[s].hints;
-        if hints.overflow {
-            hints.overflow = false;
-            hints.keys.clear();
+        let (flush, keys) = {
+            let mut hints = lock_hints(&self.servers[s].hints);
+            let flush = std::mem::take(&mut hints.overflow);
+            let keys: Vec<Vec<u8>> = hints.keys.drain().collect();
+            (flush, keys)
+        };
+        if flush {
             self.issue_first(s, conn, Role::Flush, Op::FlushAll { delay: 0 });
         } else {
-            let keys: Vec<Vec<u8>> = hints.keys.drain().collect();
             for key in keys {
                 let op = Op::Delete { key: key.clone() };
                 self.issue_first(s, conn, Role::Hint { key }, op);
@@ -200,6 +205,7 @@ impl Client {
             connect_timeout: self.config.connect_timeout,
             credentials: self.config.credentials.clone(),
             tls: self.config.tls.clone(),
+            hints: self.servers.iter().map(|s| Arc::clone(&s.hints)).collect(),
         };
         let job = refill::spawn(plan, Arc::clone(&self.repair_tally))
             .map_err(|e| Error::Config(format!("cannot start a repair thread: {e}")))?;
@@ -240,7 +246,7 @@ impl Client {
 
     fn hint(&mut self, s: usize, key: &[u8]) {
         let max = self.config.max_hints;
-        let hints = &mut self.servers[s].hints;
+        let mut hints = lock_hints(&self.servers[s].hints);
         if hints.overflow {
             return;
         }
@@ -256,10 +262,36 @@ impl Client {
 
     /// Starts a replicated operation under a new handle.
     pub(crate) fn submit_resilient(&mut self, op: Op) -> Handle {
+        self.overtake_read_repairs(&op);
         if self.modifies_by_reading(&op) {
             return self.submit_modify(op);
         }
         self.submit_task(op)
+    }
+
+    /// A read repair that is still asking the expiry time of the value it copies sends
+    /// its `add` later, after whatever this client does next. It must not then bring
+    /// back a value that a delete (or flush) meanwhile removed, nor one a write replaced
+    /// (the new value may not have reached the copy the repair fills): any change of the
+    /// key through this pool cancels the repair (`read_repairs_skipped`).
+    fn overtake_read_repairs(&mut self, op: &Op) {
+        if self.repairs_waiting.is_empty() {
+            return;
+        }
+        match op {
+            Op::Get { .. } | Op::Gat { .. } | Op::Ttl { .. } | Op::Stats { .. } => {}
+            Op::Version | Op::Noop => {}
+            Op::FlushAll { .. } => {
+                for w in self.repairs_waiting.values_mut() {
+                    w.overtaken = true;
+                }
+            }
+            _ => {
+                if let Some(w) = op.key().and_then(|k| self.repairs_waiting.get_mut(k)) {
+                    w.overtaken = true;
+                }
+            }
+        }
     }
 
     /// [`Client::submit_resilient`] as one task: an append or prepend is sent as it is.
@@ -578,7 +610,7 @@ impl Client {
                 },
                 Role::Flush => match result {
                     Ok(Reply::Ok) => self.counters.hint_flushes += 1,
-                    _ => self.servers[s].hints.overflow = true,
+                    _ => lock_hints(&self.servers[s].hints).overflow = true,
                 },
                 Role::Probe => {
                     if let Ok(Reply::Stats(stats)) = result {
@@ -593,6 +625,22 @@ impl Client {
                 }
                 Role::RepairTtl(writes) => {
                     self.background_inflight -= 1;
+                    let key = writes.first().and_then(|w| w.2.key()).unwrap_or_default();
+                    let overtaken = match self.repairs_waiting.get_mut(key) {
+                        Some(w) => {
+                            let overtaken = w.overtaken;
+                            w.waiting = w.waiting.saturating_sub(1);
+                            if w.waiting == 0 {
+                                self.repairs_waiting.remove(key);
+                            }
+                            overtaken
+                        }
+                        None => false,
+                    };
+                    if overtaken {
+                        self.counters.read_repairs_skipped += writes.len() as u64;
+                        continue;
+                    }
                     match result.map(|r| match r {
                         Reply::Ttl(Some(Ttl::Never)) => Some(0),
                         Reply::Ttl(Some(Ttl::Seconds(left))) if left > 0 => Some(exptime_in(left)),
@@ -830,6 +878,9 @@ impl Client {
                 return;
             }
             self.background_inflight += 1;
+            // Counted before the request goes out: a request that fails at once may be
+            // handled before `issue` returns.
+            self.repairs_waiting.entry(key.clone()).or_default().waiting += 1;
             let child = Child {
                 role: Role::RepairTtl(writes),
                 server: source,

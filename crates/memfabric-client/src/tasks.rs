@@ -152,6 +152,15 @@ impl PoolCounters {
     }
 }
 
+/// A server's hints, shared with the pool's background repairs: a repair must not copy
+/// a value from a server that still owes a delete of it (`crate::refill`).
+pub(crate) type SharedHints = std::sync::Arc<std::sync::Mutex<ServerHints>>;
+
+/// Locks `h` (a panic elsewhere while it was held leaves the hints usable).
+pub(crate) fn lock_hints(h: &SharedHints) -> std::sync::MutexGuard<'_, ServerHints> {
+    h.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// What must happen on a server before it may be read again.
 #[derive(Debug, Default)]
 pub(crate) struct ServerHints {
@@ -159,6 +168,13 @@ pub(crate) struct ServerHints {
     pub(crate) keys: HashSet<Vec<u8>>,
     /// More than `max_hints` keys: flush the server instead.
     pub(crate) overflow: bool,
+}
+
+impl ServerHints {
+    /// Is a delete (or a flush) of `key` owed to this server?
+    pub(crate) fn owes(&self, key: &[u8]) -> bool {
+        self.overflow || self.keys.contains(key)
+    }
 }
 
 /// Why a request was issued on the pool's behalf.
