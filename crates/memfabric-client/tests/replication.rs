@@ -140,6 +140,44 @@ fn a_miss_on_the_primary_is_read_past_and_repaired() {
     }
 }
 
+/// A read that finds the value only past a miss repairs the copy that missed, after asking
+/// the source how long the value lives. A delete issued right after the read goes out
+/// before that repair's `add`; the `add` must then not be sent, or it brings the deleted
+/// value back on the copy it repairs.
+fn read_repair_after_delete(kind: Kind) {
+    let servers = start(kind, 3);
+    let mut c = pool(&servers, replicated(1, WritePolicy::Quorum));
+    let mut direct = Client::new(servers[0].url().as_str(), Config::default()).unwrap();
+    for i in 0..20 {
+        let key = key_on(&c, 0, &format!("gone{i}:"));
+        c.set(&key, b"deleted soon", 5, 0).unwrap();
+        assert!(direct.delete(&key).unwrap());
+        // Read past the miss on the primary: the repair asks the other copy for the time
+        // to live; its answer is handled during the delete below.
+        let got = c.get(&key).unwrap().expect("read past the miss");
+        assert_eq!(&got.data[..], b"deleted soon");
+        c.delete(&key).unwrap();
+        assert!(c.drain(Duration::from_secs(5)));
+        assert_eq!(
+            copies(&servers, &key),
+            vec![None; 3],
+            "{kind:?} round {i}: the deleted value came back"
+        );
+        assert_eq!(c.get(&key).unwrap(), None, "{kind:?} round {i}");
+    }
+    // The race was run: repairs were overtaken (not merely done before the delete).
+    let counters = c.pool_counters();
+    assert!(counters.read_repairs_skipped >= 1, "{kind:?}: {counters:?}");
+    eprintln!("{kind:?}: {counters:?}");
+}
+
+#[test]
+fn a_read_repair_overtaken_by_a_delete_writes_nothing() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        read_repair_after_delete(kind);
+    }
+}
+
 /// Drives a pool's background work until `done` says it is over (at most 5 s).
 fn until(c: &mut Client, done: impl Fn(&Client) -> bool) {
     for _ in 0..500 {
