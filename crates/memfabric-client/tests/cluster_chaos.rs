@@ -13,49 +13,14 @@
 //! `MEMFABRIC_CHAOS_SEED` and `MEMFABRIC_CHAOS_OPS` replay or lengthen a run (the seed is
 //! printed). Needs root and `ip`, as CI has; `MEMFABRIC_SKIP_NETNS=1` skips it (printed).
 
+mod common;
+
 use std::time::Duration;
 
 use memfabric_client::{Client, Config, Error, WritePolicy};
 use memfabric_cluster::{Cluster, ClusterConfig};
 
-/// splitmix64, seeded: a failing run is replayed with its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Mostly small values, a quarter up to 128 KiB (coded in the RS pool from 16 KiB).
-fn value_size(rng: &mut Rng) -> usize {
-    let bits = if rng.below(4) == 0 { 17 } else { 11 };
-    let e = rng.below(bits + 1);
-    let lo = 1u64 << e.saturating_sub(1);
-    let hi = 1u64 << e;
-    (lo + rng.below(hi - lo + 1)).max(1) as usize
-}
-
-/// Write `version` of key `k`: names both, then bytes derived from them.
-fn value(k: u32, version: u32, len: usize) -> Vec<u8> {
-    let mut v = format!("{k}:{version}:").into_bytes();
-    let mut x = (u64::from(k) << 32 | u64::from(version)).wrapping_mul(0x2545_f491_4f6c_dd1d);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push(x as u8);
-    }
-    v.truncate(len.max(1));
-    v
-}
+use common::{value_size, versioned_value, Rng};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Write {
@@ -106,9 +71,9 @@ impl Model {
         let st = &mut self.keys[k as usize];
         st.next_version += 1;
         let version = st.next_version;
-        let len = value_size(rng);
+        let len = value_size(rng, 11, 17);
         let w = Write::Value { version, len };
-        match c.set_acked(&key, &value(k, version, len), version, 0) {
+        match c.set_acked(&key, &versioned_value(k, version, len), version, 0) {
             Ok(a) => {
                 let quorum = if a.copies == 6 { 4 } else { 2 };
                 assert!(
@@ -178,7 +143,7 @@ impl Model {
                     );
                 };
                 assert!(
-                    v.data[..] == value(k, version, len)[..],
+                    v.data[..] == versioned_value(k, version, len)[..],
                     "version {version}: the bytes differ. {}",
                     history(c)
                 );

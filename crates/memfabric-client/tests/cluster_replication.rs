@@ -10,51 +10,14 @@
 //!
 //! Needs root and `ip`, as CI has; `MEMFABRIC_SKIP_NETNS=1` skips it (printed).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use memfabric_client::{Client, Config, Error, WritePolicy};
 use memfabric_cluster::{Cluster, ClusterConfig};
 
-/// splitmix64: the test's only randomness, seeded, so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// 1 B to 256 KiB, uniform in the exponent for a quarter of the values and up to 4 KiB
-/// for the rest (so the large ones are there without the run moving gigabytes).
-fn value_size(rng: &mut Rng) -> usize {
-    let bits = if rng.below(4) == 0 { 18 } else { 12 };
-    let e = rng.below(bits + 1);
-    let lo = 1u64 << e.saturating_sub(1);
-    let hi = (1u64 << e).min(256 * 1024);
-    (lo + rng.below(hi - lo + 1)).max(1) as usize
-}
-
-/// The value of write `version` of key `k`: a header naming both, then bytes derived from
-/// them, so that any mix-up or damage is seen.
-fn value(k: u32, version: u32, len: usize) -> Vec<u8> {
-    let mut v = format!("{k}:{version}:").into_bytes();
-    let mut x = (u64::from(k) << 32 | u64::from(version)).wrapping_mul(0x2545_f491_4f6c_dd1d);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push(x as u8);
-    }
-    v.truncate(len.max(1));
-    v
-}
+use common::{value_size, versioned_value, Rng};
 
 fn key(prefix: &str, k: u32) -> Vec<u8> {
     format!("{prefix}:{k}").into_bytes()
@@ -96,8 +59,13 @@ impl Model {
         let st = &mut self.keys[k as usize];
         st.next_version += 1;
         let version = st.next_version;
-        let len = value_size(rng);
-        match c.set_acked(&key(self.prefix, k), &value(k, version, len), version, 0) {
+        let len = value_size(rng, 12, 18);
+        match c.set_acked(
+            &key(self.prefix, k),
+            &versioned_value(k, version, len),
+            version,
+            0,
+        ) {
             Ok(a) => {
                 // Quorum: 2 of 3 copies, or 4 of the 6 fragments of RS(4,2).
                 let quorum = if a.copies == 6 { 4 } else { 2 };
@@ -141,7 +109,7 @@ impl Model {
                     );
                 };
                 assert!(
-                    v.data[..] == value(k, ver, len)[..],
+                    v.data[..] == versioned_value(k, ver, len)[..],
                     "key {k} version {ver}: the bytes differ"
                 );
                 self.tally.reads_ok += 1;
@@ -367,7 +335,7 @@ fn a_restart_first_met_by_an_erasure_coded_set_is_recognised() {
     }
     let mut cluster = cluster(6);
     let mut c = erasure_coded_pool(&cluster, Duration::from_secs(2));
-    let big = value(1, 1, 64 * 1024);
+    let big = versioned_value(1, 1, 64 * 1024);
     // RS(4,2) over 6 servers: every server holds a fragment and has a connection.
     c.set_acked(b"ec:first", &big, 0, 0).expect("healthy set");
     assert!(c.pool_counters().ec_writes == 1, "{:?}", c.pool_counters());

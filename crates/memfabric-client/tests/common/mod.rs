@@ -337,3 +337,50 @@ fn stats_pid(port: u16) -> Option<u32> {
         .find_map(|l| l.strip_prefix("STAT pid "))
         .and_then(|p| p.trim().parse().ok())
 }
+
+/// splitmix64: the cluster tests' only randomness, seeded, so a failing run is replayed
+/// with its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A value length, uniform in the exponent: up to `2^big_bits` bytes for a quarter of the
+/// values, up to `2^small_bits` for the rest (the large ones there without moving
+/// gigabytes).
+pub fn value_size(rng: &mut Rng, small_bits: u64, big_bits: u64) -> usize {
+    let bits = if rng.below(4) == 0 {
+        big_bits
+    } else {
+        small_bits
+    };
+    let e = rng.below(bits + 1);
+    let lo = 1u64 << e.saturating_sub(1);
+    let hi = 1u64 << e;
+    (lo + rng.below(hi - lo + 1)).max(1) as usize
+}
+
+/// Write `version` of key `k`: a header naming both, then bytes derived from them, so
+/// that any mix-up or damage is seen.
+pub fn versioned_value(k: u32, version: u32, len: usize) -> Vec<u8> {
+    let mut v = format!("{k}:{version}:").into_bytes();
+    let mut x = (u64::from(k) << 32 | u64::from(version)).wrapping_mul(0x2545_f491_4f6c_dd1d);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x as u8);
+    }
+    v.truncate(len.max(1));
+    v
+}
