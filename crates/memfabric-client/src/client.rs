@@ -12,6 +12,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
+use crate::probe::Probe;
 use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, Modify, PoolCounters, SharedHints, Task, WritePolicy};
 pub use crate::tls::TlsConfig;
@@ -194,6 +195,11 @@ pub(crate) struct Server {
     pub(crate) hints: SharedHints,
     /// The server's `instance_id` (memfabricd's `stats fabric`), once probed.
     pub(crate) instance: Option<String>,
+    /// Lost to a timeout (a connect or a request): a replicated or coded pool reconnects
+    /// only after a background probe reached it (`crate::probe`).
+    pub(crate) unreachable: bool,
+    /// That probe, while it runs.
+    pub(crate) probe: Option<Probe>,
 }
 
 pub(crate) struct Pending {
@@ -349,6 +355,8 @@ impl Client {
                 inflight: 0,
                 hints: SharedHints::default(),
                 instance: None,
+                unreachable: false,
+                probe: None,
             })
             .collect();
         Client {
@@ -415,11 +423,10 @@ impl Client {
             .collect()
     }
 
-    /// Whether the server at `index` is currently marked down.
+    /// Whether the server at `index` is currently marked down (or, lost to a timeout, is
+    /// being probed before the pool reconnects).
     pub fn is_down(&self, index: usize) -> bool {
-        self.servers[index]
-            .down_until
-            .is_some_and(|t| Instant::now() < t)
+        !self.is_up(index)
     }
 
     /// Requests issued and not yet completed.
@@ -446,9 +453,12 @@ impl Client {
         true
     }
 
-    /// Whether server `s` is not marked down (the clock is read only for one that was).
+    /// Whether server `s` is not marked down (the clock is read only for one that was)
+    /// and not being probed.
     pub(crate) fn is_up(&self, s: usize) -> bool {
-        !matches!(self.servers[s].down_until, Some(t) if Instant::now() < t)
+        let server = &self.servers[s];
+        !matches!(server.down_until, Some(t) if Instant::now() < t)
+            && !server.probe.as_ref().is_some_and(Probe::running)
     }
 
     fn route(&self, key: &[u8]) -> Result<usize, Error> {
@@ -477,6 +487,11 @@ impl Client {
         if let Some(c) = self.servers[s].conn {
             return Ok(c);
         }
+        if self.servers[s].unreachable && self.resilient() && !self.probe_reached(s) {
+            return Err(Error::ServerDown {
+                server: self.servers[s].name.clone(),
+            });
+        }
         let started = Instant::now();
         let connected = self
             .transport
@@ -495,6 +510,7 @@ impl Client {
             Ok(c) => {
                 self.servers[s].conn = Some(c);
                 self.servers[s].down_until = None;
+                self.servers[s].unreachable = false;
                 self.conn_server.insert(c, s);
                 if self.resilient() {
                     self.on_connect(s, c);
@@ -502,8 +518,36 @@ impl Client {
                 Ok(c)
             }
             Err(e) => {
+                // A connect that ran into its deadline (a cut link, a host gone: nothing
+                // answered) makes the next one wait for a probe; a refusal came at once.
+                self.servers[s].unreachable = matches!(e, Error::Timeout { .. })
+                    || blocked >= self.config.connect_timeout / 2;
+                self.counters.connect_failures += 1;
                 self.servers[s].down_until = Some(Instant::now() + self.config.retry_timeout);
                 Err(e)
+            }
+        }
+    }
+
+    /// Whether the probe of unreachable server `s` has reached it (start one if none
+    /// runs). One that did not is marked down for `retry_timeout`, as a failed connect is.
+    fn probe_reached(&mut self, s: usize) -> bool {
+        let timeout = self.config.connect_timeout;
+        let server = &mut self.servers[s];
+        let Some(probe) = server.probe.as_mut() else {
+            server.probe = Some(Probe::start(&server.addr, timeout));
+            self.counters.reconnect_probes += 1;
+            return false;
+        };
+        match probe.result() {
+            None => false,
+            Some(reached) => {
+                server.probe = None;
+                if !reached {
+                    server.down_until = Some(Instant::now() + self.config.retry_timeout);
+                    self.counters.reconnect_probes_failed += 1;
+                }
+                reached
             }
         }
     }
@@ -680,6 +724,7 @@ impl Client {
         if self.servers[s].conn == Some(conn) {
             self.servers[s].conn = None;
             self.servers[s].down_until = Some(now + self.config.retry_timeout);
+            self.servers[s].unreachable = true;
         }
         self.conn_server.remove(&conn);
         self.transport.close(conn);

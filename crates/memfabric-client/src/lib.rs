@@ -45,6 +45,7 @@ pub mod meta;
 mod modify;
 mod onesided;
 pub mod op;
+mod probe;
 mod refill;
 mod repair;
 pub mod replicate;

@@ -97,6 +97,12 @@ pub struct PoolCounters {
     pub hint_flushes: u64,
     /// Reconnects that found a server with a new `instance_id` (it restarted, empty).
     pub restarts_detected: u64,
+    /// Background probes of servers lost to a timeout (the pool reconnects to one only
+    /// once its probe reached it), and those that did not reach it.
+    pub reconnect_probes: u64,
+    pub reconnect_probes_failed: u64,
+    /// Connects made inline (blocking the client) that failed.
+    pub connect_failures: u64,
     /// Values written erasure coded, and the time spent encoding them (nanoseconds).
     pub ec_writes: u64,
     pub encode_ns: u64,
@@ -135,6 +141,9 @@ impl PoolCounters {
             ("hinted_deletes", self.hinted_deletes),
             ("hint_flushes", self.hint_flushes),
             ("restarts_detected", self.restarts_detected),
+            ("reconnect_probes", self.reconnect_probes),
+            ("reconnect_probes_failed", self.reconnect_probes_failed),
+            ("connect_failures", self.connect_failures),
             ("ec_writes", self.ec_writes),
             ("encode_ns", self.encode_ns),
             ("ec_reads", self.ec_reads),

@@ -96,3 +96,99 @@ fn cut_paused_and_killed_servers_fail_within_their_deadlines_and_come_back() {
         assert_eq!(&c.get(k).unwrap().unwrap().data[..], b"after");
     }
 }
+
+/// A replicated pool with a copy behind a cut link never connects to it inline while it
+/// is cut: a blocking connect stalled the whole client (every other server's requests
+/// too) for `connect_timeout` every `retry_timeout`. Background probes find it
+/// unreachable meanwhile; every write is acknowledged by the two other copies and every
+/// read is right; once the link is back a probe reaches it and the pool writes there
+/// again, its one connect made only then.
+#[test]
+fn a_replicated_pool_probes_a_cut_copy_instead_of_blocking_on_it() {
+    if memfabric_cluster::skip_netns_tests() {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig {
+        servers: 3,
+        args: vec!["-m".into(), "64".into()],
+        ..ClusterConfig::default()
+    })
+    .expect("cluster");
+    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let timeout = Duration::from_millis(300);
+    let mut c = Client::new(
+        list.join(",").as_str(),
+        Config {
+            replicas: 2,
+            write_policy: memfabric_client::WritePolicy::Quorum,
+            timeout,
+            connect_timeout: timeout,
+            retry_timeout: Duration::from_millis(400),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let keys: Vec<Vec<u8>> = (0..50).map(|i| format!("probe:{i}").into_bytes()).collect();
+    for k in &keys {
+        assert!(c.set_acked(k, b"before", 0, 0).unwrap().acked >= 2);
+    }
+    // Every copy written and every connection open before the cut.
+    assert!(c.drain(Duration::from_secs(5)));
+
+    cluster.cut(0).unwrap();
+    // Until the probes failed three times (each a retry time after the last: over a
+    // second of a cut copy), at most 20 s or 20,000 operations.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut n = 0;
+    while c.pool_counters().reconnect_probes_failed < 3 && Instant::now() < deadline && n < 20_000 {
+        let op = Instant::now();
+        let k = &keys[n % keys.len()];
+        let v = format!("cut-{n}");
+        let a = c.set_acked(k, v.as_bytes(), 0, 0).expect("a quorum write");
+        assert!(a.acked >= 2, "#{n}: {a:?}");
+        assert_eq!(
+            &c.get(k).unwrap().expect("the value").data[..],
+            v.as_bytes()
+        );
+        slowest = slowest.max(op.elapsed());
+        n += 1;
+    }
+    let counters = c.pool_counters().clone();
+    eprintln!(
+        "cut: {n} writes and reads in {:?}, the slowest pair {slowest:?}; {counters:?}",
+        started.elapsed()
+    );
+    assert!(counters.reconnect_probes_failed >= 3, "{counters:?}");
+    assert_eq!(
+        counters.connect_failures, 0,
+        "an inline connect to the cut copy"
+    );
+
+    cluster.heal(0).unwrap();
+    // Back in use: a write through the pool reaches server 0 (read there directly).
+    let mut direct = Client::new(list[0].as_str(), Config::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut m = 0;
+    loop {
+        let v = format!("healed-{m}");
+        c.set(&keys[0], v.as_bytes(), 0, 0).unwrap();
+        if direct
+            .get(&keys[0])
+            .unwrap()
+            .is_some_and(|got| got.data[..] == *v.as_bytes())
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "server 0 never written again");
+        std::thread::sleep(Duration::from_millis(20));
+        m += 1;
+    }
+    let counters = c.pool_counters();
+    assert_eq!(counters.connect_failures, 0, "{counters:?}");
+    assert!(
+        counters.reconnect_probes > counters.reconnect_probes_failed,
+        "{counters:?}"
+    );
+}
