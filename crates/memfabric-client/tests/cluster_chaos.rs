@@ -15,7 +15,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memfabric_client::{Client, Config, Error, WritePolicy};
 use memfabric_cluster::{Cluster, ClusterConfig};
@@ -282,7 +282,18 @@ fn chaos(prefix: &'static str, ec: bool, seed: u64, ops: u32) {
         }
     }
     log.push("all back".into());
-    std::thread::sleep(Duration::from_millis(500));
+    // Until the pool has every server again: a server it lost to a timeout comes back
+    // only after a background probe reached it, and a probe that started while its link
+    // was still cut fails and waits a retry time (docs/resilience.md). At most 20 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.stats(None).iter().all(|(_, r)| r.is_ok()) {
+        assert!(
+            Instant::now() < deadline,
+            "a server never came back: {:?}",
+            c.pool_counters()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for k in 0..keys {
         model.read(&mut c, k, true, &log);
     }
