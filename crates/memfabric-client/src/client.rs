@@ -534,15 +534,21 @@ impl Client {
     fn probe_reached(&mut self, s: usize) -> bool {
         let timeout = self.config.connect_timeout;
         let server = &mut self.servers[s];
-        let Some(probe) = server.probe.as_mut() else {
-            server.probe = Some(Probe::start(&server.addr, timeout));
-            self.counters.reconnect_probes += 1;
-            return false;
-        };
-        match probe.result() {
-            None => false,
-            Some(reached) => {
-                server.probe = None;
+        match server.probe.take() {
+            None => match Probe::start(&server.addr, timeout) {
+                Some(probe) => {
+                    server.probe = Some(probe);
+                    self.counters.reconnect_probes += 1;
+                    false
+                }
+                None => true,
+            },
+            Some(probe) if probe.running() => {
+                server.probe = Some(probe);
+                false
+            }
+            Some(probe) => {
+                let reached = probe.reached();
                 if !reached {
                     server.down_until = Some(Instant::now() + self.config.retry_timeout);
                     self.counters.reconnect_probes_failed += 1;

@@ -13,13 +13,15 @@ use std::time::Duration;
 use crate::addr::ServerAddr;
 
 /// One probe in flight (or finished, its result not yet taken).
-pub(crate) struct Probe(Option<JoinHandle<bool>>);
+pub(crate) struct Probe(JoinHandle<bool>);
 
 impl Probe {
-    /// Try `addr` in the background, each of its resolved addresses for at most `timeout`.
-    pub(crate) fn start(addr: &ServerAddr, timeout: Duration) -> Probe {
+    /// Try `addr` in the background, each of its resolved addresses for at most `timeout`;
+    /// `None` when no thread could be started (the pool then connects inline, as it would
+    /// without probes).
+    pub(crate) fn start(addr: &ServerAddr, timeout: Duration) -> Option<Probe> {
         let (host, port) = (addr.host.clone(), addr.port);
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("memfabric-probe".into())
             .spawn(move || {
                 let Ok(addrs) = (host.as_str(), port).to_socket_addrs() else {
@@ -30,23 +32,18 @@ impl Probe {
                 addrs
                     .into_iter()
                     .any(|sa| TcpStream::connect_timeout(&sa, timeout).is_ok())
-            });
-        // Without a thread, the pool connects inline as it would without probes.
-        Probe(spawned.ok())
+            })
+            .ok()
+            .map(Probe)
     }
 
     /// Whether the probe still runs (the server counts as down meanwhile).
     pub(crate) fn running(&self) -> bool {
-        self.0.as_ref().is_some_and(|h| !h.is_finished())
+        !self.0.is_finished()
     }
 
-    /// `None` while the probe runs; then whether it reached the server (taken once: the
-    /// caller drops the probe with its result).
-    pub(crate) fn result(&mut self) -> Option<bool> {
-        match &self.0 {
-            None => Some(true),
-            Some(h) if !h.is_finished() => None,
-            Some(_) => self.0.take().map(|h| h.join().unwrap_or(false)),
-        }
+    /// Whether the finished probe reached the server.
+    pub(crate) fn reached(self) -> bool {
+        self.0.join().unwrap_or(false)
     }
 }

@@ -24,18 +24,24 @@ fn bounded<T>(bound: Duration, what: &str, op: impl FnOnce() -> T) -> T {
     r
 }
 
+/// `n` servers of 64 MB, and their addresses as a pool's server list takes them.
+fn cluster_of(n: usize) -> (Cluster, Vec<String>) {
+    let cluster = Cluster::start(ClusterConfig {
+        servers: n,
+        args: vec!["-m".into(), "64".into()],
+        ..ClusterConfig::default()
+    })
+    .expect("cluster");
+    let list = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    (cluster, list)
+}
+
 #[test]
 fn cut_paused_and_killed_servers_fail_within_their_deadlines_and_come_back() {
     if memfabric_cluster::skip_netns_tests() {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig {
-        servers: 4,
-        args: vec!["-m".into(), "64".into()],
-        ..ClusterConfig::default()
-    })
-    .expect("cluster");
-    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let (mut cluster, list) = cluster_of(4);
     let timeout = Duration::from_millis(300);
     let retry = Duration::from_millis(400);
     let mut c = Client::new(
@@ -108,13 +114,7 @@ fn a_replicated_pool_probes_a_cut_copy_instead_of_blocking_on_it() {
     if memfabric_cluster::skip_netns_tests() {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig {
-        servers: 3,
-        args: vec!["-m".into(), "64".into()],
-        ..ClusterConfig::default()
-    })
-    .expect("cluster");
-    let list: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let (mut cluster, list) = cluster_of(3);
     let timeout = Duration::from_millis(300);
     let mut c = Client::new(
         list.join(",").as_str(),
