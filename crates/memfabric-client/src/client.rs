@@ -200,6 +200,10 @@ pub(crate) struct Server {
     pub(crate) unreachable: bool,
     /// That probe, while it runs.
     pub(crate) probe: Option<Probe>,
+    /// Over TCP: the server's `stats fabric` said `ms_keep_newer_write 1` on the current
+    /// connection, so fragments go to it as `StoreMode::SetFragment` (over UCX they
+    /// always do); until then, and to memcached, as plain sets.
+    pub(crate) keeps_newer_write: bool,
 }
 
 pub(crate) struct Pending {
@@ -357,6 +361,7 @@ impl Client {
                 instance: None,
                 unreachable: false,
                 probe: None,
+                keeps_newer_write: false,
             })
             .collect();
         Client {
@@ -623,6 +628,25 @@ impl Client {
 
     /// Submits `op` as request `h` on `conn` of server `s`, with the pool's deadline.
     pub(crate) fn submit_on(&mut self, s: usize, conn: ConnId, h: Handle, op: Op) {
+        let server = &self.servers[s];
+        let op = match op {
+            Op::Store {
+                mode: StoreMode::SetFragment,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+            } if server.addr.scheme == Scheme::Tcp && !server.keeps_newer_write => Op::Store {
+                mode: StoreMode::Set,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+            },
+            op => op,
+        };
         match self.transport.submit(conn, h.0, op) {
             Ok(()) => {
                 let deadline = Instant::now() + self.config.timeout;

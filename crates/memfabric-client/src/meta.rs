@@ -99,7 +99,10 @@ pub fn encode(op: Op, out: &mut OutQueue) -> Result<Expect, Error> {
             cas,
         } => codec::Request::Store {
             mode: match mode {
-                StoreMode::Set | StoreMode::SetFragment => codec::StoreMode::Set,
+                StoreMode::Set => codec::StoreMode::Set,
+                // Only to servers that understand it: the pool sends a plain set to the
+                // others (`Client::submit_on`).
+                StoreMode::SetFragment => codec::StoreMode::SetFragment,
                 StoreMode::Add => codec::StoreMode::Add,
                 StoreMode::Replace => codec::StoreMode::Replace,
                 StoreMode::Append => codec::StoreMode::Append,
@@ -185,6 +188,7 @@ pub fn parse(buf: &mut BytesMut, expect: Expect) -> Result<Parsed, String> {
             codec::StoreStatus::NotStored => StoreStatus::NotStored,
             codec::StoreStatus::Exists => StoreStatus::Exists,
             codec::StoreStatus::NotFound => StoreStatus::NotFound,
+            codec::StoreStatus::Superseded { stripe } => StoreStatus::Superseded { stripe },
         })),
         Ok(codec::Reply::Deleted(found)) => Ok(Reply::Deleted(found)),
         Ok(codec::Reply::Counter(n)) => Ok(Reply::Counter(n)),

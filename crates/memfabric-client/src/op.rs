@@ -18,9 +18,10 @@ pub enum StoreMode {
     /// Store only if the item's CAS value still equals the one given.
     Cas,
     /// Store an erasure-coded fragment (`memfabric_proto::ec_fragment`) as `Set` does,
-    /// except that a memfabricd reached over UCX that holds a fragment of a newer write
-    /// under the key keeps it and answers `NotStored` (the fabric protocol's
-    /// `FLAG_KEEP_NEWER_WRITE`). Over TCP, and to memcached, a plain set.
+    /// except that a memfabricd that holds a fragment of a newer write under the key
+    /// keeps it and answers [`StoreStatus::Superseded`] (over UCX the fabric protocol's
+    /// `FLAG_KEEP_NEWER_WRITE`, over TCP meta's `ms ... K`, sent only to servers whose
+    /// `stats fabric` says they understand it). To memcached, a plain set.
     SetFragment,
 }
 

@@ -107,6 +107,8 @@ impl Client {
     /// A new connection to server `s` of a replicated pool: ask who it is, then delete
     /// what may be stale on it (or flush it), before any other request on the connection.
     pub(crate) fn on_connect(&mut self, s: usize, conn: ConnId) {
+        // Learnt again from this connection's answer (the server may have been replaced).
+        self.servers[s].keeps_newer_write = false;
         match self.transport_instance(conn) {
             Some(id) => self.learn_instance(s, id),
             // Asked first on the connection: the answer is this run's, whatever follows.
@@ -614,11 +616,15 @@ impl Client {
                 },
                 Role::Probe => {
                     if let Ok(Reply::Stats(stats)) = result {
-                        let id = stats
-                            .into_iter()
-                            .find(|(k, _)| k == "instance_id")
-                            .map(|(_, v)| v);
-                        if let Some(id) = id {
+                        let stat = |name: &str| {
+                            stats
+                                .iter()
+                                .find(|(k, _)| k == name)
+                                .map(|(_, v)| v.clone())
+                        };
+                        self.servers[s].keeps_newer_write =
+                            stat("ms_keep_newer_write").is_some_and(|v| v == "1");
+                        if let Some(id) = stat("instance_id") {
                             self.learn_instance(s, id);
                         }
                     }

@@ -16,6 +16,10 @@
 //! - base64 keys (`b`) are decoded as memcached's decoder does: characters outside the
 //!   alphabet are skipped and decoding stops after the first padded quad.
 //!
+//! One flag is memfabricd's own: `K` on `ms` ("keep a newer write"; memcached refuses it as
+//! an invalid flag, and so does this parser on the other commands). See
+//! [`MetaFlags::keep_newer_write`].
+//!
 //! Which replies are suppressed by `q`, and errors that memcached only notices while
 //! building a reply (an over-long opaque in `mg`/`ma`), are the executor's business:
 //! the request keeps every flag token, in order, for it.
@@ -167,6 +171,11 @@ pub struct MetaFlags<'a> {
     pub delta: u64,
     /// `J`: initial value of an autovivified counter (default 0).
     pub initial: u64,
+    /// `K` (memfabricd's, `ms` only): a plain set of an erasure-coded fragment that must
+    /// not replace a fragment of a newer write of the key; refused, the reply is `NS
+    /// K<stripe of the write kept>` (docs/resilience.md, the write hole). The UCX path's
+    /// `FLAG_KEEP_NEWER_WRITE` over TCP.
+    pub keep_newer_write: bool,
 }
 
 impl<'a> MetaFlags<'a> {
@@ -187,6 +196,7 @@ impl<'a> MetaFlags<'a> {
             mode: None,
             delta: 1,
             initial: 0,
+            keep_newer_write: false,
         }
     }
 
@@ -321,7 +331,7 @@ pub fn parse(line: &[u8]) -> Result<MetaRequest<'_>, ParseError> {
                 }
                 .into());
             }
-            let (key, flags) = match preparse(raw_key, &toks[2..n]) {
+            let (key, flags) = match preparse(raw_key, &toks[2..n], false) {
                 Ok(v) => v,
                 Err(e) if command == MetaCommand::Get => return Err(e.into()),
                 Err(_) => return Err(MetaError::InvalidOrDuplicateFlag.into()),
@@ -388,7 +398,7 @@ fn parse_set<'a>(toks: &[&'a [u8]], n: usize) -> Result<MetaRequest<'a>, ParseEr
         error,
         swallow: data_len + 2,
     };
-    let (key, flags) = preparse(raw_key, &toks[3..n]).map_err(swallow)?;
+    let (key, flags) = preparse(raw_key, &toks[3..n], true).map_err(swallow)?;
     // The mode is judged after the opaque, but its error wins.
     flags.store_mode().map_err(swallow)?;
     if flags.opaque_too_long() {
@@ -402,10 +412,12 @@ fn parse_set<'a>(toks: &[&'a [u8]], n: usize) -> Result<MetaRequest<'a>, ParseEr
     })
 }
 
-/// memcached's `_meta_flag_preparse`: one pass over the flag tokens.
+/// memcached's `_meta_flag_preparse`: one pass over the flag tokens. `is_set`: the
+/// command is `ms`, the only one that takes memfabricd's `K`.
 fn preparse<'a>(
     raw_key: &'a [u8],
     toks: &[&'a [u8]],
+    is_set: bool,
 ) -> Result<(Cow<'a, [u8]>, MetaFlags<'a>), MetaError> {
     let mut f = MetaFlags::new();
     let mut key = Cow::Borrowed(raw_key);
@@ -485,6 +497,7 @@ fn preparse<'a>(
                 }
             },
             b'I' => f.invalidate = true,
+            b'K' if is_set => f.keep_newer_write = true,
             _ => return Err(MetaError::InvalidFlag),
         }
     }

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | get / gets | `mg <key> v f [c]` | `VA <n> f<flags> [c<cas>]` + data, `EN` |
 //! | gat | `mg <key> v f c T<exptime>` | as get |
-//! | store | `ms <key> <n> T<exptime> F<flags> c M<S/E/R/A/P> [C<cas>]` + data | `HD c<cas>`, `NS`, `EX`, `NF` |
+//! | store | `ms <key> <n> T<exptime> F<flags> c M<S/E/R/A/P> [C<cas>] [K]` + data | `HD c<cas>`, `NS [K<stripe>]`, `EX`, `NF` |
 //! | delete | `md <key>` | `HD`, `NF` |
 //! | incr/decr | `ma <key> v D<delta> M<I/D>` | `VA <n>` + number, `NF` |
 //! | touch | `touch <key> <exptime>` | `TOUCHED`, `NOT_FOUND` |
@@ -15,6 +15,10 @@
 //! | stats | `stats [<group>]` | `STAT <k> <v>`... `END` |
 //! | version | `version` | `VERSION <v>` |
 //! | noop | `mn` | `MN` |
+//!
+//! `K` (a coded fragment's set that keeps a newer write's fragment) is memfabricd's own
+//! flag: send it only to a server whose `stats fabric` says `ms_keep_newer_write 1`
+//! (memcached refuses it).
 //!
 //! Any request may instead be answered `ERROR`, `CLIENT_ERROR <msg>` or `SERVER_ERROR
 //! <msg>`: that completes the request with an [`ErrorReply`] and keeps the stream in
@@ -45,6 +49,9 @@ pub enum StoreMode {
     Prepend,
     /// Set only if the item's CAS value still equals the request's.
     Cas,
+    /// Set an erasure-coded fragment unless the key holds a fragment of a newer write
+    /// (memfabricd's `K`).
+    SetFragment,
 }
 
 /// One request, borrowing its key; a store's value is sent by the caller after the line.
@@ -169,7 +176,7 @@ pub fn encode(req: &Request<'_>, out: &mut Vec<u8>) -> Result<Expect, EncodeErro
             cas,
         } => {
             let m = match mode {
-                StoreMode::Set | StoreMode::Cas => 'S',
+                StoreMode::Set | StoreMode::Cas | StoreMode::SetFragment => 'S',
                 StoreMode::Add => 'E',
                 StoreMode::Replace => 'R',
                 StoreMode::Append => 'A',
@@ -179,6 +186,9 @@ pub fn encode(req: &Request<'_>, out: &mut Vec<u8>) -> Result<Expect, EncodeErro
             let _ = write!(out, " {value_len} T{exptime} F{flags} c M{m}");
             if mode == StoreMode::Cas {
                 let _ = write!(out, " C{cas}");
+            }
+            if mode == StoreMode::SetFragment {
+                out.extend_from_slice(b" K");
             }
             out.extend_from_slice(b"\r\n");
             Expect::Store
@@ -271,6 +281,11 @@ pub enum StoreStatus {
     NotStored,
     Exists,
     NotFound,
+    /// A [`StoreMode::SetFragment`] not stored: the key holds a fragment of a newer
+    /// write, whose stripe this is (`NS K<stripe>`).
+    Superseded {
+        stripe: u64,
+    },
 }
 
 /// A reply that is not an error line.
@@ -433,7 +448,16 @@ pub fn decode(buf: &[u8], expect: Expect) -> Result<Decoded, DecodeError> {
                 cas: cas.unwrap_or(0),
             })
         }
-        (Expect::Store, b"NS") => Reply::Stored(StoreStatus::NotStored),
+        (Expect::Store, b"NS") => {
+            let kept = toks
+                .find(|t| t[0] == b'K')
+                .map(|t| num(&t[1..]))
+                .transpose()?;
+            Reply::Stored(match kept {
+                Some(stripe) => StoreStatus::Superseded { stripe },
+                None => StoreStatus::NotStored,
+            })
+        }
         (Expect::Store, b"EX") => Reply::Stored(StoreStatus::Exists),
         (Expect::Store, b"NF") => Reply::Stored(StoreStatus::NotFound),
         (Expect::Delete, b"HD") => Reply::Deleted(true),
@@ -553,6 +577,15 @@ mod tests {
             cas: 42,
         };
         assert_eq!(encoded(add), b"ms k 0 T0 F0 c ME\r\n");
+        let fragment = Request::Store {
+            mode: StoreMode::SetFragment,
+            key: b"k",
+            value_len: 2,
+            flags: 1,
+            exptime: 0,
+            cas: 42,
+        };
+        assert_eq!(encoded(fragment), b"ms k 2 T0 F1 c MS K\r\n");
         assert_eq!(encoded(Request::Delete { key: b"k" }), b"md k\r\n");
         assert_eq!(
             encoded(Request::Arith {
@@ -580,6 +613,19 @@ mod tests {
         assert_eq!(encoded(Request::Stats { group: Some("") }), b"stats\r\n");
         assert_eq!(encoded(Request::Version), b"version\r\n");
         assert_eq!(encoded(Request::Noop), b"mn\r\n");
+    }
+
+    #[test]
+    fn a_fragment_set_refused_for_a_newer_write_says_which() {
+        assert_eq!(
+            decode_all(b"NS K1234\r\n", Expect::Store),
+            Ok(Reply::Stored(StoreStatus::Superseded { stripe: 1234 }))
+        );
+        assert_eq!(
+            decode_all(b"NS\r\n", Expect::Store),
+            Ok(Reply::Stored(StoreStatus::NotStored))
+        );
+        assert!(decode(b"NS Kx\r\n", Expect::Store).is_err());
     }
 
     #[test]

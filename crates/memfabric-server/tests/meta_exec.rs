@@ -765,3 +765,94 @@ fn classic_and_meta_see_each_others_items() {
     c.s("set m2 3 0 2\r\nhi\r\n");
     assert_eq!(c.s("mg m2 v f s\r\n"), "VA 2 f3 s2\r\nhi\r\n");
 }
+
+// ----- ms K (memfabricd's: keep a newer write's fragment) -------------------------------
+
+/// Fragment `index` 0 of a 4+2 write under `stripe`, `payload_len` bytes of `fill`.
+fn fragment(stripe: u64, fill: u8, payload_len: usize) -> Vec<u8> {
+    use memfabric_proto::ec_fragment::FragmentHeader;
+    let h = FragmentHeader {
+        k: 4,
+        m: 2,
+        index: 0,
+        stripe,
+        value_len: 4 * payload_len as u64,
+        data_crc: u32::from(fill),
+    };
+    let mut out = Vec::new();
+    h.encode(&vec![fill; payload_len], &mut out);
+    out
+}
+
+/// An `ms` of `value` with the flags `flags`, sent whole.
+fn ms(key: &str, flags: &str, value: &[u8]) -> Vec<u8> {
+    let mut req = format!("ms {key} {} {flags}\r\n", value.len()).into_bytes();
+    req.extend_from_slice(value);
+    req.extend_from_slice(b"\r\n");
+    req
+}
+
+/// The value `mg` returns for `key`.
+fn value_of(c: &mut Conn, key: &str) -> Vec<u8> {
+    let r = c.send(format!("mg {key} v\r\n").as_bytes());
+    let head = r.iter().position(|&b| b == b'\n').expect("a reply line") + 1;
+    assert!(r.starts_with(b"VA "), "{:?}", text(&r));
+    r[head..r.len() - 2].to_vec()
+}
+
+#[test]
+fn ms_k_keeps_a_fragment_of_a_newer_write_and_says_which() {
+    let mut c = Conn::new();
+    let (older, newer, newest) = (
+        fragment(100, b'o', 64),
+        fragment(200, b'n', 64),
+        fragment(300, b'w', 64),
+    );
+    assert_eq!(text(&c.send(&ms("k", "K", &newer))), "HD\r\n");
+    // An older write's fragment is refused and told which write stays; the opaque and
+    // the key are echoed as on any NS.
+    assert_eq!(
+        text(&c.send(&ms("k", "K O9 k", &older))),
+        "NS K200 O9 kk\r\n"
+    );
+    assert_eq!(value_of(&mut c, "k"), newer);
+    assert_eq!(text(&c.send(&ms("k", "K q", &older))), "NS K200\r\n");
+    // A newer one replaces it; so does any set without K.
+    assert_eq!(text(&c.send(&ms("k", "K", &newest))), "HD\r\n");
+    assert_eq!(value_of(&mut c, "k"), newest);
+    assert_eq!(text(&c.send(&ms("k", "", &older))), "HD\r\n");
+    assert_eq!(value_of(&mut c, "k"), older);
+    // K applies to plain sets of fragments only: a value that is not a fragment, or
+    // another mode, or a compare-and-swap, is stored as its other flags say.
+    assert_eq!(text(&c.send(&ms("k", "K", &newest))), "HD\r\n");
+    assert_eq!(text(&c.send(&ms("k", "K", b"plain"))), "HD\r\n");
+    assert_eq!(value_of(&mut c, "k"), b"plain");
+    assert_eq!(text(&c.send(&ms("k", "K", &newest))), "HD\r\n");
+    assert_eq!(text(&c.send(&ms("k", "K MA", b"!"))), "HD\r\n");
+    let cas = c.cas("k");
+    assert_eq!(
+        text(&c.send(&ms("k", &format!("K C{cas}"), &older))),
+        "HD\r\n"
+    );
+    assert_eq!(value_of(&mut c, "k"), older);
+    // On a missing key a K set stores.
+    assert_eq!(text(&c.send(&ms("fresh", "K", &older))), "HD\r\n");
+    // Only ms takes K; the others refuse it as memcached refuses every unknown flag.
+    assert_eq!(c.s("mg k K\r\n"), c.s("mg k Z\r\n"));
+    assert_eq!(c.s("md k K\r\n"), c.s("md k Z\r\n"));
+    assert_eq!(c.s("ma k K\r\n"), c.s("ma k Z\r\n"));
+    assert_eq!(c.s("mg k K\r\n"), "CLIENT_ERROR invalid flag\r\n");
+}
+
+#[test]
+fn ms_k_of_a_large_value_received_in_parts_keeps_the_newer_write() {
+    let mut c = Conn::new();
+    let newer = fragment(200, b'n', 64 << 10);
+    let older = fragment(100, b'o', 64 << 10);
+    assert_eq!(text(&c.send(&ms("big", "K", &newer))), "HD\r\n");
+    let req = ms("big", "K", &older);
+    let (a, b) = req.split_at(1000);
+    assert_eq!(text(&c.send(a)), "");
+    assert_eq!(text(&c.send(b)), "NS K200\r\n");
+    assert_eq!(value_of(&mut c, "big"), newer);
+}

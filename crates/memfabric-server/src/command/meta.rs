@@ -19,6 +19,9 @@ pub struct MetaStore<'k> {
     pub invalidate: bool,
     /// `b`: the key came base64-encoded (echoed that way on later hits).
     pub base64_key: bool,
+    /// `K` (memfabricd's): a plain set of an erasure-coded fragment keeps a fragment of
+    /// a newer write that the key holds (as the UCX path's `FLAG_KEEP_NEWER_WRITE`).
+    pub keep_newer_write: bool,
 }
 
 /// memcached's meta path counts `cmd_set` once the data block has been read, before it is
@@ -41,11 +44,23 @@ pub fn refuse_no_memory(ctx: &ExecCtx<'_>, key: &[u8]) {
 }
 
 /// `ms`: store `data` as `a` says. Counts CAS outcomes and refusals as memcached does.
-pub fn store(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, data: &[u8]) -> StoreStatus {
+/// Also gives the stripe of the newer write a `K` set found and kept (0 when none was:
+/// the status, `NotStored` then, says what happened).
+pub fn store(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, data: &[u8]) -> (StoreStatus, u64) {
     let store = &ctx.shared.store;
-    let status = match a.cas {
-        None => store.store(a.mode, a.key, data, a.flags, a.exptime, 0),
-        Some(cas) => store_compared(ctx, a, cas, data),
+    // `K` applies to a plain set of a value that is a fragment; anything else is stored
+    // as its flags say.
+    let fragment = match (a.keep_newer_write, a.mode, a.cas) {
+        (true, SetMode::Set, None) => super::fragment_write(data),
+        _ => None,
+    };
+    let (status, kept) = match (a.cas, fragment) {
+        (Some(cas), _) => (store_compared(ctx, a, cas, data), 0),
+        (None, Some(new)) => {
+            let (found, kept) = super::set_unless_newer(ctx, a.key, data, a.flags, a.exptime, new);
+            (found.status, kept)
+        }
+        (None, None) => (store.store(a.mode, a.key, data, a.flags, a.exptime, 0), 0),
     };
     match status {
         StoreStatus::Stored { cas } if a.base64_key => {
@@ -56,11 +71,15 @@ pub fn store(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, data: &[u8]) -> StoreStatus {
                 }
             });
         }
-        StoreStatus::TooLarge => refuse_too_large(ctx, a.key),
-        StoreStatus::OutOfMemory => refuse_no_memory(ctx, a.key),
+        // Not for a `K` set: the item there may be a newer write's fragment, which the
+        // failed set was not to replace.
+        StoreStatus::TooLarge if fragment.is_none() => refuse_too_large(ctx, a.key),
+        StoreStatus::OutOfMemory if fragment.is_none() => refuse_no_memory(ctx, a.key),
+        StoreStatus::TooLarge => ctx.stats.store_too_large.incr(),
+        StoreStatus::OutOfMemory => ctx.stats.store_no_memory.incr(),
         _ => {}
     }
-    status
+    (status, kept)
 }
 
 /// An `md`.

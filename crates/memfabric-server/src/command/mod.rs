@@ -421,9 +421,7 @@ fn ordered_write(a: &StoreArgs<'_>, value_prefix: &[u8]) -> Option<WriteId> {
     if !a.keep_newer_write || a.mode != SetMode::Set || a.cas != 0 {
         return None;
     }
-    FragmentHeader::peek(value_prefix)
-        .ok()
-        .map(|(h, _)| h.write())
+    fragment_write(value_prefix)
 }
 
 /// The stripe of the write the value a key holds (`old`, as slices of item memory) is a
@@ -465,15 +463,44 @@ pub fn store_keeping_newer(
     value: &[u8],
 ) -> (StoreStatus, u64) {
     let store = &ctx.shared.store;
-    let kept = std::cell::Cell::new(0);
-    let found = match ordered_write(a, value) {
-        Some(new) => store.store_found_unless(a.key, value, a.flags, a.exptime, |old| {
-            newer_write_kept(old, new).map(|s| kept.set(s)).is_some()
-        }),
-        None => store.store_found(a.mode, a.key, value, a.flags, a.exptime, a.cas),
+    let (found, kept) = match ordered_write(a, value) {
+        Some(new) => set_unless_newer(ctx, a.key, value, a.flags, a.exptime, new),
+        None => (
+            store.store_found(a.mode, a.key, value, a.flags, a.exptime, a.cas),
+            0,
+        ),
     };
     let class = store.item_class(a.key.len(), value.len());
-    (stored(ctx, a, found, class), kept.get())
+    (stored(ctx, a, found, class), kept)
+}
+
+/// A plain set of fragment `value` of write `new`, unless the key holds a fragment of a
+/// newer write: then that stays, and its stripe is returned (0 when the value was
+/// stored or refused for another reason). Shared by the UCX front end (through
+/// [`store_keeping_newer`]) and meta's `ms ... K` ([`meta::store`]).
+fn set_unless_newer(
+    ctx: &ExecCtx<'_>,
+    key: &[u8],
+    value: &[u8],
+    flags: u32,
+    exptime: u32,
+    new: WriteId,
+) -> (Found<StoreStatus>, u64) {
+    let kept = std::cell::Cell::new(0);
+    let found = ctx
+        .shared
+        .store
+        .store_found_unless(key, value, flags, exptime, |old| {
+            newer_write_kept(old, new).map(|s| kept.set(s)).is_some()
+        });
+    (found, kept.get())
+}
+
+/// The write a value brings if it is an erasure-coded fragment (its header checks).
+fn fragment_write(value_prefix: &[u8]) -> Option<WriteId> {
+    FragmentHeader::peek(value_prefix)
+        .ok()
+        .map(|(h, _)| h.write())
 }
 
 /// Allocate the item a storage command's large value will be received into (so the

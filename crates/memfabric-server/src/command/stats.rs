@@ -101,6 +101,9 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
         "fabric" => {
             // Names this run: a restarted server (empty) has a new one (docs/resilience.md).
             v.put("instance_id", shared.instance_id());
+            // `ms ... K` is understood (memfabricd's flag; a coded pool sends it to
+            // servers that say so: docs/resilience.md, the write hole).
+            v.put("ms_keep_newer_write", 1);
             v.put("poll_us", shared.settings.poll_us);
             v.put("ucx_poll_us", shared.settings.ucx_poll_us);
             // Which crc32c implementation items' checksums use here (measured at start).

@@ -436,6 +436,7 @@ fn meta_store_args<'k>(ctx: &ExecCtx<'_>, req: &'k MetaRequest<'_>) -> MetaStore
         cas: f.cas,
         invalidate: f.invalidate,
         base64_key: f.base64,
+        keep_newer_write: f.keep_newer_write,
     }
 }
 
@@ -471,7 +472,7 @@ fn set(
         out.extend_from_slice(BAD_CHUNK);
         return Step::Done(total);
     }
-    let status = command::meta::store(ctx, &meta_store_args(ctx, req), data);
+    let (status, kept) = command::meta::store(ctx, &meta_store_args(ctx, req), data);
     let (code, cas) = match status {
         StoreStatus::Stored { cas } => (wire::HD, cas),
         StoreStatus::NotStored => (wire::NS, 0),
@@ -495,6 +496,8 @@ fn set(
             b'O' => wire::push_opaque(out, tok),
             b'k' => wire::push_key(out, &req.key, f.base64),
             b'c' => wire::push_flag_u64(out, b'c', cas),
+            // The newer write kept instead of this one (memfabricd's `K`).
+            b'K' if kept != 0 => wire::push_flag_u64(out, b'K', kept),
             _ => {}
         }
     }
