@@ -12,7 +12,7 @@ use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
 use crate::ketama::{Continuum, Distribution, Node};
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
-use crate::probe::Probe;
+use crate::probe::{Hail, Probe};
 use crate::repair::{RepairJob, RepairTally};
 use crate::tasks::{Acks, Child, Modify, PoolCounters, SharedHints, Task, WritePolicy};
 pub use crate::tls::TlsConfig;
@@ -538,16 +538,34 @@ impl Client {
     /// runs). One that did not is marked down for `retry_timeout`, as a failed connect is.
     fn probe_reached(&mut self, s: usize) -> bool {
         let timeout = self.config.connect_timeout;
+        // The pool's TLS settings, read again for each new probe (rare: one per server
+        // lost to a timeout and `retry_timeout`); if they cannot be read, the text probe.
+        let new_probe = self.servers[s].probe.is_none();
+        let tls = self
+            .config
+            .tls
+            .as_ref()
+            .filter(|_| new_probe)
+            .and_then(|t| {
+                let config = crate::tls::client_config(t).ok()?;
+                let name = t
+                    .server_name
+                    .clone()
+                    .unwrap_or_else(|| self.servers[s].addr.host.clone());
+                Some((config, name))
+            });
         let server = &mut self.servers[s];
         match server.probe.take() {
-            None => match Probe::start(&server.addr, timeout) {
-                Some(probe) => {
-                    server.probe = Some(probe);
-                    self.counters.reconnect_probes += 1;
-                    false
+            None => {
+                match Probe::start(&server.addr, timeout, Hail::for_server(&server.addr, tls)) {
+                    Some(probe) => {
+                        server.probe = Some(probe);
+                        self.counters.reconnect_probes += 1;
+                        false
+                    }
+                    None => true,
                 }
-                None => true,
-            },
+            }
             Some(probe) if probe.running() => {
                 server.probe = Some(probe);
                 false

@@ -522,6 +522,18 @@ fn a_copy_that_missed_a_write_is_never_read_stale() {
     }
 }
 
+#[test]
+fn a_paused_copy_is_probed_instead_of_connected_and_used_again_once_resumed() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        let servers = start(kind, 3);
+        common::paused_copy_is_probed_not_connected(
+            &format!("{kind:?}"),
+            &servers,
+            replicated(2, WritePolicy::Quorum),
+        );
+    }
+}
+
 fn big(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))

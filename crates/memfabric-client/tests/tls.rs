@@ -112,3 +112,22 @@ fn a_ca_file_that_cannot_be_read_is_an_error_at_once() {
     let e = Client::new("127.0.0.1:1", config).map(|_| ()).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
 }
+
+/// A paused TLS server: the pool's probe makes the TLS handshake (a TCP connect alone
+/// reaches a stopped process's kernel), so the pool never blocks on an inline handshake
+/// with it (`common::paused_copy_is_probed_not_connected`).
+#[test]
+fn a_paused_tls_copy_is_probed_with_a_handshake_instead_of_connected() {
+    let certs = TestCerts::make("client-probe");
+    for kind in [Kind::Memfabricd, Kind::Memcached] {
+        let servers: Vec<Server> = (0..3)
+            .map(|_| start(kind, &certs.server_flags("")))
+            .collect();
+        let config = memfabric_client::Config {
+            replicas: 2,
+            write_policy: memfabric_client::WritePolicy::Quorum,
+            ..config(&certs, false)
+        };
+        common::paused_copy_is_probed_not_connected(&format!("{kind:?} -Z"), &servers, config);
+    }
+}

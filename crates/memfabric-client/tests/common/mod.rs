@@ -384,3 +384,101 @@ pub fn versioned_value(k: u32, version: u32, len: usize) -> Vec<u8> {
     v.truncate(len.max(1));
     v
 }
+
+/// A paused server accepts TCP connections in its kernel, so a probe that only connects
+/// took it for a live one, and the pool then connected inline and waited (over UCX the
+/// HELLO, over TLS the handshake, each its `connect_timeout`, blocking every operation;
+/// over plain TCP requests that timed out). The probe waits for the server's own answer:
+/// a paused copy fails its probes, no inline connect is made, every operation is served by
+/// the other copies; resumed, it is used again. `servers`: three, of one kind; `config`: a
+/// replicated pool's (`replicas` 2, `quorum`), its deadlines shortened here, its TLS
+/// settings (if any) used for a direct client of server 0 too.
+pub fn paused_copy_is_probed_not_connected(
+    label: &str,
+    servers: &[Server],
+    config: memfabric_client::Config,
+) {
+    use memfabric_client::{Client, Config};
+    let timeout = Duration::from_millis(300);
+    let direct_config = Config {
+        tls: config.tls.clone(),
+        ..Config::default()
+    };
+    let config = Config {
+        timeout,
+        connect_timeout: timeout,
+        retry_timeout: Duration::from_millis(400),
+        ..config
+    };
+    let list: Vec<String> = servers.iter().map(Server::url).collect();
+    let mut c = Client::new(list.join(",").as_str(), config).unwrap();
+    let keys: Vec<Vec<u8>> = (0..30)
+        .map(|i| key_on(&c, i % 3, &format!("p{i}:")))
+        .collect();
+    for k in &keys {
+        assert!(
+            c.set_acked(k, b"before", 0, 0).unwrap().acked >= 2,
+            "{label}"
+        );
+    }
+    // Every copy written and every connection open before the pause.
+    assert!(c.drain(Duration::from_secs(10)), "{label}");
+    servers[0].signal("STOP");
+    // Until three probes failed (each a retry time and a probe's deadline after the last:
+    // ~0.7 s), at most 20 s or 500,000 operations.
+    let paused = Instant::now();
+    let deadline = paused + Duration::from_secs(20);
+    let mut n = 0;
+    while c.pool_counters().reconnect_probes_failed < 3 && Instant::now() < deadline && n < 500_000
+    {
+        let k = &keys[n % keys.len()];
+        let v = format!("paused-{n}");
+        let a = c.set_acked(k, v.as_bytes(), 0, 0).expect("a quorum write");
+        assert!(a.acked >= 2, "{label} #{n}: {a:?}");
+        assert_eq!(
+            &c.get(k).unwrap().expect("the value").data[..],
+            v.as_bytes()
+        );
+        n += 1;
+    }
+    let counters = c.pool_counters().clone();
+    eprintln!(
+        "{label}: {n} writes and reads in {:?} while paused; {counters:?}",
+        paused.elapsed()
+    );
+    assert!(
+        counters.reconnect_probes_failed >= 3,
+        "{label}: probes of the paused copy did not fail: {counters:?}"
+    );
+    assert_eq!(
+        counters.connect_failures, 0,
+        "{label}: an inline connect to the paused copy: {counters:?}"
+    );
+    servers[0].signal("CONT");
+    // Back in use: a write through the pool reaches server 0 (read there directly).
+    let mut direct = Client::new(servers[0].url().as_str(), direct_config).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let key = &keys[0];
+    for m in 0.. {
+        let v = format!("resumed-{m}");
+        c.set(key, v.as_bytes(), 0, 0).unwrap();
+        if direct
+            .get(key)
+            .unwrap()
+            .is_some_and(|got| got.data[..] == *v.as_bytes())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: server 0 never written again"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    let counters = c.pool_counters();
+    assert_eq!(counters.connect_failures, 0, "{label}: {counters:?}");
+    assert!(
+        counters.reconnect_probes > counters.reconnect_probes_failed,
+        "{label}: {counters:?}"
+    );
+}
