@@ -538,26 +538,11 @@ impl Client {
     /// runs). One that did not is marked down for `retry_timeout`, as a failed connect is.
     fn probe_reached(&mut self, s: usize) -> bool {
         let timeout = self.config.connect_timeout;
-        // The pool's TLS settings, read again for each new probe (rare: one per server
-        // lost to a timeout and `retry_timeout`); if they cannot be read, the text probe.
-        let new_probe = self.servers[s].probe.is_none();
-        let tls = self
-            .config
-            .tls
-            .as_ref()
-            .filter(|_| new_probe)
-            .and_then(|t| {
-                let config = crate::tls::client_config(t).ok()?;
-                let name = t
-                    .server_name
-                    .clone()
-                    .unwrap_or_else(|| self.servers[s].addr.host.clone());
-                Some((config, name))
-            });
         let server = &mut self.servers[s];
         match server.probe.take() {
             None => {
-                match Probe::start(&server.addr, timeout, Hail::for_server(&server.addr, tls)) {
+                let hail = Hail::for_server(&server.addr, self.config.tls.as_ref());
+                match Probe::start(&server.addr, timeout, hail) {
                     Some(probe) => {
                         server.probe = Some(probe);
                         self.counters.reconnect_probes += 1;

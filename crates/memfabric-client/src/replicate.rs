@@ -115,7 +115,7 @@ impl Client {
             None => self.issue_first(
                 s,
                 conn,
-                Role::Probe,
+                Role::Probe { conn },
                 Op::Stats {
                     group: Some("fabric".into()),
                 },
@@ -614,7 +614,7 @@ impl Client {
                     Ok(Reply::Ok) => self.counters.hint_flushes += 1,
                     _ => lock_hints(&self.servers[s].hints).overflow = true,
                 },
-                Role::Probe => {
+                Role::Probe { conn } => {
                     if let Ok(Reply::Stats(stats)) = result {
                         let stat = |name: &str| {
                             stats
@@ -622,8 +622,12 @@ impl Client {
                                 .find(|(k, _)| k == name)
                                 .map(|(_, v)| v.clone())
                         };
-                        self.servers[s].keeps_newer_write =
-                            stat("ms_keep_newer_write").is_some_and(|v| v == "1");
+                        // Only for the connection it was asked on: an answer settled after
+                        // that one was replaced says nothing of the new one's server.
+                        if self.servers[s].conn == Some(conn) {
+                            self.servers[s].keeps_newer_write =
+                                stat("ms_keep_newer_write").is_some_and(|v| v == "1");
+                        }
                         if let Some(id) = stat("instance_id") {
                             self.learn_instance(s, id);
                         }

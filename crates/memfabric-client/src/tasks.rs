@@ -195,8 +195,9 @@ pub(crate) enum Role {
     Hint { key: Vec<u8> },
     /// Flush a server that had too many hints.
     Flush,
-    /// Ask a newly connected server for its instance id.
-    Probe,
+    /// Ask a server for its instance id and whether it keeps newer writes, on connection
+    /// `conn`, just made (the answer is about that connection's server).
+    Probe { conn: crate::transport::ConnId },
     /// Work nobody waits for, bounded by `max_background`.
     Background(Background),
     /// Read repair of a value read without its expiry time: ask the server it was read

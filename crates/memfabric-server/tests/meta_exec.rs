@@ -856,3 +856,23 @@ fn ms_k_of_a_large_value_received_in_parts_keeps_the_newer_write() {
     assert_eq!(text(&c.send(b)), "NS K200\r\n");
     assert_eq!(value_of(&mut c, "big"), newer);
 }
+
+#[test]
+fn a_k_set_refused_for_its_size_leaves_the_newer_write_in_place() {
+    let mut c = Conn::new();
+    let newer = fragment(200, b'n', 64);
+    assert_eq!(text(&c.send(&ms("k", "K", &newer))), "HD\r\n");
+    // Larger than any item: refused before its data is read. Without K memcached
+    // unlinks the old value (below); under K the item may be a newer write's fragment.
+    let huge = vec![b'x'; 2 << 20];
+    assert_eq!(
+        text(&c.send(&ms("k", "K", &huge))),
+        "SERVER_ERROR object too large for cache\r\n"
+    );
+    assert_eq!(value_of(&mut c, "k"), newer);
+    assert_eq!(
+        text(&c.send(&ms("k", "", &huge))),
+        "SERVER_ERROR object too large for cache\r\n"
+    );
+    assert_eq!(c.s("mg k v\r\n"), "EN\r\n");
+}

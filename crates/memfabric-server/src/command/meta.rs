@@ -31,16 +31,31 @@ pub fn count_set(ctx: &ExecCtx<'_>, key_len: usize, data_len: usize) {
     ctx.stats.count(ClassStat::SetCmds, class);
 }
 
-/// An `ms` refused before its data was read: larger than any item can be.
-pub fn refuse_too_large(ctx: &ExecCtx<'_>, key: &[u8]) {
-    ctx.stats.store_too_large.incr();
-    unlink(ctx, key);
+impl MetaStore<'_> {
+    /// A plain set under `K`: its refusal leaves the key's item alone (it may be a
+    /// fragment of a newer write, which this set was not to replace; before its data is
+    /// read nobody knows whether the value is a fragment at all).
+    fn keeps_newer(&self) -> bool {
+        self.keep_newer_write && self.mode == SetMode::Set && self.cas.is_none()
+    }
 }
 
-/// An `ms` whose item could not be allocated.
-pub fn refuse_no_memory(ctx: &ExecCtx<'_>, key: &[u8]) {
+/// An `ms` refused before its data was read (larger than any item can be), or at store
+/// time. memcached unlinks the old value, so that a client cannot go on reading data it
+/// meant to replace; not under `K`.
+pub fn refuse_too_large(ctx: &ExecCtx<'_>, a: &MetaStore<'_>) {
+    ctx.stats.store_too_large.incr();
+    if !a.keeps_newer() {
+        unlink(ctx, a.key);
+    }
+}
+
+/// An `ms` whose item could not be allocated; as [`refuse_too_large`].
+pub fn refuse_no_memory(ctx: &ExecCtx<'_>, a: &MetaStore<'_>) {
     ctx.stats.store_no_memory.incr();
-    unlink(ctx, key);
+    if !a.keeps_newer() {
+        unlink(ctx, a.key);
+    }
 }
 
 /// `ms`: store `data` as `a` says. Counts CAS outcomes and refusals as memcached does.
@@ -50,9 +65,10 @@ pub fn store(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, data: &[u8]) -> (StoreStatus,
     let store = &ctx.shared.store;
     // `K` applies to a plain set of a value that is a fragment; anything else is stored
     // as its flags say.
-    let fragment = match (a.keep_newer_write, a.mode, a.cas) {
-        (true, SetMode::Set, None) => super::fragment_write(data),
-        _ => None,
+    let fragment = if a.keeps_newer() {
+        super::fragment_write(data)
+    } else {
+        None
     };
     let (status, kept) = match (a.cas, fragment) {
         (Some(cas), _) => (store_compared(ctx, a, cas, data), 0),
@@ -71,12 +87,8 @@ pub fn store(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, data: &[u8]) -> (StoreStatus,
                 }
             });
         }
-        // Not for a `K` set: the item there may be a newer write's fragment, which the
-        // failed set was not to replace.
-        StoreStatus::TooLarge if fragment.is_none() => refuse_too_large(ctx, a.key),
-        StoreStatus::OutOfMemory if fragment.is_none() => refuse_no_memory(ctx, a.key),
-        StoreStatus::TooLarge => ctx.stats.store_too_large.incr(),
-        StoreStatus::OutOfMemory => ctx.stats.store_no_memory.incr(),
+        StoreStatus::TooLarge => refuse_too_large(ctx, a),
+        StoreStatus::OutOfMemory => refuse_no_memory(ctx, a),
         _ => {}
     }
     (status, kept)

@@ -454,7 +454,7 @@ fn set(
     // memcached allocates the item before reading the data, so a value that cannot fit
     // is refused at once and its data discarded as it arrives (never buffered).
     if store.too_large(req.key.len(), data_len, f.client_flags) {
-        command::meta::refuse_too_large(ctx, &req.key);
+        command::meta::refuse_too_large(ctx, &meta_store_args(ctx, req));
         out.extend_from_slice(TOO_LARGE);
         sess.swallow = data_len + 2;
         return Step::Done(line_len);
@@ -529,7 +529,7 @@ fn receive_value(
             // As `set` answers an item it cannot allocate; the data is discarded as it
             // arrives.
             command::meta::count_set(ctx, req.key.len(), req.data_len);
-            command::meta::refuse_no_memory(ctx, &req.key);
+            command::meta::refuse_no_memory(ctx, &meta_store_args(ctx, req));
             out.extend_from_slice(NO_MEMORY);
             sess.swallow = req.data_len + 2;
         }
