@@ -146,19 +146,28 @@ fn a_tls_client_that_does_not_read_cannot_make_the_server_buffer_its_replies() {
     let s = start(&certs, &["-m", "64"]);
     // One 500 KB value, asked for 400 times in a row (200 MB of replies) by clients that
     // never read.
-    let mut c = tls(&s, &certs);
     let value = vec![b'v'; 500_000];
-    // Once (CI, 2026-11-29) the first write here met a connection reset that no local
-    // run has repeated: should it come again, the server's state and stderr say more.
     let set = [
         format!("set big 0 0 {}\r\n", value.len()).into_bytes(),
         value,
         b"\r\n".to_vec(),
     ];
-    for part in &set {
-        c.write_all(part)
-            .unwrap_or_else(|e| panic!("storing the value: {e}; {}", s.state()));
-    }
+    // Twice in CI (2026-11-29, 2026-12-01) the first write of this setup (the handshake,
+    // then the value) met a connection reset, with the server running and silent; no
+    // local run has repeated it (20 runs of this binary, 2026-12-01). Not understood (see
+    // the stop notes): the reset is printed with the server's state, and the setup is
+    // made once more on a new connection. What the test checks comes after it.
+    let store = || -> Result<Tls, std::io::Error> {
+        let mut c = tls(&s, &certs);
+        for part in &set {
+            c.write_all(part)?;
+        }
+        Ok(c)
+    };
+    let mut c = store().unwrap_or_else(|e| {
+        eprintln!("storing the value: {e}; {}; trying once more", s.state());
+        store().unwrap_or_else(|e| panic!("storing the value again: {e}; {}", s.state()))
+    });
     assert_eq!(line(&mut c), "STORED\r\n");
     let before = s.rss();
     let mut hogs = Vec::new();
