@@ -136,27 +136,8 @@ fn a_replicated_pool_probes_a_cut_copy_instead_of_blocking_on_it() {
     assert!(c.drain(Duration::from_secs(5)));
 
     cluster.cut(0).unwrap();
-    // Until the probes failed three times (each a retry time after the last: over a
-    // second of a cut copy), at most 20 s or 500,000 operations (with 20,000, an idle
-    // machine did them in 2.1 s, before the third probe had failed).
-    let deadline = Instant::now() + Duration::from_secs(20);
     let started = Instant::now();
-    let mut slowest = Duration::ZERO;
-    let mut n = 0;
-    while c.pool_counters().reconnect_probes_failed < 3 && Instant::now() < deadline && n < 500_000
-    {
-        let op = Instant::now();
-        let k = &keys[n % keys.len()];
-        let v = format!("cut-{n}");
-        let a = c.set_acked(k, v.as_bytes(), 0, 0).expect("a quorum write");
-        assert!(a.acked >= 2, "#{n}: {a:?}");
-        assert_eq!(
-            &c.get(k).unwrap().expect("the value").data[..],
-            v.as_bytes()
-        );
-        slowest = slowest.max(op.elapsed());
-        n += 1;
-    }
+    let (n, slowest) = common::pairs_until_three_probes_failed(&mut c, &keys, "cut");
     let counters = c.pool_counters().clone();
     eprintln!(
         "cut: {n} writes and reads in {:?}, the slowest pair {slowest:?}; {counters:?}",
