@@ -1073,6 +1073,131 @@ fn racing_first_writes_of_new_coded_clients_keep_the_newer_write() {
     }
 }
 
+/// A TCP proxy in front of `upstream`: on each connection it passes the server's first
+/// reply line at once and holds what follows it for `hold`, once; the rest flows as it
+/// comes. Stops accepting when dropped.
+struct HoldingProxy {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HoldingProxy {
+    fn start(upstream: String, hold: Duration) -> HoldingProxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let (Ok(client), Ok(server)) = (client, TcpStream::connect(&upstream)) else {
+                    continue;
+                };
+                let (mut from_client, mut to_server) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_server);
+                    let _ = to_server.shutdown(Shutdown::Write);
+                });
+                let (mut from_server, mut to_client) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut first: Option<Vec<u8>> = Some(Vec::new());
+                    while let Ok(n @ 1..) = from_server.read(&mut buf) {
+                        let sent = match first.as_mut() {
+                            None => to_client.write_all(&buf[..n]),
+                            Some(f) => {
+                                f.extend_from_slice(&buf[..n]);
+                                match f.windows(2).position(|w| w == b"\r\n") {
+                                    None => Ok(()),
+                                    Some(at) => {
+                                        let f = first.take().unwrap();
+                                        let line = to_client.write_all(&f[..at + 2]);
+                                        sleep(hold);
+                                        line.and_then(|()| to_client.write_all(&f[at + 2..]))
+                                    }
+                                }
+                            }
+                        };
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_client.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        HoldingProxy { port, stop }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop, which then sees the flag.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// memcached refuses the keep-newer flag that a coded pool's first fragments on a new
+/// connection carry; the refused fragments go again as plain sets. Here each server's
+/// first answer (to the pool's `stats fabric`: `ERROR`, so the pool knows the flag is
+/// not taken) comes at once and the refusals behind it 200 ms later, and the client
+/// writes the key again meanwhile. That second write's fragments must not overtake the
+/// first's sent again (they would, sent as plain sets straight away: the first write, sent
+/// again after it, would become the value): they carry the flag too and are sent again
+/// after the first's, and the second write is the value on every server.
+#[test]
+fn fragments_refused_for_the_flag_are_sent_again_in_the_order_written() {
+    let servers = start(Kind::Memcached, 6);
+    let proxies: Vec<HoldingProxy> = servers
+        .iter()
+        .map(|s| HoldingProxy::start(s.addr(), Duration::from_millis(200)))
+        .collect();
+    let list: Vec<String> = proxies.iter().map(HoldingProxy::addr).collect();
+    let len = 20_000;
+    for round in 0..3u8 {
+        let key = format!("order-{round}");
+        let mut c = Client::new(list.join(",").as_str(), coded_all()).unwrap();
+        let first = c.iset(key.as_bytes(), big(2 * round, len).into(), 0, 0);
+        // Long enough for the servers' first answers, not for the refusals held behind
+        // them.
+        let until = std::time::Instant::now() + Duration::from_millis(50);
+        while std::time::Instant::now() < until {
+            assert!(c.test(first).is_none(), "the first write finished early");
+            sleep(Duration::from_millis(1));
+        }
+        let second = c.iset(key.as_bytes(), big(2 * round + 1, len).into(), 0, 0);
+        for r in c.wait_all(&[first, second], Duration::from_secs(10)) {
+            assert!(r.is_ok(), "round {round}: a write failed: {r:?}");
+        }
+        let got = pool(&servers, coded_all())
+            .get(key.as_bytes())
+            .unwrap()
+            .expect("a value");
+        assert!(
+            got.data[..] == big(2 * round + 1, len)[..],
+            "round {round}: the first write is the value"
+        );
+        // Six of the first write; the second's six too, unless the machine stalled past
+        // the hold before it was written (it then went as plain sets, after the others).
+        let sent_again = c.pool_counters().ec_fragments_sent_again;
+        assert!(
+            (6..=12).contains(&sent_again),
+            "round {round}: {sent_again}"
+        );
+    }
+}
+
 /// The stripe a client whose clock is a minute ahead gives a write (as
 /// `Client::next_stripe` makes them: microseconds, shifted).
 fn stripe_a_minute_ahead() -> u64 {
