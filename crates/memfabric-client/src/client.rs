@@ -200,52 +200,16 @@ pub(crate) struct Server {
     pub(crate) unreachable: bool,
     /// That probe, while it runs.
     pub(crate) probe: Option<Probe>,
-    /// Over TCP, whether the server on the current connection keeps a newer write's
-    /// fragment (memfabricd's `ms` flag `K`; over UCX fragments always go as
-    /// `StoreMode::SetFragment`): `Some(true)` once its `stats fabric` said
-    /// `ms_keep_newer_write 1`, `Some(false)` once it said otherwise or refused the flag
-    /// (memcached, an older memfabricd), `None` before either. Until it is known,
-    /// fragments go with the flag, each ready to be sent again as a plain set if the
-    /// server refuses it: so the first fragments of a new connection to memfabricd keep
-    /// the newer write too, at the price of one round trip per connection to memcached.
-    pub(crate) keeps_newer_write: Option<bool>,
-    /// Fragment sets in flight on the current connection that the server may still
-    /// refuse for their flag (sent before it was known to take it). While there are any,
-    /// later fragments go with the flag as well, so that those the server refuses are
-    /// sent again in the order they were first sent: a plain set sent meanwhile would
-    /// be overwritten by an older write's fragment sent again after it.
-    pub(crate) fragments_unsettled: usize,
+    /// Over TCP: the server's `stats fabric` said `ms_keep_newer_write 1` on the current
+    /// connection, so fragments go to it as `StoreMode::SetFragment` (over UCX they
+    /// always do); until then, and to memcached, as plain sets.
+    pub(crate) keeps_newer_write: bool,
 }
 
 pub(crate) struct Pending {
     pub(crate) server: usize,
     pub(crate) conn: ConnId,
     pub(crate) deadline: Instant,
-    /// A fragment set sent with memfabricd's `K` flag before the server was known to take
-    /// it: the same write as a plain set, sent in its place if the server refuses the flag.
-    pub(crate) plain_retry: Option<Op>,
-}
-
-/// A fragment set (`StoreMode::SetFragment`) as the plain set memcached takes.
-fn plain_set(op: Op) -> Op {
-    match op {
-        Op::Store {
-            mode: StoreMode::SetFragment,
-            key,
-            value,
-            flags,
-            exptime,
-            cas,
-        } => Op::Store {
-            mode: StoreMode::Set,
-            key,
-            value,
-            flags,
-            exptime,
-            cas,
-        },
-        op => op,
-    }
 }
 
 /// A finished request: its result and, for replicated operations, how many copies
@@ -397,8 +361,7 @@ impl Client {
                 instance: None,
                 unreachable: false,
                 probe: None,
-                keeps_newer_write: None,
-                fragments_unsettled: 0,
+                keeps_newer_write: false,
             })
             .collect();
         Client {
@@ -669,82 +632,39 @@ impl Client {
     /// Submits `op` as request `h` on `conn` of server `s`, with the pool's deadline.
     pub(crate) fn submit_on(&mut self, s: usize, conn: ConnId, h: Handle, op: Op) {
         let server = &self.servers[s];
-        let mut plain_retry = None;
-        let fragment = matches!(
-            op,
+        let op = match op {
             Op::Store {
                 mode: StoreMode::SetFragment,
-                ..
-            }
-        );
-        let op = if fragment
-            && server.addr.scheme == Scheme::Tcp
-            && server.keeps_newer_write != Some(true)
-        {
-            if server.keeps_newer_write.is_none() || server.fragments_unsettled > 0 {
-                // Not known yet (or refusals still to come back): with the flag, and the
-                // plain set kept to send instead if the server refuses it.
-                plain_retry = Some(plain_set(op.clone()));
-                op
-            } else {
-                plain_set(op)
-            }
-        } else {
-            op
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+            } if server.addr.scheme == Scheme::Tcp && !server.keeps_newer_write => Op::Store {
+                mode: StoreMode::Set,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+            },
+            op => op,
         };
         match self.transport.submit(conn, h.0, op) {
             Ok(()) => {
                 let deadline = Instant::now() + self.config.timeout;
-                if plain_retry.is_some() {
-                    self.servers[s].fragments_unsettled += 1;
-                }
                 self.pending.insert(
                     h.0,
                     Pending {
                         server: s,
                         conn,
                         deadline,
-                        plain_retry,
                     },
                 );
                 self.servers[s].inflight += 1;
             }
             Err(e) => self.complete(h.0, Err(e)),
         }
-    }
-
-    /// A request left `pending` (answered, timed out or abandoned): its server has one
-    /// request fewer in flight, and one fragment fewer that may be refused for its flag.
-    fn left_pending(&mut self, p: &Pending) {
-        let server = &mut self.servers[p.server];
-        server.inflight -= 1;
-        if p.plain_retry.is_some() && server.conn == Some(p.conn) {
-            server.fragments_unsettled = server.fragments_unsettled.saturating_sub(1);
-        }
-    }
-
-    /// The answer to a fragment set sent with the `K` flag before the server was known to
-    /// take it: if the server refused the flag (memcached's `CLIENT_ERROR invalid flag`;
-    /// it read and dropped the value), it does not keep newer writes, and the fragment
-    /// goes again as a plain set on the same connection, under the same handle. Returns
-    /// the result to deliver, or `None` when the set was sent again.
-    fn refused_flag(
-        &mut self,
-        id: u64,
-        p: Pending,
-        result: Result<Reply, Error>,
-    ) -> Option<Result<Reply, Error>> {
-        let refused = matches!(&result, Err(Error::Client(m)) if m == "invalid flag");
-        let (true, Some(plain)) = (refused, p.plain_retry) else {
-            return Some(result);
-        };
-        if self.servers[p.server].conn != Some(p.conn) {
-            return Some(result);
-        }
-        self.servers[p.server].keeps_newer_write = Some(false);
-        self.counters.ec_fragments_sent_again += 1;
-        self.submit_on(p.server, p.conn, Handle(id), plain);
-        None
     }
 
     /// Issues any keyed operation to the key's server, or a server-wide one to the first server.
@@ -785,10 +705,8 @@ impl Client {
             .progress(wait, &mut self.done, &mut self.failed);
         for c in std::mem::take(&mut self.done) {
             if let Some(p) = self.pending.remove(&c.id) {
-                self.left_pending(&p);
-                if let Some(result) = self.refused_flag(c.id, p, c.result) {
-                    self.complete(c.id, result);
-                }
+                self.servers[p.server].inflight -= 1;
+                self.complete(c.id, c.result);
             }
         }
         // A round that was not to wait took microseconds at most: its start time serves
@@ -829,9 +747,8 @@ impl Client {
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            if let Some(p) = self.pending.remove(&id) {
-                self.left_pending(&p);
-            }
+            self.pending.remove(&id);
+            self.servers[s].inflight -= 1;
             let e = Error::Timeout {
                 server: self.servers[s].name.clone(),
             };
@@ -856,7 +773,7 @@ impl Client {
         }
         match self.pending.remove(&id) {
             Some(p) => {
-                self.left_pending(&p);
+                self.servers[p.server].inflight -= 1;
                 Error::Timeout {
                     server: self.servers[p.server].name.clone(),
                 }

@@ -20,9 +20,8 @@ pub enum StoreMode {
     /// Store an erasure-coded fragment (`memfabric_proto::ec_fragment`) as `Set` does,
     /// except that a memfabricd that holds a fragment of a newer write under the key
     /// keeps it and answers [`StoreStatus::Superseded`] (over UCX the fabric protocol's
-    /// `FLAG_KEEP_NEWER_WRITE`, over TCP meta's `ms ... K`, sent until the server says
-    /// it does not take it). To memcached, a plain set (sent again as one if the flag
-    /// went before the pool knew).
+    /// `FLAG_KEEP_NEWER_WRITE`, over TCP meta's `ms ... K`, sent only to servers whose
+    /// `stats fabric` says they understand it). To memcached, a plain set.
     SetFragment,
 }
 

@@ -107,10 +107,8 @@ impl Client {
     /// A new connection to server `s` of a replicated pool: ask who it is, then delete
     /// what may be stale on it (or flush it), before any other request on the connection.
     pub(crate) fn on_connect(&mut self, s: usize, conn: ConnId) {
-        // Learnt again on this connection (the server may have been replaced): from its
-        // answer below, or from a fragment set refused for its flag.
-        self.servers[s].keeps_newer_write = None;
-        self.servers[s].fragments_unsettled = 0;
+        // Learnt again from this connection's answer (the server may have been replaced).
+        self.servers[s].keeps_newer_write = false;
         match self.transport_instance(conn) {
             Some(id) => self.learn_instance(s, id),
             // Asked first on the connection: the answer is this run's, whatever follows.
@@ -617,14 +615,6 @@ impl Client {
                     _ => lock_hints(&self.servers[s].hints).overflow = true,
                 },
                 Role::Probe { conn } => {
-                    // Only for the connection it was asked on: an answer settled after
-                    // that one was replaced says nothing of the new one's server. Any
-                    // answer but memfabricd's (memcached says `ERROR`) means no `K`.
-                    if self.servers[s].conn == Some(conn) {
-                        let keeps = matches!(&result, Ok(Reply::Stats(stats))
-                            if stats.iter().any(|(k, v)| k == "ms_keep_newer_write" && v == "1"));
-                        self.servers[s].keeps_newer_write = Some(keeps);
-                    }
                     if let Ok(Reply::Stats(stats)) = result {
                         let stat = |name: &str| {
                             stats
@@ -632,6 +622,12 @@ impl Client {
                                 .find(|(k, _)| k == name)
                                 .map(|(_, v)| v.clone())
                         };
+                        // Only for the connection it was asked on: an answer settled after
+                        // that one was replaced says nothing of the new one's server.
+                        if self.servers[s].conn == Some(conn) {
+                            self.servers[s].keeps_newer_write =
+                                stat("ms_keep_newer_write").is_some_and(|v| v == "1");
+                        }
                         if let Some(id) = stat("instance_id") {
                             self.learn_instance(s, id);
                         }

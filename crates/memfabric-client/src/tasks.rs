@@ -121,12 +121,8 @@ pub struct PoolCounters {
     /// Fragments written back to servers that missed them.
     pub fragment_repairs: u64,
     /// Fragment writes a server did not store because it held a fragment of a newer
-    /// write of the key (memfabricd: two writers raced, the newer one won there).
+    /// write of the key (memfabricd over UCX: two writers raced, the newer one won there).
     pub ec_fragments_superseded: u64,
-    /// Fragment writes sent over TCP with memfabricd's keep-newer flag before the server
-    /// was known to take it, refused for the flag (memcached, an older memfabricd) and
-    /// sent again as plain sets: a few per new connection to such a server.
-    pub ec_fragments_sent_again: u64,
     /// Coded writes made again with a newer stripe after servers kept a newer write's
     /// fragments (a writer racing, or one whose clock is ahead).
     pub ec_rewrites: u64,
@@ -157,7 +153,6 @@ impl PoolCounters {
             ("ec_lost_reads", self.ec_lost_reads),
             ("fragment_repairs", self.fragment_repairs),
             ("ec_fragments_superseded", self.ec_fragments_superseded),
-            ("ec_fragments_sent_again", self.ec_fragments_sent_again),
             ("ec_rewrites", self.ec_rewrites),
         ]
         .into_iter()

@@ -962,36 +962,36 @@ fn racing_value(w: u8, r: u32, len: usize) -> Vec<u8> {
 /// checksum, 15 of 400 rounds here read such a mix). Over TCP, and with memcached, it may
 /// also be a miss or an error: each server keeps the fragment that reached it last, so
 /// the servers can end up with fewer than k of either write (the write hole,
-/// docs/resilience.md; 6-30 of 300 rounds). memfabricd keeps the newer write's
-/// fragment (`StoreMode::SetFragment`; over TCP its `ms` flag `K`), so every round reads
-/// a value there. With `fresh`, each round's writes are the first of new clients: over
-/// TCP they go out before the servers' `stats fabric` answers, with the flag all the
-/// same (memcached refuses it, and they are sent again as plain sets).
-fn racing_coded_writers(kind: Kind, rounds: u32, fresh: bool) {
+/// docs/resilience.md; 6-30 of 300 rounds). memfabricd over UCX keeps the newer write's
+/// fragment (`StoreMode::SetFragment`), so every round reads a value there.
+fn racing_coded_writers(kind: Kind) {
     use std::sync::{Arc, Barrier};
     let servers = start(kind, 6);
     let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let list = list.join(",");
     let config = coded_all();
-    let len = 40_000;
+    let (rounds, len) = (300u32, 40_000);
     let go = Arc::new(Barrier::new(3));
     let done = Arc::new(Barrier::new(3));
     let writers: Vec<_> = (0..2u8)
         .map(|w| {
             let (go, done, list, config) = (go.clone(), done.clone(), list.clone(), config.clone());
             std::thread::spawn(move || {
-                let new_client = || Client::new(list.as_str(), config.clone()).unwrap();
-                let mut c = new_client();
+                let mut c = Client::new(list.as_str(), config).unwrap();
                 // Failures are collected, not unwrapped here: a writer that stopped would
                 // leave the others waiting at the barrier for ever.
                 let mut failed = Vec::new();
-                let (mut superseded, mut sent_again) = (0, 0);
+                // Connected to all six first: over TCP the pool learns from each server's
+                // first answer whether it keeps newer writes.
+                if let Err(e) = c.set(
+                    format!("warm-{w}").as_bytes(),
+                    &racing_value(w, 0, len),
+                    0,
+                    0,
+                ) {
+                    failed.push(format!("writer {w}, warm-up: {e}"));
+                }
                 for r in 0..rounds {
-                    if fresh && r > 0 {
-                        superseded += c.pool_counters().ec_fragments_superseded;
-                        sent_again += c.pool_counters().ec_fragments_sent_again;
-                        c = new_client();
-                    }
                     go.wait();
                     let written = c.set(b"race", &racing_value(w, r, len), 0, 0);
                     done.wait();
@@ -999,9 +999,7 @@ fn racing_coded_writers(kind: Kind, rounds: u32, fresh: bool) {
                         failed.push(format!("writer {w}, round {r}: {e}"));
                     }
                 }
-                superseded += c.pool_counters().ec_fragments_superseded;
-                sent_again += c.pool_counters().ec_fragments_sent_again;
-                (superseded, sent_again, failed)
+                (c.pool_counters().ec_fragments_superseded, failed)
             })
         })
         .collect();
@@ -1016,30 +1014,17 @@ fn racing_coded_writers(kind: Kind, rounds: u32, fresh: bool) {
             Ok(None) | Err(_) => not_read += 1,
         }
     }
-    let (mut superseded, mut sent_again, mut failed) = (0, 0, Vec::new());
+    let (mut superseded, mut failed) = (0, Vec::new());
     for w in writers {
-        let (s, a, f) = w.join().unwrap();
+        let (s, f) = w.join().unwrap();
         superseded += s;
-        sent_again += a;
         failed.extend(f);
     }
     assert!(failed.is_empty(), "{kind:?}: writes failed: {failed:?}");
     eprintln!(
-        "{kind:?}{}: {whole} whole, {not_read} miss or error, {} mixed, {superseded} fragments \
-         superseded, {sent_again} sent again without the flag",
-        if fresh {
-            ", new clients each round"
-        } else {
-            ""
-        },
+        "{kind:?}: {whole} whole, {not_read} miss or error, {} mixed, {superseded} fragments superseded",
         mixed.len()
     );
-    match kind {
-        // Every connection's first fragment went with the flag, before the server's
-        // answer could say it does not take it.
-        Kind::Memcached => assert!(sent_again >= 6, "{kind:?}: {sent_again} sent again"),
-        _ => assert_eq!(sent_again, 0, "{kind:?}: memfabricd refused the flag"),
-    }
     assert!(
         mixed.is_empty(),
         "{kind:?}: rounds {mixed:?} read pieces of two writes"
@@ -1058,143 +1043,7 @@ fn racing_coded_writers(kind: Kind, rounds: u32, fresh: bool) {
 #[test]
 fn racing_coded_writers_never_read_as_pieces_of_both() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
-        racing_coded_writers(kind, 300, false);
-    }
-}
-
-/// The same race between the very first writes of new clients, round after round: over
-/// TCP a pool used to send fragments as plain sets until the server's `stats fabric`
-/// answer said it keeps newer writes, so writers racing on new connections (after a
-/// restart, every client's) could leave the write hole open for the key.
-#[test]
-fn racing_first_writes_of_new_coded_clients_keep_the_newer_write() {
-    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
-        racing_coded_writers(kind, 100, true);
-    }
-}
-
-/// A TCP proxy in front of `upstream`: on each connection it passes the server's first
-/// reply line at once and holds what follows it for `hold`, once; the rest flows as it
-/// comes. Stops accepting when dropped.
-struct HoldingProxy {
-    port: u16,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl HoldingProxy {
-    fn start(upstream: String, hold: Duration) -> HoldingProxy {
-        use std::io::{Read, Write};
-        use std::net::{Shutdown, TcpListener, TcpStream};
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                if stopped.load(Ordering::SeqCst) {
-                    break;
-                }
-                let (Ok(client), Ok(server)) = (client, TcpStream::connect(&upstream)) else {
-                    continue;
-                };
-                let (mut from_client, mut to_server) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from_client, &mut to_server);
-                    let _ = to_server.shutdown(Shutdown::Write);
-                });
-                let (mut from_server, mut to_client) = (server, client);
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    let mut first: Option<Vec<u8>> = Some(Vec::new());
-                    while let Ok(n @ 1..) = from_server.read(&mut buf) {
-                        let sent = match first.as_mut() {
-                            None => to_client.write_all(&buf[..n]),
-                            Some(f) => {
-                                f.extend_from_slice(&buf[..n]);
-                                match f.windows(2).position(|w| w == b"\r\n") {
-                                    None => Ok(()),
-                                    Some(at) => {
-                                        let f = first.take().unwrap();
-                                        let line = to_client.write_all(&f[..at + 2]);
-                                        sleep(hold);
-                                        line.and_then(|()| to_client.write_all(&f[at + 2..]))
-                                    }
-                                }
-                            }
-                        };
-                        if sent.is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to_client.shutdown(Shutdown::Both);
-                });
-            }
-        });
-        HoldingProxy { port, stop }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for HoldingProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        // Wakes the accept loop, which then sees the flag.
-        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-/// memcached refuses the keep-newer flag that a coded pool's first fragments on a new
-/// connection carry; the refused fragments go again as plain sets. Here each server's
-/// first answer (to the pool's `stats fabric`: `ERROR`, so the pool knows the flag is
-/// not taken) comes at once and the refusals behind it 200 ms later, and the client
-/// writes the key again meanwhile. That second write's fragments must not overtake the
-/// first's sent again (they would, sent as plain sets straight away: the first write, sent
-/// again after it, would become the value): they carry the flag too and are sent again
-/// after the first's, and the second write is the value on every server.
-#[test]
-fn fragments_refused_for_the_flag_are_sent_again_in_the_order_written() {
-    let servers = start(Kind::Memcached, 6);
-    let proxies: Vec<HoldingProxy> = servers
-        .iter()
-        .map(|s| HoldingProxy::start(s.addr(), Duration::from_millis(200)))
-        .collect();
-    let list: Vec<String> = proxies.iter().map(HoldingProxy::addr).collect();
-    let len = 20_000;
-    for round in 0..3u8 {
-        let key = format!("order-{round}");
-        let mut c = Client::new(list.join(",").as_str(), coded_all()).unwrap();
-        let first = c.iset(key.as_bytes(), big(2 * round, len).into(), 0, 0);
-        // Long enough for the servers' first answers, not for the refusals held behind
-        // them.
-        let until = std::time::Instant::now() + Duration::from_millis(50);
-        while std::time::Instant::now() < until {
-            assert!(c.test(first).is_none(), "the first write finished early");
-            sleep(Duration::from_millis(1));
-        }
-        let second = c.iset(key.as_bytes(), big(2 * round + 1, len).into(), 0, 0);
-        for r in c.wait_all(&[first, second], Duration::from_secs(10)) {
-            assert!(r.is_ok(), "round {round}: a write failed: {r:?}");
-        }
-        let got = pool(&servers, coded_all())
-            .get(key.as_bytes())
-            .unwrap()
-            .expect("a value");
-        assert!(
-            got.data[..] == big(2 * round + 1, len)[..],
-            "round {round}: the first write is the value"
-        );
-        // Six of the first write; the second's six too, unless the machine stalled past
-        // the hold before it was written (it then went as plain sets, after the others).
-        let sent_again = c.pool_counters().ec_fragments_sent_again;
-        assert!(
-            (6..=12).contains(&sent_again),
-            "round {round}: {sent_again}"
-        );
+        racing_coded_writers(kind);
     }
 }
 
@@ -1216,6 +1065,9 @@ fn a_later_write_from_a_clock_behind_wins(kind: Kind) {
     let servers = start(kind, 6);
     let config = coded_all();
     let mut writer = pool(&servers, config.clone());
+    // Connected to all six first (a coded write goes to every one), so that over TCP it
+    // knows which keep newer writes before the write that matters.
+    writer.set(b"warm", &big(3, 40_000), 0, 0).unwrap();
     // The earlier write, by a client whose clock is a minute ahead: its fragments put
     // where a pool puts them.
     let early = big(1, 40_000);
@@ -1242,7 +1094,6 @@ fn a_later_write_from_a_clock_behind_wins(kind: Kind) {
     } else {
         assert_eq!(counters.ec_fragments_superseded, 6, "{kind:?}");
         assert_eq!(counters.ec_rewrites, 1, "{kind:?}");
-        assert_eq!(counters.ec_fragments_sent_again, 0, "{kind:?}");
     }
 }
 
@@ -1266,6 +1117,9 @@ fn a_lone_newer_fragment_is_overwritten(kind: Kind) {
         ..replicated(0, WritePolicy::Quorum)
     };
     let mut writer = pool(&servers, config);
+    // Connected to all six, their first answers in (see `a_later_write_from_a_clock_behind_wins`).
+    writer.set(b"warm", &big(3, 40_000), 0, 0).unwrap();
+    assert!(writer.drain(Duration::from_secs(10)));
     let homes = homes(&writer, b"lone", 6);
     let ahead = stripe_a_minute_ahead();
     let code = memfabric_client::ec::Code::new(4, 2).unwrap();
