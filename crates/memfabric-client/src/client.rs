@@ -202,8 +202,19 @@ pub(crate) struct Server {
     pub(crate) probe: Option<Probe>,
     /// Over TCP: the server's `stats fabric` said `ms_keep_newer_write 1` on the current
     /// connection, so fragments go to it as `StoreMode::SetFragment` (over UCX they
-    /// always do); until then, and to memcached, as plain sets.
+    /// always do); to memcached, and to an older memfabricd, as plain sets.
     pub(crate) keeps_newer_write: bool,
+    /// Over TCP, in a replicated or coded pool: the `stats fabric` asked first on the
+    /// current connection has not answered yet. A fragment set is held (`held`) until it
+    /// does, so that whether it goes with memfabricd's keep-newer flag is known when it
+    /// is sent (sent without it, a racing writer's older fragment could replace a newer
+    /// one; sent with it to memcached, it is refused), and so is everything submitted
+    /// to this server after it, to keep the connection's order. One round trip, once per
+    /// connection.
+    pub(crate) awaiting_probe: bool,
+    /// Requests held on the current connection until that answer, in submission order
+    /// (each is in `pending`, with its deadline).
+    pub(crate) held: Vec<(Handle, Op)>,
 }
 
 pub(crate) struct Pending {
@@ -362,6 +373,8 @@ impl Client {
                 unreachable: false,
                 probe: None,
                 keeps_newer_write: false,
+                awaiting_probe: false,
+                held: Vec::new(),
             })
             .collect();
         Client {
@@ -632,6 +645,30 @@ impl Client {
     /// Submits `op` as request `h` on `conn` of server `s`, with the pool's deadline.
     pub(crate) fn submit_on(&mut self, s: usize, conn: ConnId, h: Handle, op: Op) {
         let server = &self.servers[s];
+        let fragment = matches!(
+            op,
+            Op::Store {
+                mode: StoreMode::SetFragment,
+                ..
+            }
+        );
+        if server.awaiting_probe
+            && server.conn == Some(conn)
+            && (fragment || !server.held.is_empty())
+        {
+            // Until the server says whether it keeps newer writes (`release_held`).
+            self.pending.insert(
+                h.0,
+                Pending {
+                    server: s,
+                    conn,
+                    deadline: Instant::now() + self.config.timeout,
+                },
+            );
+            self.servers[s].inflight += 1;
+            self.servers[s].held.push((h, op));
+            return;
+        }
         let op = match op {
             Op::Store {
                 mode: StoreMode::SetFragment,
@@ -664,6 +701,35 @@ impl Client {
                 self.servers[s].inflight += 1;
             }
             Err(e) => self.complete(h.0, Err(e)),
+        }
+    }
+
+    /// The server of `conn` answered what the pool asked first on it: send the requests
+    /// held until then, in order, fragments with or without the keep-newer flag as it
+    /// said.
+    pub(crate) fn release_held(&mut self, s: usize, conn: ConnId) {
+        if self.servers[s].conn != Some(conn) || !self.servers[s].awaiting_probe {
+            return;
+        }
+        self.servers[s].awaiting_probe = false;
+        for (h, op) in std::mem::take(&mut self.servers[s].held) {
+            // Gone from `pending` if its caller abandoned it meanwhile.
+            if self.pending.remove(&h.0).is_some() {
+                self.servers[s].inflight -= 1;
+                self.submit_on(s, conn, h, op);
+            }
+        }
+    }
+
+    /// The current connection of server `s` failed or timed out: what was held on it
+    /// will not be sent there.
+    fn drop_held(&mut self, s: usize, err: impl Fn() -> Error) {
+        self.servers[s].awaiting_probe = false;
+        for (h, _) in std::mem::take(&mut self.servers[s].held) {
+            if self.pending.remove(&h.0).is_some() {
+                self.servers[s].inflight -= 1;
+                self.complete(h.0, Err(err()));
+            }
         }
     }
 
@@ -719,6 +785,11 @@ impl Client {
         for conn in std::mem::take(&mut self.failed) {
             if let Some(s) = self.conn_server.remove(&conn) {
                 if self.servers[s].conn == Some(conn) {
+                    let name = self.servers[s].name.clone();
+                    self.drop_held(s, || Error::Io {
+                        server: name.clone(),
+                        msg: "connection failed".into(),
+                    });
                     self.servers[s].conn = None;
                     self.servers[s].down_until = Some(now + self.config.retry_timeout);
                 }
@@ -740,6 +811,12 @@ impl Client {
     /// A request on `conn` of server `s` timed out: every request on that connection fails with
     /// `Timeout`, the connection is closed and the server marked down.
     fn mark_down_timeout(&mut self, s: usize, conn: ConnId, now: Instant) {
+        if self.servers[s].conn == Some(conn) {
+            // Held requests are in `pending` on `conn`: they fail below with the others,
+            // and the probe's failure must not send them.
+            self.servers[s].awaiting_probe = false;
+            self.servers[s].held.clear();
+        }
         let ids: Vec<u64> = self
             .pending
             .iter()

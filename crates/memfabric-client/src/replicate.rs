@@ -109,17 +109,26 @@ impl Client {
     pub(crate) fn on_connect(&mut self, s: usize, conn: ConnId) {
         // Learnt again from this connection's answer (the server may have been replaced).
         self.servers[s].keeps_newer_write = false;
+        self.servers[s].awaiting_probe = false;
+        self.servers[s].held.clear();
         match self.transport_instance(conn) {
-            Some(id) => self.learn_instance(s, id),
+            Some(id) => {
+                self.servers[s].awaiting_probe = false;
+                self.learn_instance(s, id);
+            }
             // Asked first on the connection: the answer is this run's, whatever follows.
-            None => self.issue_first(
-                s,
-                conn,
-                Role::Probe { conn },
-                Op::Stats {
-                    group: Some("fabric".into()),
-                },
-            ),
+            None => {
+                self.issue_first(
+                    s,
+                    conn,
+                    Role::Probe { conn },
+                    Op::Stats {
+                        group: Some("fabric".into()),
+                    },
+                );
+                // Fragments wait for that answer (`Client::submit_on`).
+                self.servers[s].awaiting_probe = true;
+            }
         }
         self.replay_hints(s, conn);
     }
@@ -615,6 +624,16 @@ impl Client {
                     _ => lock_hints(&self.servers[s].hints).overflow = true,
                 },
                 Role::Probe { conn } => {
+                    // Whatever it says (memcached answers `ERROR`), the requests held
+                    // behind it go now. Only for the connection it was asked on: an
+                    // answer settled after that one was replaced says nothing of the new
+                    // one's server.
+                    let keeps = matches!(&result, Ok(Reply::Stats(stats))
+                        if stats.iter().any(|(k, v)| k == "ms_keep_newer_write" && v == "1"));
+                    if self.servers[s].conn == Some(conn) {
+                        self.servers[s].keeps_newer_write = keeps;
+                        self.release_held(s, conn);
+                    }
                     if let Ok(Reply::Stats(stats)) = result {
                         let stat = |name: &str| {
                             stats
@@ -622,12 +641,6 @@ impl Client {
                                 .find(|(k, _)| k == name)
                                 .map(|(_, v)| v.clone())
                         };
-                        // Only for the connection it was asked on: an answer settled after
-                        // that one was replaced says nothing of the new one's server.
-                        if self.servers[s].conn == Some(conn) {
-                            self.servers[s].keeps_newer_write =
-                                stat("ms_keep_newer_write").is_some_and(|v| v == "1");
-                        }
                         if let Some(id) = stat("instance_id") {
                             self.learn_instance(s, id);
                         }

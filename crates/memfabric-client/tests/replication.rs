@@ -962,36 +962,34 @@ fn racing_value(w: u8, r: u32, len: usize) -> Vec<u8> {
 /// checksum, 15 of 400 rounds here read such a mix). Over TCP, and with memcached, it may
 /// also be a miss or an error: each server keeps the fragment that reached it last, so
 /// the servers can end up with fewer than k of either write (the write hole,
-/// docs/resilience.md; 6-30 of 300 rounds). memfabricd over UCX keeps the newer write's
-/// fragment (`StoreMode::SetFragment`), so every round reads a value there.
-fn racing_coded_writers(kind: Kind) {
+/// docs/resilience.md; 6-30 of 300 rounds). memfabricd keeps the newer write's
+/// fragment (`StoreMode::SetFragment`; over TCP its `ms` flag `K`), so every round reads
+/// a value there. With `fresh`, each round's writes are the first of new clients: over
+/// TCP they wait for the servers' `stats fabric` answers, and then go with the flag.
+fn racing_coded_writers(kind: Kind, rounds: u32, fresh: bool) {
     use std::sync::{Arc, Barrier};
     let servers = start(kind, 6);
     let list: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let list = list.join(",");
     let config = coded_all();
-    let (rounds, len) = (300u32, 40_000);
+    let len = 40_000;
     let go = Arc::new(Barrier::new(3));
     let done = Arc::new(Barrier::new(3));
     let writers: Vec<_> = (0..2u8)
         .map(|w| {
             let (go, done, list, config) = (go.clone(), done.clone(), list.clone(), config.clone());
             std::thread::spawn(move || {
-                let mut c = Client::new(list.as_str(), config).unwrap();
+                let new_client = || Client::new(list.as_str(), config.clone()).unwrap();
+                let mut c = new_client();
                 // Failures are collected, not unwrapped here: a writer that stopped would
                 // leave the others waiting at the barrier for ever.
                 let mut failed = Vec::new();
-                // Connected to all six first: over TCP the pool learns from each server's
-                // first answer whether it keeps newer writes.
-                if let Err(e) = c.set(
-                    format!("warm-{w}").as_bytes(),
-                    &racing_value(w, 0, len),
-                    0,
-                    0,
-                ) {
-                    failed.push(format!("writer {w}, warm-up: {e}"));
-                }
+                let mut superseded = 0;
                 for r in 0..rounds {
+                    if fresh && r > 0 {
+                        superseded += c.pool_counters().ec_fragments_superseded;
+                        c = new_client();
+                    }
                     go.wait();
                     let written = c.set(b"race", &racing_value(w, r, len), 0, 0);
                     done.wait();
@@ -999,7 +997,8 @@ fn racing_coded_writers(kind: Kind) {
                         failed.push(format!("writer {w}, round {r}: {e}"));
                     }
                 }
-                (c.pool_counters().ec_fragments_superseded, failed)
+                superseded += c.pool_counters().ec_fragments_superseded;
+                (superseded, failed)
             })
         })
         .collect();
@@ -1022,7 +1021,13 @@ fn racing_coded_writers(kind: Kind) {
     }
     assert!(failed.is_empty(), "{kind:?}: writes failed: {failed:?}");
     eprintln!(
-        "{kind:?}: {whole} whole, {not_read} miss or error, {} mixed, {superseded} fragments superseded",
+        "{kind:?}{}: {whole} whole, {not_read} miss or error, {} mixed, {superseded} fragments \
+         superseded",
+        if fresh {
+            ", new clients each round"
+        } else {
+            ""
+        },
         mixed.len()
     );
     assert!(
@@ -1043,7 +1048,62 @@ fn racing_coded_writers(kind: Kind) {
 #[test]
 fn racing_coded_writers_never_read_as_pieces_of_both() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
-        racing_coded_writers(kind);
+        racing_coded_writers(kind, 300, false);
+    }
+}
+
+/// The same race between the very first writes of new clients, round after round: over
+/// TCP a pool used to send fragments as plain sets until the server's `stats fabric`
+/// answer said it keeps newer writes, so writers racing on new connections (after a
+/// restart, every client's) could leave the write hole open for the key. Fragments now
+/// wait for that answer.
+#[test]
+fn racing_first_writes_of_new_coded_clients_keep_the_newer_write() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        racing_coded_writers(kind, 100, true);
+    }
+}
+
+/// A delete, or a set of a small (replicated) value, issued right after a coded set of
+/// the same key on new connections, before the servers' first answers: it must not be
+/// undone by the coded set's fragments, which wait for those answers (to know whether
+/// the keep-newer flag may go): what is submitted after them waits too, in order.
+fn writes_after_a_first_coded_set_keep_their_order(kind: Kind) {
+    let servers = start(kind, 6);
+    let len = 40_000;
+    for round in 0..20u8 {
+        let deleted = format!("deleted-{round}");
+        let small = format!("small-{round}");
+        let mut c = pool(&servers, coded_all());
+        let handles = [
+            c.iset(deleted.as_bytes(), big(round, len).into(), 0, 0),
+            c.submit(memfabric_client::Op::Delete {
+                key: deleted.as_bytes().to_vec(),
+            }),
+            c.iset(small.as_bytes(), big(round, len).into(), 0, 0),
+            c.iset(small.as_bytes(), b"small".to_vec().into(), 0, 0),
+        ];
+        for r in c.wait_all(&handles, Duration::from_secs(10)) {
+            assert!(r.is_ok(), "{kind:?}, round {round}: {r:?}");
+        }
+        let held = copies(&servers, deleted.as_bytes());
+        assert!(
+            held.iter().all(Option::is_none),
+            "{kind:?}, round {round}: the deleted key is back on {} servers",
+            held.iter().flatten().count()
+        );
+        let got = pool(&servers, coded_all())
+            .get(small.as_bytes())
+            .unwrap()
+            .expect("a value");
+        assert_eq!(got.data[..], b"small"[..], "{kind:?}, round {round}");
+    }
+}
+
+#[test]
+fn writes_right_after_a_first_coded_set_are_not_undone_by_it() {
+    for kind in [Kind::Memfabricd, Kind::Memcached] {
+        writes_after_a_first_coded_set_keep_their_order(kind);
     }
 }
 
@@ -1065,9 +1125,6 @@ fn a_later_write_from_a_clock_behind_wins(kind: Kind) {
     let servers = start(kind, 6);
     let config = coded_all();
     let mut writer = pool(&servers, config.clone());
-    // Connected to all six first (a coded write goes to every one), so that over TCP it
-    // knows which keep newer writes before the write that matters.
-    writer.set(b"warm", &big(3, 40_000), 0, 0).unwrap();
     // The earlier write, by a client whose clock is a minute ahead: its fragments put
     // where a pool puts them.
     let early = big(1, 40_000);
@@ -1117,9 +1174,6 @@ fn a_lone_newer_fragment_is_overwritten(kind: Kind) {
         ..replicated(0, WritePolicy::Quorum)
     };
     let mut writer = pool(&servers, config);
-    // Connected to all six, their first answers in (see `a_later_write_from_a_clock_behind_wins`).
-    writer.set(b"warm", &big(3, 40_000), 0, 0).unwrap();
-    assert!(writer.drain(Duration::from_secs(10)));
     let homes = homes(&writer, b"lone", 6);
     let ahead = stripe_a_minute_ahead();
     let code = memfabric_client::ec::Code::new(4, 2).unwrap();
