@@ -213,7 +213,7 @@ pub(crate) struct Server {
     /// connection.
     pub(crate) awaiting_probe: bool,
     /// Requests held on the current connection until that answer, in submission order
-    /// (each is in `pending`, with its deadline).
+    /// (each in `pending` with its deadline, unless its caller stopped waiting).
     pub(crate) held: Vec<(Handle, Op)>,
 }
 
@@ -622,7 +622,9 @@ impl Client {
             }
         };
         // Back-pressure: let some requests of this server finish first.
-        while self.servers[s].inflight >= self.config.max_in_flight.max(1)
+        // Held requests do not count: only the answer they wait for sends them, and
+        // it may be waiting to be handled behind this very call.
+        while self.in_flight_sent(s) >= self.config.max_in_flight.max(1)
             && self.servers[s].conn == Some(conn)
         {
             let until = self.nearest_deadline().unwrap_or_else(Instant::now);
@@ -669,6 +671,15 @@ impl Client {
             self.servers[s].held.push((h, op));
             return;
         }
+        self.send_on(s, conn, h, op, true);
+    }
+
+    /// Sends `op` as request `h` on `conn` of server `s` (a fragment set to a TCP server
+    /// that does not keep newer writes as a plain set), tracked in `pending` with the
+    /// pool's deadline, or, untracked, for a caller that stopped waiting (its reply is
+    /// dropped when it comes).
+    fn send_on(&mut self, s: usize, conn: ConnId, h: Handle, op: Op, tracked: bool) {
+        let server = &self.servers[s];
         let op = match op {
             Op::Store {
                 mode: StoreMode::SetFragment,
@@ -688,7 +699,7 @@ impl Client {
             op => op,
         };
         match self.transport.submit(conn, h.0, op) {
-            Ok(()) => {
+            Ok(()) if tracked => {
                 let deadline = Instant::now() + self.config.timeout;
                 self.pending.insert(
                     h.0,
@@ -700,25 +711,31 @@ impl Client {
                 );
                 self.servers[s].inflight += 1;
             }
-            Err(e) => self.complete(h.0, Err(e)),
+            Ok(()) => {}
+            Err(e) if tracked => self.complete(h.0, Err(e)),
+            Err(_) => {}
         }
     }
 
     /// The server of `conn` answered what the pool asked first on it: send the requests
     /// held until then, in order, fragments with or without the keep-newer flag as it
-    /// said.
+    /// said. What a send's failure issues meanwhile to this server is held behind them
+    /// (still `awaiting_probe`) and sent in its turn.
     pub(crate) fn release_held(&mut self, s: usize, conn: ConnId) {
         if self.servers[s].conn != Some(conn) || !self.servers[s].awaiting_probe {
             return;
         }
-        self.servers[s].awaiting_probe = false;
-        for (h, op) in std::mem::take(&mut self.servers[s].held) {
-            // Gone from `pending` if its caller abandoned it meanwhile.
-            if self.pending.remove(&h.0).is_some() {
+        while !self.servers[s].held.is_empty() && self.servers[s].conn == Some(conn) {
+            let (h, op) = self.servers[s].held.remove(0);
+            // Not in `pending` if its caller stopped waiting: sent all the same, as it
+            // would have been without the hold; its reply is dropped.
+            let tracked = self.pending.remove(&h.0).is_some();
+            if tracked {
                 self.servers[s].inflight -= 1;
-                self.submit_on(s, conn, h, op);
             }
+            self.send_on(s, conn, h, op, tracked);
         }
+        self.servers[s].awaiting_probe = false;
     }
 
     /// The current connection of server `s` failed or timed out: what was held on it
@@ -731,6 +748,13 @@ impl Client {
                 self.complete(h.0, Err(err()));
             }
         }
+    }
+
+    /// Requests of server `s` sent and not yet answered (held ones are not sent).
+    fn in_flight_sent(&self, s: usize) -> usize {
+        self.servers[s]
+            .inflight
+            .saturating_sub(self.servers[s].held.len())
     }
 
     /// Issues any keyed operation to the key's server, or a server-wide one to the first server.

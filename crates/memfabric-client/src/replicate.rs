@@ -112,10 +112,7 @@ impl Client {
         self.servers[s].awaiting_probe = false;
         self.servers[s].held.clear();
         match self.transport_instance(conn) {
-            Some(id) => {
-                self.servers[s].awaiting_probe = false;
-                self.learn_instance(s, id);
-            }
+            Some(id) => self.learn_instance(s, id),
             // Asked first on the connection: the answer is this run's, whatever follows.
             None => {
                 self.issue_first(

@@ -1107,6 +1107,42 @@ fn writes_right_after_a_first_coded_set_are_not_undone_by_it() {
     }
 }
 
+/// A pool with one request in flight per server: requests held until a new connection's
+/// first answer do not count toward it (only that answer sends them, and it may wait to
+/// be handled behind the very request being issued). A read of a coded value and a coded
+/// write issued together on new connections both complete; before, the write waited out
+/// its deadline and failed.
+#[test]
+fn held_requests_do_not_stall_a_pool_with_one_request_in_flight() {
+    let servers = start(Kind::Memfabricd, 6);
+    let value = big(1, 40_000);
+    pool(&servers, coded_all())
+        .set(b"coded", &value, 0, 0)
+        .unwrap();
+    for round in 0..10u8 {
+        let config = Config {
+            max_in_flight: 1,
+            ..coded_all()
+        };
+        let mut c = pool(&servers, config);
+        let other = format!("other-{round}");
+        let handles = [
+            c.iget(b"coded"),
+            c.iset(other.as_bytes(), big(round, 40_000).into(), 0, 0),
+        ];
+        let results = c.wait_all(&handles, Duration::from_secs(10));
+        match &results[0] {
+            Ok(memfabric_client::Reply::Value(Some(v))) => assert!(v.data[..] == value[..]),
+            r => panic!("round {round}: the read gave {r:?}"),
+        }
+        assert!(
+            results[1].is_ok(),
+            "round {round}: the write gave {:?}",
+            results[1]
+        );
+    }
+}
+
 /// The stripe a client whose clock is a minute ahead gives a write (as
 /// `Client::next_stripe` makes them: microseconds, shifted).
 fn stripe_a_minute_ahead() -> u64 {
