@@ -214,7 +214,7 @@ pub(crate) struct Server {
     pub(crate) awaiting_probe: bool,
     /// Requests held on the current connection until that answer, in submission order
     /// (each in `pending` with its deadline, unless its caller stopped waiting).
-    pub(crate) held: Vec<(Handle, Op)>,
+    pub(crate) held: std::collections::VecDeque<(Handle, Op)>,
 }
 
 pub(crate) struct Pending {
@@ -374,7 +374,7 @@ impl Client {
                 probe: None,
                 keeps_newer_write: false,
                 awaiting_probe: false,
-                held: Vec::new(),
+                held: std::collections::VecDeque::new(),
             })
             .collect();
         Client {
@@ -668,7 +668,7 @@ impl Client {
                 },
             );
             self.servers[s].inflight += 1;
-            self.servers[s].held.push((h, op));
+            self.servers[s].held.push_back((h, op));
             return;
         }
         self.send_on(s, conn, h, op, true);
@@ -725,8 +725,10 @@ impl Client {
         if self.servers[s].conn != Some(conn) || !self.servers[s].awaiting_probe {
             return;
         }
-        while !self.servers[s].held.is_empty() && self.servers[s].conn == Some(conn) {
-            let (h, op) = self.servers[s].held.remove(0);
+        while self.servers[s].conn == Some(conn) {
+            let Some((h, op)) = self.servers[s].held.pop_front() else {
+                break;
+            };
             // Not in `pending` if its caller stopped waiting: sent all the same, as it
             // would have been without the hold; its reply is dropped.
             let tracked = self.pending.remove(&h.0).is_some();
