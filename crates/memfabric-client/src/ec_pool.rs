@@ -3,7 +3,9 @@
 //! distinct servers along the ring (fragment `i` on the `i`-th), written at once like a
 //! replicated set; a read that meets a fragment asks k more of the value's servers at once
 //! (data fragments first; the others only if needed) and rebuilds the value from the first
-//! `k` fragments of one write that may be trusted (late binding). Everything else —
+//! `k` fragments of one write that may be trusted (late binding). An `add`, `replace` or
+//! `cas` of such a value is coded too: the leader decides the condition on its own
+//! fragment, then the others get theirs as a set's. Everything else —
 //! policies, hints, tasks — is [`crate::replicate`]'s.
 //!
 //! A read decodes with the code the fragment names, not only the pool's own: a value
@@ -24,9 +26,9 @@ use memfabric_proto::ec_fragment::{FragmentHeader, WriteId, HEADER_LEN, MAGIC as
 use crate::client::{Client, Handle};
 use crate::ec::{Code, EcGeometry};
 use crate::error::Error;
-use crate::op::{Op, Reply, StoreMode, Value};
-use crate::replicate::{gat_exptime, repair_add};
-use crate::tasks::{Background, EcRead, EcWriting, Kind, Task, WritePolicy};
+use crate::op::{Op, Reply, StoreMode, StoreStatus, Value};
+use crate::replicate::{follower_op, gat_exptime, repair_add};
+use crate::tasks::{Background, CodedLead, EcRead, EcWriting, Kind, Task, WritePolicy};
 
 /// Codes other than the pool's kept for reads (each holds its coding matrices).
 const OTHER_CODES_KEPT: usize = 4;
@@ -49,14 +51,18 @@ pub(crate) fn ec_needed(policy: WritePolicy, k: usize, m: usize) -> usize {
 const MAX_REWRITES: u8 = 3;
 
 impl Client {
-    /// Whether `op` is a set to erasure-code: a value at or above the threshold, in a pool
-    /// with a code and enough servers for all its fragments.
+    /// Whether `op` stores a value to erasure-code (a `set`, or an `add`, `replace` or
+    /// `cas`, whose condition the leader's fragment decides): a value at or above the
+    /// threshold, in a pool with a code and enough servers for all its fragments.
     pub(crate) fn wants_ec(&self, op: &Op) -> bool {
         let Some(code) = &self.ec_code else {
             return false;
         };
-        matches!(op, Op::Store { mode: StoreMode::Set, value, .. }
-            if value.len() >= self.config.ec_threshold.max(1))
+        matches!(op, Op::Store {
+                mode: StoreMode::Set | StoreMode::Add | StoreMode::Replace | StoreMode::Cas,
+                value,
+                ..
+            } if value.len() >= self.config.ec_threshold.max(1))
             && self.servers.len() >= code.total_shards()
     }
 
@@ -106,37 +112,42 @@ impl Client {
         servers.iter().filter(|&&s| self.is_up(s)).count()
     }
 
+    /// Where a coded write of `key` goes: the pool's code (held apart from self while the
+    /// fragments are issued; it stays in self too, where opening a connection looks, so
+    /// a connection opened meanwhile is probed and gets its hints like any other), the
+    /// value's `k + m` servers, and how many fragments must be stored. Overwriting
+    /// fragments on fewer servers than needed would leave neither the old value nor the
+    /// new one readable (the write hole): with servers known to be down, the write does
+    /// not start.
+    fn ec_write_plan(&mut self, key: &[u8]) -> Result<(Arc<Code>, Vec<usize>, usize), Error> {
+        let Some(code) = self.ec_code.clone() else {
+            return Err(Error::Protocol("no code".into()));
+        };
+        let (k, n) = (code.data_shards(), code.total_shards());
+        let copies = self.ring.successors(key, n);
+        let needed = ec_needed(self.config.write_policy, k, n - k);
+        let up = self.up_among(&copies);
+        if up < needed {
+            self.counters.ops_short += 1;
+            return Err(Error::NotEnoughCopies {
+                acked: 0,
+                needed: needed as u8,
+                copies: n as u8,
+                cause: format!("only {up} of the value's servers are up; nothing was written"),
+            });
+        }
+        Ok((code, copies, needed))
+    }
+
     /// Encodes the value and writes fragment `i` to the `i`-th server along the ring.
     pub(crate) fn submit_ec_write(&mut self, op: Op) -> Handle {
         let Op::Store { key, .. } = &op else {
             return self.fail_now(Error::Protocol("not a set".into()));
         };
         let key = key.clone();
-        let (k, n) = match &self.ec_code {
-            Some(c) => (c.data_shards(), c.total_shards()),
-            None => return self.fail_now(Error::Protocol("no code".into())),
-        };
-        let copies = self.ring.successors(&key, n);
-        let needed = ec_needed(self.config.write_policy, k, n - k);
-        // Overwriting fragments on fewer servers than needed would leave neither the old
-        // value nor the new one readable (the write hole): with servers known to be down,
-        // do not start.
-        let up = self.up_among(&copies);
-        if up < needed {
-            let e = Error::NotEnoughCopies {
-                acked: 0,
-                needed: needed as u8,
-                copies: n as u8,
-                cause: format!("only {up} of the value's servers are up; nothing was written"),
-            };
-            self.counters.ops_short += 1;
-            return self.fail_now(e);
-        }
-        // Held apart from self while the fragments are issued; it stays in self too, where
-        // opening a connection looks (a connection opened here is probed and gets its
-        // hints like any other).
-        let Some(code) = self.ec_code.clone() else {
-            return self.fail_now(Error::Protocol("no code".into()));
+        let (code, copies, needed) = match self.ec_write_plan(&key) {
+            Ok(plan) => plan,
+            Err(e) => return self.fail_now(e),
         };
         self.counters.ec_writes += 1;
         self.remember_coded(&key);
@@ -175,6 +186,121 @@ impl Client {
         self.settling = was;
         self.settle();
         h
+    }
+
+    /// An `add`, `replace` or `cas` of a value the pool codes. The condition is the
+    /// leader's (the first of the value's first `plain_copies` servers that can be read,
+    /// where a `gets` of a coded value takes its CAS value from), so the leader gets the
+    /// operation with its own fragment; once it stored, the other servers get theirs as a
+    /// coded `set` does (`Client::ec_lead_stored`). The value takes the memory of its
+    /// fragments, not of `plain_copies` whole copies. A failed condition changes nothing
+    /// anywhere.
+    pub(crate) fn submit_ec_conditional(&mut self, op: Op) -> Handle {
+        let Op::Store { key, value, .. } = &op else {
+            return self.fail_now(Error::Protocol("not a store".into()));
+        };
+        let (key, value) = (key.clone(), value.clone());
+        let (code, copies, needed) = match self.ec_write_plan(&key) {
+            Ok(plan) => plan,
+            Err(e) => return self.fail_now(e),
+        };
+        let stripe = self.next_stripe();
+        let started = Instant::now();
+        let fragments = code.encode(stripe, &value);
+        self.counters.encode_ns += started.elapsed().as_nanos() as u64;
+        let fragments: Vec<Bytes> = match fragments {
+            Ok(f) => f.into_iter().map(|f| code.share(f)).collect(),
+            // Not reachable for a valid code.
+            Err(e) => return self.fail_now(Error::Protocol(e.to_string())),
+        };
+        let h = self.new_handle();
+        let task = Task {
+            delivered: false,
+            abandoned: false,
+            outstanding: 0,
+            key,
+            needed,
+            copies,
+            acked: 0,
+            failed: 0,
+            last_err: None,
+            suspects: Vec::new(),
+            succeeded: false,
+            kind: Kind::Lead {
+                op,
+                reply: None,
+                coded: Some(Box::new(CodedLead { stripe, fragments })),
+            },
+        };
+        self.launch(h, task)
+    }
+
+    /// The leader of coded conditional store `t` stored its fragment (`reply`): the task
+    /// becomes the coded write of the value, with the leader's fragment counted, and the
+    /// servers after the leader get theirs (those before it could not be read, and were
+    /// counted failed when it was chosen). From here on it is a coded `set` of the value:
+    /// servers that keep a newer write's fragment make it write again with a newer stripe
+    /// (`Client::ec_rewrite`), failed servers are suspected, the policy decides.
+    pub(crate) fn ec_lead_stored(
+        &mut self,
+        id: u64,
+        t: &mut Task,
+        leader: usize,
+        reply: &Reply,
+        coded: CodedLead,
+    ) {
+        let Kind::Lead { op, .. } = &t.kind else {
+            return;
+        };
+        let set = follower_op(op);
+        let Op::Store {
+            key,
+            flags,
+            exptime,
+            ..
+        } = &set
+        else {
+            return;
+        };
+        let fragment = |value: Bytes| Op::Store {
+            mode: StoreMode::SetFragment,
+            key: key.clone(),
+            value,
+            flags: *flags,
+            exptime: *exptime,
+            cas: 0,
+        };
+        let pos = t.copies.iter().position(|&c| c == leader).unwrap_or(0);
+        let followers: Vec<(usize, Op)> = t.copies[pos + 1..]
+            .iter()
+            .zip(coded.fragments[pos + 1..].iter())
+            .map(|(&s, f)| (s, fragment(f.clone())))
+            .collect();
+        let cas = match reply {
+            Reply::Stored(StoreStatus::Stored { cas }) => *cas,
+            _ => 0,
+        };
+        t.acked = 1;
+        self.counters.copies_written += 1;
+        self.counters.ec_writes += 1;
+        self.remember_coded(&t.key);
+        t.kind = Kind::Fanout {
+            op: set,
+            per_copy: Vec::new(),
+            any: false,
+            cas,
+            ec: Some(EcWriting {
+                stripe: coded.stripe,
+                superseded: 0,
+                newest_kept: 0,
+                rewrites: 0,
+            }),
+        };
+        drop(coded);
+        for (s, op) in followers {
+            self.fanout_copy(id, t, s, op);
+        }
+        self.decide(id, t);
     }
 
     /// Codes the value of write task `t` under `stripe` and writes fragment `i` to its

@@ -89,6 +89,28 @@ impl Op {
             Op::FlushAll { .. } | Op::Stats { .. } | Op::Version | Op::Noop => None,
         }
     }
+
+    /// The same store with `value` as its data (any other operation unchanged).
+    pub(crate) fn with_value(self, value: Bytes) -> Op {
+        match self {
+            Op::Store {
+                mode,
+                key,
+                flags,
+                exptime,
+                cas,
+                ..
+            } => Op::Store {
+                mode,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A fetched item.

@@ -14,7 +14,9 @@
 //!   run on one copy, the *leader* (the first copy that can be read), and only when it
 //!   succeeds are the others made to agree — with a `set` of the same value for
 //!   add/replace/cas, with the same operation for append/prepend/incr/decr (a copy whose
-//!   counter then disagrees with the leader's is deleted).
+//!   counter then disagrees with the leader's is deleted). A coded pool codes an
+//!   add/replace/cas of a big value: the leader gets its fragment, the others theirs
+//!   (`crate::ec_pool`).
 //! - `get`, `gets`, `gat` read the copies one after another, primary first (or from a
 //!   random one with `randomize_reads`), and report a miss only when enough copies missed
 //!   that no acknowledged write can hide on the copies that could not be asked.
@@ -306,7 +308,13 @@ impl Client {
     pub(crate) fn submit_task(&mut self, op: Op) -> Handle {
         let key = op.key().unwrap_or_default().to_vec();
         if self.wants_ec(&op) {
-            return self.submit_ec_write(op);
+            return match &op {
+                Op::Store {
+                    mode: StoreMode::Set,
+                    ..
+                } => self.submit_ec_write(op),
+                _ => self.submit_ec_conditional(op),
+            };
         }
         let plain = self.plain_copies();
         // Deletes and touches reach every server an erasure-coded value may be on.
@@ -362,7 +370,11 @@ impl Client {
                 cas: 0,
                 ec: None,
             },
-            _ => Kind::Lead { op, reply: None },
+            _ => Kind::Lead {
+                op,
+                reply: None,
+                coded: None,
+            },
         };
         let task = Task {
             delivered: false,
@@ -439,9 +451,16 @@ impl Client {
                 }
                 self.decide(id, t);
             }
-            Kind::Lead { op, .. } => {
+            Kind::Lead { op, coded, .. } => {
+                // A coded value's leader is among its first `plain_copies` servers, where
+                // a `gets` takes the CAS value from (`Client::ec_cas_leader`).
+                let candidates = match coded {
+                    Some(_) => self.plain_copies().min(t.copies.len()),
+                    None => t.copies.len(),
+                };
+                let fragments = coded.as_ref().map(|c| c.fragments.clone());
                 let op = op.clone();
-                let copies = t.copies.clone();
+                let copies = t.copies[..candidates].to_vec();
                 let Some(pos) = copies.into_iter().position(|s| self.ready_to_read(s)) else {
                     t.failed = t.copies.len();
                     t.last_err = Some(self.down(t.copies[0]));
@@ -456,6 +475,10 @@ impl Client {
                     self.suspect_copy(t, s);
                 }
                 let leader = t.copies[pos];
+                let op = match fragments {
+                    Some(f) => op.with_value(f[pos].clone()),
+                    None => op,
+                };
                 self.step(id, t, leader, op);
             }
         }
@@ -763,10 +786,16 @@ impl Client {
                 }
                 self.decide(id, t);
             }
-            Kind::Lead { op, reply } => {
+            Kind::Lead { op, reply, coded } => {
                 if reply.is_none() {
                     // The leader's answer.
                     match result {
+                        Ok(r) if coded.is_some() && succeeded(&r) => {
+                            let coded = coded.take().map(|c| *c);
+                            if let Some(c) = coded {
+                                self.ec_lead_stored(id, t, s, &r, c);
+                            }
+                        }
                         Ok(r) if succeeded(&r) => {
                             t.acked = 1;
                             self.counters.copies_written += 1;
@@ -994,7 +1023,7 @@ fn succeeded(r: &Reply) -> bool {
 
 /// What the other copies are sent once the leader applied `op`: the same value for the
 /// operations that replace it, the same operation for those that modify it.
-fn follower_op(op: &Op) -> Op {
+pub(crate) fn follower_op(op: &Op) -> Op {
     match op {
         Op::Store {
             mode: StoreMode::Add | StoreMode::Replace | StoreMode::Cas,

@@ -267,8 +267,22 @@ pub(crate) enum Kind {
         /// A coded write (its fragments, not `op`, went to the copies).
         ec: Option<EcWriting>,
     },
-    /// Conditional operations: the leader, then the others.
-    Lead { op: Op, reply: Option<Reply> },
+    /// Conditional operations: the leader, then the others. `coded`: an `add`,
+    /// `replace` or `cas` of a value the pool codes; the leader gets its own fragment
+    /// under the condition, and once it stored, the task becomes the coded write of the
+    /// other fragments (a `Fanout` with `ec`).
+    Lead {
+        op: Op,
+        reply: Option<Reply>,
+        coded: Option<Box<CodedLead>>,
+    },
+}
+
+/// The fragments of a conditional store's value, coded before the leader is asked.
+pub(crate) struct CodedLead {
+    pub(crate) stripe: u64,
+    /// Fragment `i`, for the `i`-th of the task's copies.
+    pub(crate) fragments: Vec<Bytes>,
 }
 
 /// A coded write in flight.

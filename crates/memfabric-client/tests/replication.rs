@@ -1492,6 +1492,142 @@ fn gets_of_a_coded_value_gives_a_cas_that_a_cas_can_use() {
     }
 }
 
+/// Bytes every server holds for `key`, together.
+fn bytes_held(servers: &[Server], key: &[u8]) -> usize {
+    copies(servers, key).iter().flatten().map(Vec::len).sum()
+}
+
+/// `add`, `replace` and `cas` of a value at or above the threshold code it as a `set`
+/// does: one fragment per server, the condition decided by the leader's fragment; a
+/// condition that fails leaves every server as it was. Before, such a value was stored
+/// whole on m + 1 = 3 servers (3x its size, against 1.5x for its fragments at 4+2).
+fn conditional_stores_of_big_values(kind: Kind) {
+    let mut servers = start(kind, 6);
+    let mut c = pool(&servers, coded_all());
+    let first = big(21, 80_000);
+    assert!(c.add(b"doc", &first, 7, 0).unwrap(), "{kind:?}");
+    assert_eq!(
+        fragments_intact(&servers, b"doc"),
+        6,
+        "{kind:?}: add coded it"
+    );
+    let held = bytes_held(&servers, b"doc");
+    assert!(held < first.len() * 16 / 10, "{kind:?}: {held} bytes held");
+    let got = c.get(b"doc").unwrap().unwrap();
+    assert!(got.data[..] == first[..] && got.flags == 7, "{kind:?}");
+
+    // Conditions that fail change nothing, anywhere.
+    let before = copies(&servers, b"doc");
+    assert!(!c.add(b"doc", &big(22, 80_000), 0, 0).unwrap(), "{kind:?}");
+    assert!(
+        copies(&servers, b"doc") == before,
+        "{kind:?}: a refused add"
+    );
+    assert!(!c.replace(b"none", &first, 0, 0).unwrap(), "{kind:?}");
+    assert_eq!(copies(&servers, b"none"), vec![None; 6], "{kind:?}");
+
+    let second = big(23, 70_000);
+    assert!(c.replace(b"doc", &second, 8, 0).unwrap(), "{kind:?}");
+    assert_eq!(
+        fragments_intact(&servers, b"doc"),
+        6,
+        "{kind:?}: replace coded it"
+    );
+    for config in [
+        coded_all(),
+        replicated(2, WritePolicy::All),
+        Config::default(),
+    ] {
+        let got = pool(&servers, config.clone()).get(b"doc").unwrap().unwrap();
+        assert!(
+            got.data[..] == second[..] && got.flags == 8,
+            "{kind:?} {config:?}"
+        );
+    }
+
+    // gets, then cas: coded; the same cas again, or one from before, is refused.
+    let seen = c.gets(b"doc").unwrap().unwrap();
+    let third = big(24, 90_000);
+    assert!(
+        matches!(
+            c.cas(b"doc", &third, 9, 0, seen.cas),
+            Ok(StoreStatus::Stored { .. })
+        ),
+        "{kind:?}"
+    );
+    assert_eq!(
+        fragments_intact(&servers, b"doc"),
+        6,
+        "{kind:?}: cas coded it"
+    );
+    let before = copies(&servers, b"doc");
+    assert_eq!(
+        c.cas(b"doc", &big(25, 90_000), 0, 0, seen.cas).unwrap(),
+        StoreStatus::Exists,
+        "{kind:?}"
+    );
+    assert!(
+        copies(&servers, b"doc") == before,
+        "{kind:?}: a refused cas"
+    );
+    assert_eq!(
+        c.cas(b"gone", &third, 0, 0, seen.cas).unwrap(),
+        StoreStatus::NotFound,
+        "{kind:?}"
+    );
+    assert_eq!(copies(&servers, b"gone"), vec![None; 6], "{kind:?}");
+    // A gets/cas loop goes on from the value the cas coded, through another client too.
+    let mut other = pool(&servers, coded_all());
+    let seen = other.gets(b"doc").unwrap().unwrap();
+    assert!(seen.data[..] == third[..] && seen.flags == 9, "{kind:?}");
+    let fourth = big(26, 100_000);
+    assert!(
+        matches!(
+            other.cas(b"doc", &fourth, 10, 0, seen.cas),
+            Ok(StoreStatus::Stored { .. })
+        ),
+        "{kind:?}"
+    );
+    assert!(
+        c.get(b"doc").unwrap().unwrap().data[..] == fourth[..],
+        "{kind:?}"
+    );
+
+    // The leader down: the next of the first m + 1 servers decides; with quorum the
+    // write stands on five fragments and reads back whole.
+    let quorum = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::Quorum)
+    };
+    let mut q = pool(&servers, quorum.clone());
+    let home = homes(&q, b"doc", 6);
+    servers[home[0]].kill();
+    let seen = q.gets(b"doc").unwrap().unwrap();
+    assert!(seen.data[..] == fourth[..], "{kind:?}");
+    let fifth = big(27, 60_000);
+    assert!(
+        matches!(
+            q.cas(b"doc", &fifth, 11, 0, seen.cas),
+            Ok(StoreStatus::Stored { .. })
+        ),
+        "{kind:?}"
+    );
+    let got = pool(&servers, quorum).get(b"doc").unwrap().unwrap();
+    assert!(got.data[..] == fifth[..] && got.flags == 11, "{kind:?}");
+    assert!(q.add(b"late", &fifth, 0, 0).unwrap(), "{kind:?}");
+    assert!(
+        q.get(b"late").unwrap().unwrap().data[..] == fifth[..],
+        "{kind:?}"
+    );
+}
+
+#[test]
+fn add_replace_and_cas_of_big_values_code_them() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {
+        conditional_stores_of_big_values(kind);
+    }
+}
+
 /// Each server's TCP (text protocol) port, whatever the kind: `lru_crawler metadump all`
 /// there gives every key's expiry time (unix time, -1 = none).
 fn expiry_times(server: &Server) -> std::collections::HashMap<Vec<u8>, i64> {
