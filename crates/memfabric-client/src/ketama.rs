@@ -205,7 +205,11 @@ impl Continuum {
     /// that server (the others keep their order) wherever the other servers' points stay
     /// put: always on the unweighted ring, and on the weighted one while the weights are
     /// equal (weighted ketama rescales every server's share of points when the total
-    /// changes unevenly).
+    /// changes unevenly). A server whose weight is too small a share of the total for
+    /// weighted ketama to give it any point (under 1/(40 x servers); libmemcached sends it
+    /// no key) still holds copies: when the ring's points name fewer than `n` servers,
+    /// those without points follow, in list order, so a pool of `r + 1` (or `k + m`)
+    /// servers always puts a key's copies (or fragments) on that many distinct servers.
     pub fn successors(&self, key: &[u8], n: usize) -> Vec<usize> {
         let want = n.min(self.servers);
         let mut out = Vec::with_capacity(want);
@@ -219,8 +223,16 @@ impl Continuum {
             if !out.contains(&s) {
                 out.push(s);
                 if out.len() == want {
-                    break;
+                    return out;
                 }
+            }
+        }
+        for s in 0..self.servers {
+            if out.len() == want {
+                break;
+            }
+            if !out.contains(&s) {
+                out.push(s);
             }
         }
         out
@@ -331,6 +343,32 @@ mod tests {
     fn point_names_leave_out_the_default_port() {
         assert_eq!(point_name("10.0.0.1", 11211, 0), "10.0.0.1-0");
         assert_eq!(point_name("10.0.0.1", 11212, 7), "10.0.0.1:11212-7");
+    }
+
+    #[test]
+    fn servers_without_points_still_hold_copies() {
+        // 1000:1:1 gives the light servers no point (libmemcached sends them no key), but a
+        // key's three copies still go to three distinct servers, the heavy one first.
+        let nodes = [node("a", 1, 1000), node("b", 2, 1), node("c", 3, 1)];
+        assert_eq!(weighted_points(1, 1002, 3), 0);
+        let ring = Continuum::new(&nodes, Distribution::KetamaWeighted);
+        for key in ["k", "another", "x:1"] {
+            assert_eq!(ring.locate(key.as_bytes()), Some(0));
+            assert_eq!(ring.successors(key.as_bytes(), 3), vec![0, 1, 2]);
+            assert_eq!(ring.successors(key.as_bytes(), 2), vec![0, 1]);
+        }
+        // 100:100:100:100:100:1: the last has no point; six fragments need it.
+        let mut six: Vec<Node> = (0..5).map(|i| node("h", 10 + i, 100)).collect();
+        six.push(node("h", 20, 1));
+        let ring = Continuum::new(&six, Distribution::KetamaWeighted);
+        assert!(ring.points().iter().all(|p| p.1 != 5));
+        for i in 0..50 {
+            let list = ring.successors(format!("key{i}").as_bytes(), 6);
+            let mut sorted = list.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2, 3, 4, 5], "{list:?}");
+            assert_eq!(list[5], 5, "the server without points last");
+        }
     }
 
     #[test]
