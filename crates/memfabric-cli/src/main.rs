@@ -1,7 +1,10 @@
 //! `memfabric`: a command-line client for memcached and memfabricd pools.
 //!
 //! Exit codes: 0 = done (hit, stored, deleted, all servers answered), 1 = miss / not found,
-//! 2 = error (including a server that is down, and bad usage).
+//! 2 = error (including a server that is down, and bad usage), 3 = done, but a server of a
+//! replicated pool missed a write or delete and could not be told to drop its old copy
+//! before the tool exited (a warning names it): it may serve that copy once it answers
+//! again, until the key is written or deleted again through the pool.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -207,6 +210,21 @@ fn main() -> ExitCode {
     // A replicated write answered at its quorum, or a read repair, may still be on its
     // way.
     client.drain(timeout);
+    // Deletes of copies that missed a write, owed to servers that could not take them:
+    // this process is the only one that knows, and it is about to exit.
+    let stale = client.hints_outstanding();
+    for (server, keys, flush) in &stale {
+        let what = if *flush {
+            "a flush (too many of its copies missed writes)".to_string()
+        } else {
+            format!("deletes of {keys} key(s) whose write or delete it missed")
+        };
+        eprintln!(
+            "memfabric: warning: {server} could not be sent {what} before exit; once it \
+             answers again it may serve the old copies, until the keys are written or \
+             deleted again through this pool"
+        );
+    }
     if counters {
         for (name, value) in client.transport_counters() {
             eprintln!("{name} {value}");
@@ -221,6 +239,7 @@ fn main() -> ExitCode {
         }
     }
     match result {
+        Ok(0) if !stale.is_empty() => ExitCode::from(3),
         Ok(code) => ExitCode::from(code),
         Err(e) if broken_pipe(e.as_ref()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -150,6 +150,33 @@ impl Client {
         }
     }
 
+    /// The servers that may still hold copies this client knows to be stale: per server,
+    /// the keys whose delete (a hint) is owed or not yet confirmed, and whether a flush
+    /// is owed instead. They are kept in this client only: once it is dropped (its
+    /// process exits) before they are delivered, nothing keeps a later client from
+    /// reading those copies when the server answers again (a paused server, say), so a
+    /// short-lived client should say so (the `memfabric` CLI warns and exits 3).
+    pub fn hints_outstanding(&self) -> Vec<(String, usize, bool)> {
+        let mut out = Vec::new();
+        for (s, server) in self.servers.iter().enumerate() {
+            let (mut keys, mut flush) = {
+                let hints = lock_hints(&server.hints);
+                (hints.keys.len(), hints.overflow)
+            };
+            for c in self.child_of.values().filter(|c| c.server == s) {
+                match c.role {
+                    Role::Hint { .. } => keys += 1,
+                    Role::Flush => flush = true,
+                    _ => {}
+                }
+            }
+            if keys > 0 || flush {
+                out.push((server.name.clone(), keys, flush));
+            }
+        }
+        out
+    }
+
     /// Copy `s` failed write `t`. A successful write makes the copies that missed it
     /// stale: they are deleted. A failed one replaced nothing that was acknowledged, so
     /// the copies it did not reach keep what they have; deleting them could delete the
