@@ -1406,6 +1406,49 @@ fn appends_in_a_coded_pool(kind: Kind) {
     assert_eq!(c.get(b"never-set").unwrap(), None);
 }
 
+/// memfabricd refuses `append` and `prepend` onto a fragment of a coded value (`NOT_STORED`,
+/// as for a missing key): a pool without the code sends them as they are, and a prepend
+/// pushed the fragment's header from the front, where readers look for it, so that
+/// every pool then read the damaged fragment (the prepended bytes, a header and a
+/// quarter of the value) as the value.
+fn appends_without_the_code(kind: Kind) {
+    let servers = start(kind, 6);
+    let mut coded = pool(&servers, coded_all());
+    let value = big(31, 100_000);
+    coded.set(b"pk", &value, 4, 0).unwrap();
+    for config in [Config::default(), replicated(2, WritePolicy::All)] {
+        let mut c = pool(&servers, config.clone());
+        assert!(!c.prepend(b"pk", b"ZZ").unwrap(), "{kind:?} {config:?}");
+        assert!(!c.append(b"pk", b"YY").unwrap(), "{kind:?} {config:?}");
+    }
+    assert_eq!(fragments_intact(&servers, b"pk"), 6, "{kind:?}");
+    for config in [
+        coded_all(),
+        replicated(2, WritePolicy::All),
+        Config::default(),
+    ] {
+        let got = pool(&servers, config.clone()).get(b"pk").unwrap().unwrap();
+        assert!(
+            got.data[..] == value[..],
+            "{kind:?} {config:?}: {} bytes",
+            got.data.len()
+        );
+    }
+    // Plain values are appended to as ever.
+    let mut plain = pool(&servers, Config::default());
+    plain.set(b"log", b"MFEC", 0, 0).unwrap();
+    assert!(plain.append(b"log", b"+1").unwrap());
+    assert!(plain.prepend(b"log", b"0+").unwrap());
+    assert_eq!(&plain.get(b"log").unwrap().unwrap().data[..], b"0+MFEC+1");
+}
+
+#[test]
+fn memfabricd_keeps_appends_of_pools_without_the_code_off_fragments() {
+    for kind in [Kind::Memfabricd, Kind::MemfabricdUcx] {
+        appends_without_the_code(kind);
+    }
+}
+
 #[test]
 fn append_and_prepend_to_a_coded_value_write_it_whole_again() {
     for kind in [Kind::Memfabricd, Kind::MemfabricdUcx, Kind::Memcached] {

@@ -225,7 +225,10 @@ impl Default for Settings {
             idle_timeout: 0,
             auth_timeout: 10,
             max_pending_output: 4 << 20,
-            store: memfabric_store::StoreConfig::default(),
+            store: memfabric_store::StoreConfig {
+                sealed: Some(coded_fragment),
+                ..memfabric_store::StoreConfig::default()
+            },
             ext: ExtSettings::default(),
             enable_shutdown: false,
             flush_enabled: true,
@@ -322,4 +325,13 @@ impl Default for ExtSettings {
             engine: crate::flash_reads::IoEngine::Auto,
         }
     }
+}
+
+/// Whether a value is a fragment of a value memfabric's client erasure-coded (its header
+/// checked): `append` and `prepend` leave it alone (`NOT_STORED`). A pool without the
+/// code appending to it would damage it, and a prepend would push its header from the
+/// front, where every reader looks for it, so that the damaged bytes were read as the
+/// value.
+fn coded_fragment(value: &[u8]) -> bool {
+    memfabric_proto::ec_fragment::code_of(value).is_some()
 }

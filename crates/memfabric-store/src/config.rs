@@ -23,6 +23,12 @@ pub struct StoreConfig {
     pub background_sweeper: bool,
     /// The flash tier items evicted from RAM go to (memcached's extstore); `None`: RAM only.
     pub flash: Option<crate::flash::FlashConfig>,
+    /// Values that `append` and `prepend` must leave as they are (`NOT_STORED`, as for a
+    /// missing key), told by their bytes: the server gives memfabric's erasure-coded
+    /// fragments, which a client without the code would otherwise damage beyond what the
+    /// code's readers can recognise. `None`: every value may be appended to, as in
+    /// memcached.
+    pub sealed: Option<fn(&[u8]) -> bool>,
 }
 
 impl Default for StoreConfig {
@@ -39,6 +45,7 @@ impl Default for StoreConfig {
             slab_automove: true,
             background_sweeper: true,
             flash: None,
+            sealed: None,
         }
     }
 }

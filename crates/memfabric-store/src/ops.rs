@@ -427,6 +427,9 @@ fn concat_locked(
     }
     let mut old_value = Vec::with_capacity(old.value_len as usize);
     t.read_value(&mut old_value);
+    if t.sealed(&old_value) {
+        return StoreStatus::NotStored;
+    }
     let mut it = match t.alloc(old_value.len() + value.len(), old.flags, old.exptime) {
         Ok(it) => it,
         Err(_) => return StoreStatus::NotStored,

@@ -317,3 +317,31 @@ fn a_set_unless_keeps_what_the_judge_keeps() {
     assert!(stored(s.store_pending_unless(pending, judge(false))));
     assert_eq!(value(b"big").as_deref(), Some(&b"fresh"[..]));
 }
+
+#[test]
+fn sealed_values_are_not_appended_to() {
+    let s = Store::new(StoreConfig {
+        sealed: Some(|v: &[u8]| v.starts_with(b"SEAL")),
+        background_sweeper: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    s.store(SetMode::Set, b"sealed", b"SEAL:data", 0, 0, 0);
+    s.store(SetMode::Set, b"open", b"data", 0, 0, 0);
+    for mode in [SetMode::Append, SetMode::Prepend] {
+        assert_eq!(
+            s.store(mode, b"sealed", b"+", 0, 0, 0),
+            crate::StoreStatus::NotStored
+        );
+        assert!(matches!(
+            s.store(mode, b"open", b"+", 0, 0, 0),
+            crate::StoreStatus::Stored { .. }
+        ));
+    }
+    let mut out = Vec::new();
+    s.get(b"sealed", &crate::GetOptions::default(), &mut out);
+    assert_eq!(out, b"SEAL:data");
+    out.clear();
+    s.get(b"open", &crate::GetOptions::default(), &mut out);
+    assert_eq!(out, b"+data+");
+}

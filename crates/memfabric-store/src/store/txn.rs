@@ -191,6 +191,12 @@ impl<'s> Txn<'s> {
         debug_assert!(ok);
     }
 
+    /// Whether `value` (the live item's) is one `append` and `prepend` leave alone
+    /// (`StoreConfig::sealed`).
+    pub fn sealed(&self, value: &[u8]) -> bool {
+        self.inner.cfg.sealed.is_some_and(|sealed| sealed(value))
+    }
+
     /// Allocate an item for this key (see `Store::alloc`).
     pub fn alloc(
         &self,
