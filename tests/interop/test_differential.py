@@ -51,7 +51,7 @@ def _run(kind: str, name: str, run: int = 0):
     if key not in _results:
         t = _transcript(name)
         try:
-            srv = start_server(kind)
+            srv = start_server(kind, args=t.args)
         except pytest.fail.Exception as e:
             _results[key] = f"could not start {kind}: {e}"
         else:

@@ -160,6 +160,8 @@ class Transcript:
     path: Path
     protocol: str
     steps: list[Step]
+    # Flags both servers are started with (`%args -C`), after the test's own.
+    args: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -171,6 +173,7 @@ _MACRO = re.compile(r"\{(rep:(?P<text>[^:}]*):(?P<count>\d+)|cas(?P<idx>\d+)(?P<
 
 def parse_transcript(path: Path) -> Transcript:
     protocol = "ascii"
+    args: tuple[str, ...] = ()
     steps: list[Step] = []
     seen: set[str] = set()
     for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -179,10 +182,13 @@ def parse_transcript(path: Path) -> Transcript:
             continue
         if raw.startswith("%"):
             words = raw[1:].split()
-            if words[:1] != ["protocol"] or len(words) != 2 or words[1] not in ("ascii", "binary"):
-                raise TranscriptError(f"{where}: expected '%protocol ascii|binary'")
             if steps:
-                raise TranscriptError(f"{where}: %protocol must come before the first step")
+                raise TranscriptError(f"{where}: %{words[:1]} must come before the first step")
+            if words[:1] == ["args"] and len(words) > 1:
+                args = tuple(words[1:])
+                continue
+            if words[:1] != ["protocol"] or len(words) != 2 or words[1] not in ("ascii", "binary"):
+                raise TranscriptError(f"{where}: expected '%protocol ascii|binary' or '%args FLAG...'")
             protocol = words[1]
             continue
         if raw.startswith("=="):
@@ -222,7 +228,7 @@ def parse_transcript(path: Path) -> Transcript:
         steps[-1].lines.append(raw)
     if not steps:
         raise TranscriptError(f"{path.name}: no steps")
-    t = Transcript(path=path, protocol=protocol, steps=steps)
+    t = Transcript(path=path, protocol=protocol, steps=steps, args=args)
     # Expand every line once with dummy CAS values so syntax errors show at collection.
     dummy = CasMap()
     for s in t.steps:

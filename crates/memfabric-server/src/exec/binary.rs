@@ -253,7 +253,9 @@ fn set_mode(op: StoreOp) -> SetMode {
 }
 
 /// A storage request's arguments (`exptime` as sent). set/add/replace with a CAS are
-/// compare-and-swap (the store switches mode itself).
+/// compare-and-swap (the store switches mode itself). Under `-C` a storage request's CAS
+/// is ignored, as memcached ignores it (its items have no CAS to set or compare; a
+/// delete or incr with one still answers "exists").
 fn store_args<'k>(
     ctx: &ExecCtx<'_>,
     h: &RequestHeader,
@@ -262,14 +264,19 @@ fn store_args<'k>(
     flags: u32,
     exptime: u32,
 ) -> StoreArgs<'k> {
+    let cas = if ctx.shared.settings.use_cas {
+        h.cas
+    } else {
+        0
+    };
     StoreArgs {
         mode: set_mode(op),
         key,
         flags,
         // The wire exptime is unsigned: memcached never sees a negative one here.
         exptime: ctx.shared.store.clock().exptime(i64::from(exptime)),
-        cas: h.cas,
-        counts_as_cas: h.cas != 0 && matches!(op, StoreOp::Set | StoreOp::Add | StoreOp::Replace),
+        cas,
+        counts_as_cas: cas != 0 && matches!(op, StoreOp::Set | StoreOp::Add | StoreOp::Replace),
         accounting: StoreAccounting::Binary,
         keep_newer_write: false,
     }
