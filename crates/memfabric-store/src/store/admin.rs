@@ -92,7 +92,10 @@ impl Store {
     }
 
     /// `stats cachedump <class> <limit>`: up to `limit` live items of a class (0 = as
-    /// many as fit in 2 MB of output, like memcached), as (key, value length, exptime).
+    /// many as fit in 2 MB of output, like memcached), as (key, value length, exptime),
+    /// most recently linked or used first, as memcached walks its LRU from the head: the
+    /// class's eviction queue from the back (each live item has one current entry there;
+    /// stale ones are skipped, and a chained item is listed in its head's class only).
     pub fn cachedump(&self, class: u8, limit: usize) -> Vec<(Vec<u8>, u32, u32)> {
         let Some(ci) = self.slabs.classes.get(class as usize).copied() else {
             return Vec::new();
@@ -104,23 +107,19 @@ impl Store {
         let st = self.slabs.lock(class);
         let mut v = Vec::new();
         let mut bytes = 0;
-        'pages: for &p in &st.pages {
-            for i in 0..ci.per_page {
-                let off = self.slabs.chunk_off(&ci, p, i);
-                if item::state(&self.arena, off) != item::LINKED {
-                    continue;
-                }
-                let h = item::read_header(&self.arena, off);
-                if self.dead(&h, now).is_some() {
-                    continue;
-                }
-                let mut key = vec![0u8; h.key_len as usize];
-                self.arena.read(item::key_off(off), &mut key);
-                bytes += key.len() + 40;
-                v.push((key, h.value_len, h.exptime));
-                if (limit != 0 && v.len() >= limit) || bytes > (2 << 20) - 1024 {
-                    break 'pages;
-                }
+        for &e in st.queue.iter().rev() {
+            let Some((off, h)) = self.queued_item(&ci, e) else {
+                continue;
+            };
+            if off != e.off() || self.dead(&h, now).is_some() {
+                continue;
+            }
+            let mut key = vec![0u8; h.key_len as usize];
+            self.arena.read(item::key_off(off), &mut key);
+            bytes += key.len() + 40;
+            v.push((key, h.value_len, h.exptime));
+            if (limit != 0 && v.len() >= limit) || bytes > (2 << 20) - 1024 {
+                break;
             }
         }
         v

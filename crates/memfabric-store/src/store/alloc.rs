@@ -292,7 +292,7 @@ impl Inner {
 
     /// The linked item a queue entry of class `ci` names, with its head's header, or
     /// None if the entry is stale (chunk freed, reused, re-carved; item replaced).
-    fn queued_item(&self, ci: &ClassInfo, e: QueueEntry) -> Option<(usize, Header)> {
+    pub(super) fn queued_item(&self, ci: &ClassInfo, e: QueueEntry) -> Option<(usize, Header)> {
         let a = &self.arena;
         let off = e.off();
         if off >= a.len()
