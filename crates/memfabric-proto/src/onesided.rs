@@ -34,10 +34,12 @@ pub const ITEM_HDR: usize = 40;
 pub const STATE_LINKED: u8 = 2;
 /// Item flag (header byte 7): the value is chained over several chunks.
 pub const IFLAG_CHUNKED: u8 = 1;
-/// Item flags (header byte 7) an access sets: fetched, and referenced (the eviction
-/// clock's second chance; the eviction scan clears it).
+/// Item flags (header byte 7) accesses set: fetched (the first), referenced (every one:
+/// the eviction clock's second chance; the eviction scan clears it) and active (the
+/// second, which moves the access time; cleared with referenced).
 pub const IFLAG_FETCHED: u8 = 8;
 pub const IFLAG_REFERENCED: u8 = 16;
+pub const IFLAG_ACTIVE: u8 = 64;
 
 /// Where in the item header each field lives.
 mod hdr {
@@ -51,7 +53,7 @@ mod hdr {
     pub const EXPTIME: usize = 24;
     pub const TIME: usize = 28;
     pub const CRC: usize = 32;
-    pub const ATIME: usize = 36;
+    // 36: the access time (the server's; a reader does not need it).
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -249,9 +251,8 @@ pub struct ItemOk {
     pub cas: u64,
     /// The value's bytes within the chunk that was read.
     pub value: Range<usize>,
-    /// The header already shows an access at the server's current second (both access
-    /// flags set, access time = the control block's clock): an access hint for it would
-    /// change nothing.
+    /// The header already shows every mark an access sets (fetched, referenced,
+    /// active): an access hint for it would change nothing.
     pub access_noted: bool,
 }
 
@@ -348,13 +349,13 @@ pub fn check_item(chunk: &[u8], key: &[u8], live: &Live, now: u32) -> Result<Ite
     if live.flush_time != 0 && live.flush_time <= now && time <= live.flush_time {
         return Err(Reject::Flushed);
     }
-    let noted = IFLAG_FETCHED | IFLAG_REFERENCED;
+    let noted = IFLAG_FETCHED | IFLAG_REFERENCED | IFLAG_ACTIVE;
     Ok(ItemOk {
         seq,
         flags: u32_at(chunk, hdr::FLAGS),
         cas,
         value: key_end..value_end,
-        access_noted: chunk[hdr::IFLAGS] & noted == noted && u32_at(chunk, hdr::ATIME) == live.now,
+        access_noted: chunk[hdr::IFLAGS] & noted == noted,
     })
 }
 
@@ -436,16 +437,15 @@ mod tests {
     }
 
     #[test]
-    fn an_access_already_noted_this_second_is_reported() {
+    fn an_access_already_noted_is_reported() {
         let mut b = item(b"k1", b"hello", 88);
         let noted = |b: &[u8]| check_item(b, b"k1", &LIVE, 2000).unwrap().access_noted;
         assert!(!noted(&b), "never accessed");
         b[hdr::IFLAGS] |= IFLAG_FETCHED | IFLAG_REFERENCED;
-        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&1999u32.to_le_bytes());
-        assert!(!noted(&b), "accessed a second ago");
-        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&2000u32.to_le_bytes());
+        assert!(!noted(&b), "fetched once: the next access makes it active");
+        b[hdr::IFLAGS] |= IFLAG_ACTIVE;
         assert!(noted(&b));
-        b[hdr::IFLAGS] &= !IFLAG_REFERENCED;
+        b[hdr::IFLAGS] &= !(IFLAG_REFERENCED | IFLAG_ACTIVE);
         assert!(!noted(&b), "the eviction scan cleared its second chance");
     }
 

@@ -182,6 +182,28 @@ fn mg_l_is_seconds_since_last_access() {
     assert!((0..=2).contains(&l), "{l}");
 }
 
+/// As memcached's: an item's access time moves on its second fetch (the one that makes
+/// it active), not on the first, nor on the ones after it. Before, every fetch moved it:
+/// `get` two seconds after the set, then `mg ... l`, answered `l0` where memcached
+/// answers `l2`.
+#[test]
+fn mg_l_moves_only_on_the_fetch_that_makes_the_item_active() {
+    let mut c = Conn::new();
+    c.s("ms foo 1\r\nx\r\n");
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let first = c.s("mg foo l h\r\n");
+    assert!(
+        flag_value(&first, 'l') >= 2 && flag_value(&first, 'h') == 0,
+        "{first}"
+    );
+    // Reported before its own access: still the time of the set.
+    let second = flag_value(&c.s("mg foo l\r\n"), 'l');
+    assert!(second >= 2, "{second}");
+    // That second fetch moved it.
+    let after = flag_value(&c.s("mg foo l\r\n"), 'l');
+    assert!(after < second, "{after} {second}");
+}
+
 #[test]
 fn mg_t_then_touch_shows_old_ttl_touch_then_t_shows_new() {
     let mut c = Conn::new();

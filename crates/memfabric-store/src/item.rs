@@ -62,6 +62,10 @@ pub const F_REFERENCED: u8 = 16;
 pub const F_ACCESSED: u8 = F_FETCHED | F_REFERENCED;
 /// Meta protocol: the key was given base64-encoded (`b`), so replies echo it that way.
 pub const F_KEY_BINARY: u8 = 32;
+/// Fetched again after its first fetch (memcached's ITEM_ACTIVE): the access that sets it
+/// moves the last-access time; the ones after it do not, until the item's second chance
+/// in the eviction queue clears it.
+pub const F_ACTIVE: u8 = 64;
 
 /// A snapshot of an item header, read without locks (validate before trusting it).
 #[derive(Clone, Copy, Debug, Default)]

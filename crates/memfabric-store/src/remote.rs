@@ -71,6 +71,7 @@ pub const ITEM_OFF_TIME: usize = crate::item::OFF_TIME;
 /// Item flags an access sets (`note_remote_access`, a local GET).
 pub const IFLAG_FETCHED: u8 = crate::item::F_FETCHED;
 pub const IFLAG_REFERENCED: u8 = crate::item::F_REFERENCED;
+pub const IFLAG_ACTIVE: u8 = crate::item::F_ACTIVE;
 pub const ITEM_OFF_CRC: usize = crate::item::OFF_CRC;
 pub const ITEM_OFF_ATIME: usize = crate::item::OFF_ATIME;
 /// Item state byte: in the index, readable.

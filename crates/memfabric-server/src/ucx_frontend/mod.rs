@@ -694,6 +694,7 @@ mod layout_tests {
         assert_eq!(store_side::IFLAG_CHUNKED, client_side::IFLAG_CHUNKED);
         assert_eq!(store_side::IFLAG_FETCHED, client_side::IFLAG_FETCHED);
         assert_eq!(store_side::IFLAG_REFERENCED, client_side::IFLAG_REFERENCED);
+        assert_eq!(store_side::IFLAG_ACTIVE, client_side::IFLAG_ACTIVE);
         let fields = [
             (store_side::ITEM_OFF_SEQ, 0),
             (store_side::ITEM_OFF_STATE, 4),

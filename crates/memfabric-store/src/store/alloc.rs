@@ -246,8 +246,9 @@ impl Inner {
             let off = e.off();
             let dead = self.dead(&h, now).is_some();
             if !dead && h.iflags & item::F_REFERENCED != 0 {
+                // Its second chance; the next fetch after it moves its access time again.
                 a.u8_at(victim + item::OFF_IFLAGS)
-                    .fetch_and(!item::F_REFERENCED, Ordering::Relaxed);
+                    .fetch_and(!(item::F_REFERENCED | item::F_ACTIVE), Ordering::Relaxed);
                 st.queue.push_back(e);
                 continue;
             }

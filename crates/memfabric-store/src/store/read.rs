@@ -303,26 +303,36 @@ impl Inner {
         true
     }
 
-    /// Whether `touch_access(off)` would write nothing: both access flags set and the
-    /// access time already this second. Only reads.
+    /// Whether `touch_access(off)` would write nothing: fetched, active and referenced.
+    /// Only reads.
     pub(super) fn access_already_noted(&self, off: usize) -> bool {
-        let f = self.arena.u8_at(off + item::OFF_IFLAGS);
-        let at = self.arena.u32_at(off + item::OFF_ATIME);
-        f.load(Ordering::Relaxed) & item::F_ACCESSED == item::F_ACCESSED
-            && at.load(Ordering::Relaxed) == self.clock.now()
+        let all = item::F_ACCESSED | item::F_ACTIVE;
+        self.arena
+            .u8_at(off + item::OFF_IFLAGS)
+            .load(Ordering::Relaxed)
+            & all
+            == all
     }
 
-    /// Record an access: fetched + referenced bits and last-access time. Writes only
-    /// atomic words that no validation depends on.
+    /// Record an access as memcached's fetch bumps an item: the first sets the fetched
+    /// bit only, and leaves the last-access time at the item's store; the second makes
+    /// it active and moves the time to now; later ones change nothing while it stays
+    /// active (`mg ... l`, `me`'s `la=`, metadump's `la=` report that time, as
+    /// memcached's do). Every access also marks it referenced (a second chance in the
+    /// eviction queue, which clears both marks). Writes only atomic words that no
+    /// validation depends on.
     pub(super) fn touch_access(&self, off: usize) {
         let f = self.arena.u8_at(off + item::OFF_IFLAGS);
-        if f.load(Ordering::Relaxed) & item::F_ACCESSED != item::F_ACCESSED {
+        let flags = f.load(Ordering::Relaxed);
+        if flags & item::F_FETCHED == 0 {
             f.fetch_or(item::F_ACCESSED, Ordering::Relaxed);
-        }
-        let now = self.clock.now();
-        let at = self.arena.u32_at(off + item::OFF_ATIME);
-        if at.load(Ordering::Relaxed) != now {
-            at.store(now, Ordering::Relaxed);
+        } else if flags & item::F_ACTIVE == 0 {
+            f.fetch_or(item::F_ACTIVE | item::F_REFERENCED, Ordering::Relaxed);
+            self.arena
+                .u32_at(off + item::OFF_ATIME)
+                .store(self.clock.now(), Ordering::Relaxed);
+        } else if flags & item::F_REFERENCED == 0 {
+            f.fetch_or(item::F_REFERENCED, Ordering::Relaxed);
         }
     }
 }
