@@ -72,7 +72,7 @@ impl Inner {
             last_pass = Instant::now();
             passed_second = now;
             // A mass expiry or a flush can leave more than one budget of due pages.
-            more = self.cfg.background_sweeper && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
+            more = self.sweeping.load(Ordering::Relaxed) && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
             self.compact_queues(false);
             if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
                 last_move_check = Instant::now();

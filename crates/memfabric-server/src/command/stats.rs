@@ -428,7 +428,8 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("slab_automove_ratio", "0.80");
     v.put("slab_automove_window", 30);
     v.put("slab_chunk_max", s.slab_chunk_max);
-    v.put("lru_crawler", yes_no(s.lru_crawler));
+    // Switched at run time by `lru_crawler enable|disable`.
+    v.put("lru_crawler", yes_no(shared.store.sweeping()));
     // The expiry sweeper (our crawler) paces itself; `lru_crawler sleep|tocrawl` are
     // accepted without effect, so their defaults are what holds.
     v.put("lru_crawler_sleep", 100);

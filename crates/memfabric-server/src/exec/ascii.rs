@@ -732,7 +732,7 @@ fn metadump(
     out: &mut Vec<u8>,
 ) -> Step {
     let shared = ctx.shared;
-    let refuse = if !shared.store.config().background_sweeper {
+    let refuse = if !shared.store.sweeping() {
         Some(reply::CRAWLER_DISABLED)
     } else if !shared.settings.dump_enabled || ctx.transport == crate::shared::Transport::Udp {
         // Over UDP memcached's crawler writes to an unconnected socket: nothing arrives.
@@ -772,7 +772,8 @@ fn metadump(
 
 fn lru_crawler(ctx: &ExecCtx<'_>, c: LruCrawlerRequest<'_>, out: &mut Vec<u8>) {
     // Our background sweeper plays the part of memcached's LRU crawler.
-    let running = ctx.shared.store.config().background_sweeper;
+    let store = &ctx.shared.store;
+    let running = store.sweeping();
     let line = match c {
         LruCrawlerRequest::Crawl(_) if !running => reply::CRAWLER_DISABLED,
         // The sweeper already reclaims expired items of every class continuously.
@@ -780,12 +781,15 @@ fn lru_crawler(ctx: &ExecCtx<'_>, c: LruCrawlerRequest<'_>, out: &mut Vec<u8>) {
         LruCrawlerRequest::Metadump(_) => unreachable!("handled by metadump"),
         // Accepted as memcached does; the sweeper paces itself.
         LruCrawlerRequest::Tocrawl(_) | LruCrawlerRequest::Sleep(_) => reply::OK,
-        // The sweeper's lifetime is the store's: it cannot be started or stopped here.
-        // memcached gives these answers when the thread is already running / stopping
-        // fails.
-        LruCrawlerRequest::Enable => reply::CRAWLER_START_FAILED,
-        LruCrawlerRequest::Disable if running => reply::CRAWLER_STOP_FAILED,
-        LruCrawlerRequest::Disable => reply::OK,
+        // As memcached's crawler thread: started only if stopped (memcached answers this
+        // error when it already runs), stopped whatever its state. Stopped, expired
+        // items are reclaimed only when a lookup or an eviction meets them.
+        LruCrawlerRequest::Enable if !store.set_sweeping(true) => reply::CRAWLER_START_FAILED,
+        LruCrawlerRequest::Enable => reply::OK,
+        LruCrawlerRequest::Disable => {
+            store.set_sweeping(false);
+            reply::OK
+        }
     };
     out.extend_from_slice(line);
 }

@@ -59,25 +59,30 @@ impl Store {
 
     /// `slabs reassign <src> <dst>`: move one page from class `src` (-1 = any class with
     /// a spare page) to class `dst` (0 = the unassigned pool), evicting its items.
+    /// memcached's checks and answers, in its order: `-1` with no class able to spare a
+    /// page is a bad class; `src` 0 (memcached's global page pool) has no spare page: our
+    /// unassigned pool is memory every class takes from when it needs a page, so there
+    /// is nothing to move out of it (memcached's starts empty, and answers the same).
     pub fn slabs_reassign(&self, src: i32, dst: i32) -> ReassignStatus {
         let largest = (self.slabs.classes.len() - 1) as i32;
         if src == dst {
             return ReassignStatus::Same;
         }
         let src = if src == -1 {
-            // The class with the most pages, as memcached's "pick any" prefers a donor
-            // that can spare one.
+            // The class with the most pages among those that can spare one.
             (1..=largest)
                 .filter(|&c| c != dst)
-                .max_by_key(|&c| self.slabs.lock(c as u8).pages.len())
-                .unwrap_or(-1)
+                .map(|c| (self.slabs.lock(c as u8).pages.len(), c))
+                .filter(|&(pages, _)| pages >= 2)
+                .max()
+                .map_or(-1, |(_, c)| c)
         } else {
             src
         };
-        if !(1..=largest).contains(&src) || !(0..=largest).contains(&dst) {
+        if !(0..=largest).contains(&src) || !(0..=largest).contains(&dst) {
             return ReassignStatus::BadClass;
         }
-        if self.slabs.lock(src as u8).pages.len() < 2 {
+        if src == 0 || self.slabs.lock(src as u8).pages.len() < 2 {
             return ReassignStatus::NoSpare;
         }
         let _one_at_a_time = match self.reassigning.try_lock() {

@@ -39,6 +39,9 @@ pub struct Inner {
     pub(super) sweep_cursor: AtomicUsize,
     pub(super) compacting: Mutex<()>,
     pub(super) shutdown: AtomicBool,
+    /// The background sweeper runs (starts as `cfg.background_sweeper`; `lru_crawler
+    /// enable|disable` switch it).
+    pub(crate) sweeping: AtomicBool,
     pub(super) wake: (Mutex<bool>, Condvar),
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
@@ -127,6 +130,7 @@ impl Store {
             sweep_cursor: AtomicUsize::new(0),
             compacting: Mutex::new(()),
             shutdown: AtomicBool::new(false),
+            sweeping: AtomicBool::new(cfg.background_sweeper),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
         });
@@ -167,6 +171,21 @@ impl Store {
 
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
+    }
+
+    /// Whether the background sweeper (memcached's LRU crawler, to clients) runs.
+    pub fn sweeping(&self) -> bool {
+        self.sweeping.load(Ordering::Relaxed)
+    }
+
+    /// Starts (true) or stops the background sweeper; false if it already was so.
+    /// Stopped, expired items are reclaimed only when a lookup or an eviction meets them.
+    pub fn set_sweeping(&self, on: bool) -> bool {
+        let changed = self.sweeping.swap(on, Ordering::Relaxed) != on;
+        if changed && on {
+            self.wake_maintenance();
+        }
+        changed
     }
 
     pub fn clock(&self) -> &Clock {
