@@ -204,6 +204,49 @@ fn mg_l_moves_only_on_the_fetch_that_makes_the_item_active() {
     assert!(after < second, "{after} {second}");
 }
 
+/// A fragment of an erasure-coded value is not appended or prepended to, whatever the
+/// command (memfabricd's store is `sealed` against it): `NS`, `NOT_STORED`, and the bytes
+/// stay as they were. Plain values are.
+#[test]
+fn appends_leave_a_coded_fragment_alone() {
+    let mut c = Conn::with_config(StoreConfig {
+        memory_limit: 16 << 20,
+        ..Settings::default().store
+    });
+    let payload = b"quarter of a value";
+    let header = memfabric_proto::ec_fragment::FragmentHeader {
+        k: 4,
+        m: 2,
+        index: 1,
+        stripe: 77,
+        value_len: 72,
+        data_crc: 5,
+    }
+    .header_with(memfabric_checksum::crc32c(payload));
+    let mut fragment = header.to_vec();
+    fragment.extend_from_slice(payload);
+    let mut set = format!("ms frag {} T0\r\n", fragment.len()).into_bytes();
+    set.extend_from_slice(&fragment);
+    set.extend_from_slice(b"\r\n");
+    assert_eq!(text(&c.send(&set)), "HD\r\n");
+    let cas = flag_value(&c.s("mg frag c\r\n"), 'c');
+    for cmd in [
+        format!("ms frag 2 MP C{cas}\r\nZZ\r\n"),
+        format!("ms frag 2 MA C{cas}\r\nZZ\r\n"),
+        "ms frag 2 MA\r\nZZ\r\n".to_string(),
+    ] {
+        assert_eq!(c.s(&cmd), "NS\r\n", "{cmd}");
+    }
+    assert_eq!(c.s("prepend frag 0 0 2\r\nZZ\r\n"), "NOT_STORED\r\n");
+    let mut want = format!("VA {}\r\n", fragment.len()).into_bytes();
+    want.extend_from_slice(&fragment);
+    want.extend_from_slice(b"\r\n");
+    assert_eq!(c.send(b"mg frag v\r\n"), want);
+    c.s("ms plain 4\r\nMFEC\r\n");
+    assert_eq!(c.s("ms plain 2 MA\r\n+1\r\n"), "HD\r\n");
+    assert_eq!(c.s("mg plain v\r\n"), "VA 6\r\nMFEC+1\r\n");
+}
+
 #[test]
 fn mg_t_then_touch_shows_old_ttl_touch_then_t_shows_new() {
     let mut c = Conn::new();

@@ -213,6 +213,10 @@ fn store_compared(ctx: &ExecCtx<'_>, a: &MetaStore<'_>, req_cas: u64, data: &[u8
                 }
                 let mut old_value = Vec::with_capacity(old.value_len as usize);
                 t.read_value(&mut old_value);
+                // A fragment of a coded value is not appended to (`StoreConfig::sealed`).
+                if t.sealed(&old_value) {
+                    return StoreStatus::NotStored;
+                }
                 let parts: [&[u8]; 2] = if mode == SetMode::Append {
                     [&old_value, data]
                 } else {
