@@ -40,6 +40,9 @@ pub const IFLAG_CHUNKED: u8 = 1;
 pub const IFLAG_FETCHED: u8 = 8;
 pub const IFLAG_REFERENCED: u8 = 16;
 pub const IFLAG_ACTIVE: u8 = 64;
+/// Seconds after which an access moves an active item's access time again (the
+/// server's `ACCESS_UPDATE_INTERVAL`).
+pub const ACCESS_UPDATE_INTERVAL: u32 = 60;
 
 /// Where in the item header each field lives.
 mod hdr {
@@ -53,7 +56,7 @@ mod hdr {
     pub const EXPTIME: usize = 24;
     pub const TIME: usize = 28;
     pub const CRC: usize = 32;
-    // 36: the access time (the server's; a reader does not need it).
+    pub const ATIME: usize = 36;
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -252,7 +255,8 @@ pub struct ItemOk {
     /// The value's bytes within the chunk that was read.
     pub value: Range<usize>,
     /// The header already shows every mark an access sets (fetched, referenced,
-    /// active): an access hint for it would change nothing.
+    /// active, an access time under `ACCESS_UPDATE_INTERVAL` old by the control block's
+    /// clock): an access hint for it would change nothing.
     pub access_noted: bool,
 }
 
@@ -355,7 +359,8 @@ pub fn check_item(chunk: &[u8], key: &[u8], live: &Live, now: u32) -> Result<Ite
         flags: u32_at(chunk, hdr::FLAGS),
         cas,
         value: key_end..value_end,
-        access_noted: chunk[hdr::IFLAGS] & noted == noted,
+        access_noted: chunk[hdr::IFLAGS] & noted == noted
+            && u32_at(chunk, hdr::ATIME).saturating_add(ACCESS_UPDATE_INTERVAL) > live.now,
     })
 }
 
@@ -444,7 +449,11 @@ mod tests {
         b[hdr::IFLAGS] |= IFLAG_FETCHED | IFLAG_REFERENCED;
         assert!(!noted(&b), "fetched once: the next access makes it active");
         b[hdr::IFLAGS] |= IFLAG_ACTIVE;
+        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&1941u32.to_le_bytes());
         assert!(noted(&b));
+        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&1940u32.to_le_bytes());
+        assert!(!noted(&b), "active, but its access time is a minute old");
+        b[hdr::ATIME..hdr::ATIME + 4].copy_from_slice(&1999u32.to_le_bytes());
         b[hdr::IFLAGS] &= !(IFLAG_REFERENCED | IFLAG_ACTIVE);
         assert!(!noted(&b), "the eviction scan cleared its second chance");
     }

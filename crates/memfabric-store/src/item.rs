@@ -67,6 +67,10 @@ pub const F_KEY_BINARY: u8 = 32;
 /// in the eviction queue clears it.
 pub const F_ACTIVE: u8 = 64;
 
+/// Seconds after which an active item's access time moves again on its next access
+/// (memcached's ITEM_UPDATE_INTERVAL).
+pub const ACCESS_UPDATE_INTERVAL: u32 = 60;
+
 /// A snapshot of an item header, read without locks (validate before trusting it).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Header {

@@ -72,6 +72,8 @@ pub const ITEM_OFF_TIME: usize = crate::item::OFF_TIME;
 pub const IFLAG_FETCHED: u8 = crate::item::F_FETCHED;
 pub const IFLAG_REFERENCED: u8 = crate::item::F_REFERENCED;
 pub const IFLAG_ACTIVE: u8 = crate::item::F_ACTIVE;
+/// Seconds after which an access moves an active item's access time again.
+pub const ACCESS_UPDATE_INTERVAL: u32 = crate::item::ACCESS_UPDATE_INTERVAL;
 pub const ITEM_OFF_CRC: usize = crate::item::OFF_CRC;
 pub const ITEM_OFF_ATIME: usize = crate::item::OFF_ATIME;
 /// Item state byte: in the index, readable.

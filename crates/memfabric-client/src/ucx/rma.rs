@@ -257,7 +257,7 @@ impl UcxTransport {
         done: &mut Vec<Completion>,
     ) {
         self.counters.onesided_hits += 1;
-        // A header that already shows this second's access needs no hint.
+        // A header that already shows the access (fetched, active, recent) needs no hint.
         let c = self
             .conns
             .get_mut(&conn)

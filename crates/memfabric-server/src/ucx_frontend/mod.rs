@@ -695,6 +695,10 @@ mod layout_tests {
         assert_eq!(store_side::IFLAG_FETCHED, client_side::IFLAG_FETCHED);
         assert_eq!(store_side::IFLAG_REFERENCED, client_side::IFLAG_REFERENCED);
         assert_eq!(store_side::IFLAG_ACTIVE, client_side::IFLAG_ACTIVE);
+        assert_eq!(
+            store_side::ACCESS_UPDATE_INTERVAL,
+            client_side::ACCESS_UPDATE_INTERVAL
+        );
         let fields = [
             (store_side::ITEM_OFF_SEQ, 0),
             (store_side::ITEM_OFF_STATE, 4),

@@ -303,36 +303,54 @@ impl Inner {
         true
     }
 
-    /// Whether `touch_access(off)` would write nothing: fetched, active and referenced.
-    /// Only reads.
+    /// Whether `touch_access(off)` would write nothing: fetched, active and referenced,
+    /// its access time within `ACCESS_UPDATE_INTERVAL`. Only reads.
     pub(super) fn access_already_noted(&self, off: usize) -> bool {
         let all = item::F_ACCESSED | item::F_ACTIVE;
+        let at = self
+            .arena
+            .u32_at(off + item::OFF_ATIME)
+            .load(Ordering::Relaxed);
         self.arena
             .u8_at(off + item::OFF_IFLAGS)
             .load(Ordering::Relaxed)
             & all
             == all
+            && at.saturating_add(item::ACCESS_UPDATE_INTERVAL) > self.clock.now()
     }
 
     /// Record an access as memcached's fetch bumps an item: the first sets the fetched
     /// bit only, and leaves the last-access time at the item's store; the second makes
-    /// it active and moves the time to now; later ones change nothing while it stays
-    /// active (`mg ... l`, `me`'s `la=`, metadump's `la=` report that time, as
-    /// memcached's do). Every access also marks it referenced (a second chance in the
-    /// eviction queue, which clears both marks). Writes only atomic words that no
-    /// validation depends on.
+    /// it active and moves the time to now; later ones move it only once it is
+    /// `ACCESS_UPDATE_INTERVAL` old (memcached's ITEM_UPDATE_INTERVAL, at which its LRU
+    /// maintainer bumps active items again), so `mg ... l`, `me`'s `la=` and metadump's
+    /// `la=` report what memcached's do, and eviction still tells a key hot for an hour
+    /// from one hot an hour ago. Every access also marks it referenced (a second chance
+    /// in the eviction queue, which clears it and ACTIVE). Writes only atomic words that
+    /// no validation depends on.
     pub(super) fn touch_access(&self, off: usize) {
         let f = self.arena.u8_at(off + item::OFF_IFLAGS);
         let flags = f.load(Ordering::Relaxed);
         if flags & item::F_FETCHED == 0 {
             f.fetch_or(item::F_ACCESSED, Ordering::Relaxed);
-        } else if flags & item::F_ACTIVE == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        let at = self.arena.u32_at(off + item::OFF_ATIME);
+        if flags & item::F_ACTIVE == 0 {
             f.fetch_or(item::F_ACTIVE | item::F_REFERENCED, Ordering::Relaxed);
-            self.arena
-                .u32_at(off + item::OFF_ATIME)
-                .store(self.clock.now(), Ordering::Relaxed);
-        } else if flags & item::F_REFERENCED == 0 {
+            at.store(now, Ordering::Relaxed);
+            return;
+        }
+        if flags & item::F_REFERENCED == 0 {
             f.fetch_or(item::F_REFERENCED, Ordering::Relaxed);
+        }
+        if at
+            .load(Ordering::Relaxed)
+            .saturating_add(item::ACCESS_UPDATE_INTERVAL)
+            <= now
+        {
+            at.store(now, Ordering::Relaxed);
         }
     }
 }
