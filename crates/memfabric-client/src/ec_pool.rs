@@ -162,6 +162,7 @@ impl Client {
             copies,
             acked: 0,
             failed: 0,
+            refused: 0,
             last_err: None,
             suspects: Vec::new(),
             succeeded: false,
@@ -175,6 +176,7 @@ impl Client {
                     superseded: 0,
                     newest_kept: 0,
                     rewrites: 0,
+                    conditional: false,
                 }),
             },
         };
@@ -223,6 +225,7 @@ impl Client {
             copies,
             acked: 0,
             failed: 0,
+            refused: 0,
             last_err: None,
             suspects: Vec::new(),
             succeeded: false,
@@ -238,9 +241,10 @@ impl Client {
     /// The leader of coded conditional store `t` stored its fragment (`reply`): the task
     /// becomes the coded write of the value, with the leader's fragment counted, and the
     /// servers after the leader get theirs (those before it could not be read, and were
-    /// counted failed when it was chosen). From here on it is a coded `set` of the value:
-    /// servers that keep a newer write's fragment make it write again with a newer stripe
-    /// (`Client::ec_rewrite`), failed servers are suspected, the policy decides.
+    /// counted failed when it was chosen). From here on it is a coded `set` of the value
+    /// (failed servers are suspected, the policy decides), except that it is never
+    /// written again: a server that kept a newer write's fragment holds a write the
+    /// leader took after this one (`EcWriting::conditional`).
     pub(crate) fn ec_lead_stored(
         &mut self,
         id: u64,
@@ -294,6 +298,7 @@ impl Client {
                 superseded: 0,
                 newest_kept: 0,
                 rewrites: 0,
+                conditional: true,
             }),
         };
         drop(coded);
@@ -376,7 +381,7 @@ impl Client {
         let Kind::Fanout { ec: Some(w), .. } = &t.kind else {
             return false;
         };
-        if w.superseded == 0 || w.rewrites >= MAX_REWRITES || t.outstanding > 0 {
+        if w.superseded == 0 || w.rewrites >= MAX_REWRITES || t.outstanding > 0 || w.conditional {
             return false;
         }
         if self.up_among(&t.copies) < t.needed {
@@ -400,6 +405,7 @@ impl Client {
         self.counters.ec_rewrites += 1;
         t.acked = 0;
         t.failed = 0;
+        t.refused = 0;
         t.last_err = None;
         // The copies that failed the last round were suspected for it; this round judges
         // them afresh (a suspect that now stores would otherwise get a delete after it).
@@ -576,6 +582,7 @@ impl Client {
             copies: servers,
             acked: 0,
             failed: 0,
+            refused: 0,
             last_err: None,
             suspects: Vec::new(),
             succeeded: false,

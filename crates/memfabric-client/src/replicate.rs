@@ -36,7 +36,7 @@ use crate::error::Error;
 use crate::op::{Op, Reply, StoreMode, StoreStatus, Ttl, Value};
 use crate::refill;
 use crate::repair::{RepairCounters, RepairJob};
-use crate::tasks::{lock_hints, Background, Child, Kind, Role, Task};
+use crate::tasks::{lock_hints, refusal, Background, Child, Kind, Role, Task};
 pub use crate::tasks::{Acks, PoolCounters, WritePolicy};
 use crate::transport::ConnId;
 
@@ -412,6 +412,7 @@ impl Client {
             needed,
             acked: 0,
             failed: 0,
+            refused: 0,
             last_err: None,
             suspects: Vec::new(),
             succeeded: false,
@@ -582,6 +583,11 @@ impl Client {
     }
 
     pub(crate) fn deliver_short(&mut self, id: u64, t: &mut Task) {
+        if t.acked == 0 && t.refused > 0 && t.refused == t.failed {
+            if let Some(e) = t.last_err.clone().filter(refusal) {
+                return self.deliver(id, t, Err(e));
+            }
+        }
         self.counters.ops_short += 1;
         let cause = t
             .last_err
@@ -755,6 +761,7 @@ impl Client {
                 }
                 Err(e) => {
                     t.failed += 1;
+                    t.refused += usize::from(refusal(&e));
                     t.last_err = Some(e);
                     self.read_next(id, t);
                 }
@@ -791,6 +798,7 @@ impl Client {
                         false
                     }
                     (_, Err(e)) => {
+                        t.refused += usize::from(refusal(&e));
                         t.last_err = Some(e);
                         false
                     }
@@ -842,10 +850,16 @@ impl Client {
                             self.decide(id, t);
                         }
                         Ok(r) => {
-                            // The condition failed on the leader: nothing changed anywhere.
+                            // The condition failed on the leader: nothing changed anywhere,
+                            // so the copies before it that could not be read are not stale
+                            // (they hold what they held).
                             t.acked = 1;
+                            t.suspects.clear();
                             self.deliver(id, t, Ok(r));
                         }
+                        // Refused by the leader (not a number, too large): nothing
+                        // changed anywhere, and one server would answer the same.
+                        Err(e) if refusal(&e) => self.deliver(id, t, Err(e)),
                         Err(e) => {
                             // The leader may or may not have applied it; the others did
                             // not: a failure, whose outcome on the leader is open (as a

@@ -235,6 +235,9 @@ pub(crate) struct Task {
     pub(crate) needed: usize,
     pub(crate) acked: usize,
     pub(crate) failed: usize,
+    /// Of `failed`, copies that refused the request itself ([`refusal`]): nothing was
+    /// applied there, and every copy would refuse it alike.
+    pub(crate) refused: usize,
     pub(crate) last_err: Option<Error>,
     /// Copies that failed this write while its outcome was open: deleted (or hinted)
     /// once it succeeds, left alone if it fails (they may hold the newest acknowledged
@@ -285,6 +288,15 @@ pub(crate) struct CodedLead {
     pub(crate) fragments: Vec<Bytes>,
 }
 
+/// Whether `e` is a server (or the client's encoder) refusing the request itself — a
+/// `CLIENT_ERROR` (an `incr` of a value that is not a number), a value over the item size
+/// limit, a key the protocol cannot carry — rather than failing to take it: nothing was
+/// applied, and every copy would answer the same. A replicated operation that only met
+/// refusals gives the refusal, as one server would, not `NotEnoughCopies`.
+pub(crate) fn refusal(e: &Error) -> bool {
+    matches!(e, Error::Client(_) | Error::TooLarge | Error::InvalidKey)
+}
+
 /// A coded write in flight.
 pub(crate) struct EcWriting {
     /// The stripe its fragments carry (a newer one after each rewrite).
@@ -295,6 +307,12 @@ pub(crate) struct EcWriting {
     pub(crate) newest_kept: u64,
     /// Times it was written again with a newer stripe (`Client::ec_rewrite`).
     pub(crate) rewrites: u8,
+    /// An `add`, `replace` or `cas` whose leader stored its fragment: never written
+    /// again. A server that kept a newer write's fragment holds a write the leader took
+    /// after this one (one that reached the leader first would have failed the
+    /// condition), so that write is the value and counts as this one's acknowledgement
+    /// there; rewriting would undo it.
+    pub(crate) conditional: bool,
 }
 
 /// A read that found a fragment: what the value's servers answered.
