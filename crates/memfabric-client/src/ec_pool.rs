@@ -153,20 +153,11 @@ impl Client {
         self.remember_coded(&key);
         let stripe = self.next_stripe();
         let h = self.new_handle();
-        let mut task = Task {
-            delivered: false,
-            abandoned: false,
-            outstanding: 0,
+        let mut task = Task::new(
             key,
-            needed,
             copies,
-            acked: 0,
-            failed: 0,
-            refused: 0,
-            last_err: None,
-            suspects: Vec::new(),
-            succeeded: false,
-            kind: Kind::Fanout {
+            needed,
+            Kind::Fanout {
                 op,
                 per_copy: Vec::new(),
                 any: false,
@@ -179,7 +170,7 @@ impl Client {
                     conditional: false,
                 }),
             },
-        };
+        );
         // Nothing is settled until every fragment is issued.
         let was = std::mem::replace(&mut self.settling, true);
         self.issue_ec_fragments(h.0, &mut task, &code, stripe);
@@ -216,25 +207,16 @@ impl Client {
             Err(e) => return self.fail_now(Error::Protocol(e.to_string())),
         };
         let h = self.new_handle();
-        let task = Task {
-            delivered: false,
-            abandoned: false,
-            outstanding: 0,
+        let task = Task::new(
             key,
-            needed,
             copies,
-            acked: 0,
-            failed: 0,
-            refused: 0,
-            last_err: None,
-            suspects: Vec::new(),
-            succeeded: false,
-            kind: Kind::Lead {
+            needed,
+            Kind::Lead {
                 op,
                 reply: None,
                 coded: Some(Box::new(CodedLead { stripe, fragments })),
             },
-        };
+        );
         self.launch(h, task)
     }
 
@@ -257,28 +239,11 @@ impl Client {
             return;
         };
         let set = follower_op(op);
-        let Op::Store {
-            key,
-            flags,
-            exptime,
-            ..
-        } = &set
-        else {
-            return;
-        };
-        let fragment = |value: Bytes| Op::Store {
-            mode: StoreMode::SetFragment,
-            key: key.clone(),
-            value,
-            flags: *flags,
-            exptime: *exptime,
-            cas: 0,
-        };
         let pos = t.copies.iter().position(|&c| c == leader).unwrap_or(0);
         let followers: Vec<(usize, Op)> = t.copies[pos + 1..]
             .iter()
             .zip(coded.fragments[pos + 1..].iter())
-            .map(|(&s, f)| (s, fragment(f.clone())))
+            .map(|(&s, f)| (s, fragment_store(&set, f.clone())))
             .collect();
         let cas = match reply {
             Reply::Stored(StoreStatus::Stored { cas }) => *cas,
@@ -313,29 +278,14 @@ impl Client {
     /// travel (a rendezvous transfer is pulled by the server meanwhile).
     fn issue_ec_fragments(&mut self, id: u64, t: &mut Task, code: &Arc<Code>, stripe: u64) {
         let Kind::Fanout {
-            op:
-                Op::Store {
-                    key,
-                    value,
-                    flags,
-                    exptime,
-                    ..
-                },
+            op: set @ Op::Store { value, .. },
             ..
         } = &t.kind
         else {
             return;
         };
-        let (key, value, flags, exptime) = (key.clone(), value.clone(), *flags, *exptime);
-        // Servers that can keep the newest of two racing writes' fragments do.
-        let store = |value: Bytes| Op::Store {
-            mode: StoreMode::SetFragment,
-            key: key.clone(),
-            value,
-            flags,
-            exptime,
-            cas: 0,
-        };
+        let (set, value) = (set.clone(), value.clone());
+        let store = |f: Bytes| fragment_store(&set, f);
         let copies = t.copies.clone();
         let started = Instant::now();
         let data: Vec<Bytes> = code
@@ -573,20 +523,12 @@ impl Client {
             decoded: None,
             cas_at: Vec::new(),
         };
-        let task = Task {
-            delivered: false,
-            abandoned: false,
-            outstanding: 0,
+        let needed = ec_needed(self.config.write_policy, k, n - k);
+        let task = Task::new(
             key,
-            needed: ec_needed(self.config.write_policy, k, n - k),
-            copies: servers,
-            acked: 0,
-            failed: 0,
-            refused: 0,
-            last_err: None,
-            suspects: Vec::new(),
-            succeeded: false,
-            kind: Kind::Read {
+            servers,
+            needed,
+            Kind::Read {
                 op,
                 order: Vec::new(),
                 next: 0,
@@ -594,7 +536,7 @@ impl Client {
                 asked: 0,
                 ec: Some(Box::new(read)),
             },
-        };
+        );
         self.launch(h, task)
     }
 
@@ -994,6 +936,27 @@ impl Client {
             self.step(id, t, srv, op);
         }
         true
+    }
+}
+
+/// Fragment `value` of the coded `set` (its key, flags and expiry), as sent: servers that
+/// can keep the newest of two racing writes' fragments do (`StoreMode::SetFragment`).
+fn fragment_store(set: &Op, value: Bytes) -> Op {
+    match set {
+        Op::Store {
+            key,
+            flags,
+            exptime,
+            ..
+        } => Op::Store {
+            mode: StoreMode::SetFragment,
+            key: key.clone(),
+            value,
+            flags: *flags,
+            exptime: *exptime,
+            cas: 0,
+        },
+        other => other.clone(),
     }
 }
 

@@ -403,22 +403,7 @@ impl Client {
                 coded: None,
             },
         };
-        let task = Task {
-            delivered: false,
-            abandoned: false,
-            outstanding: 0,
-            key,
-            copies,
-            needed,
-            acked: 0,
-            failed: 0,
-            refused: 0,
-            last_err: None,
-            suspects: Vec::new(),
-            succeeded: false,
-            kind,
-        };
-        self.launch(h, task)
+        self.launch(h, Task::new(key, copies, needed, kind))
     }
 
     /// Starts `task` under handle `h`. Steps that fail at once are queued as events;

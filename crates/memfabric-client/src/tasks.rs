@@ -248,6 +248,27 @@ pub(crate) struct Task {
     pub(crate) kind: Kind,
 }
 
+impl Task {
+    /// A task not yet started: nothing in flight, acknowledged or failed.
+    pub(crate) fn new(key: Vec<u8>, copies: Vec<usize>, needed: usize, kind: Kind) -> Task {
+        Task {
+            delivered: false,
+            abandoned: false,
+            outstanding: 0,
+            key,
+            copies,
+            needed,
+            acked: 0,
+            failed: 0,
+            refused: 0,
+            last_err: None,
+            suspects: Vec::new(),
+            succeeded: false,
+            kind,
+        }
+    }
+}
+
 pub(crate) enum Kind {
     /// get/gets/gat: one copy after another; once a copy answers with a fragment of an
     /// erasure-coded value, all the value's servers at once (`ec`).
