@@ -136,14 +136,17 @@ pub fn check_one_scheme(list: &[ServerAddr]) -> Result<(), Error> {
 
 /// Two entries of `list` that name the same server (the same port of the same host,
 /// with addresses compared as addresses and `localhost` as the loopback address), if any.
-/// Host names are compared as written, case aside: names that resolve to one host are not
-/// looked up here.
+/// An IPv4 address counts in every form the system's resolver connects to (`127.1`,
+/// `0x7f000001`, `2130706433`, `0177.0.0.1`: inet_aton's). Host names are compared as
+/// written, case aside: names that resolve to one host are not looked up here.
 pub fn same_server_twice(list: &[ServerAddr]) -> Option<(usize, usize)> {
     let canonical = |a: &ServerAddr| {
         let host = if a.host.eq_ignore_ascii_case("localhost") {
             "127.0.0.1".to_string()
         } else if let Ok(ip) = a.host.parse::<std::net::IpAddr>() {
             ip.to_canonical().to_string()
+        } else if let Some(ip) = inet_aton(&a.host) {
+            ip.to_string()
         } else {
             a.host.to_ascii_lowercase()
         };
@@ -151,6 +154,41 @@ pub fn same_server_twice(list: &[ServerAddr]) -> Option<(usize, usize)> {
     };
     let keys: Vec<(String, u16)> = list.iter().map(canonical).collect();
     (0..keys.len()).find_map(|j| (0..j).find(|&i| keys[i] == keys[j]).map(|i| (i, j)))
+}
+
+/// An IPv4 address written as inet_aton(3) reads it, as glibc's resolver does for a
+/// numeric host: one to four parts, each decimal, octal (leading `0`) or hex (`0x`); the
+/// last part fills the bytes the others leave (`127.1` is 127.0.0.1).
+fn inet_aton(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<u32> = host
+        .split('.')
+        .map(|p| {
+            let (digits, radix) = if let Some(h) = p.strip_prefix("0x").or(p.strip_prefix("0X")) {
+                (h, 16)
+            } else if p.len() > 1 && p.starts_with('0') {
+                (&p[1..], 8)
+            } else {
+                (p, 10)
+            };
+            if digits.is_empty() && radix != 8 || !digits.chars().all(|c| c.is_digit(radix)) {
+                return None;
+            }
+            u32::from_str_radix(digits, radix).ok()
+        })
+        .collect::<Option<_>>()?;
+    let (last, leading) = parts.split_last()?;
+    if leading.len() > 3 || leading.iter().any(|&p| p > 255) {
+        return None;
+    }
+    let room = 32 - 8 * leading.len() as u32;
+    if room < 32 && *last >> room != 0 {
+        return None;
+    }
+    let high = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &p)| acc | p << (24 - 8 * i as u32));
+    Some(std::net::Ipv4Addr::from(high | last))
 }
 
 impl fmt::Display for ServerAddr {
@@ -214,6 +252,41 @@ mod tests {
         assert_eq!(twice("[::ffff:10.0.0.1]:5,10.0.0.1:5:3"), Some((0, 1)));
         assert_eq!(twice("[::1]:5,[0:0:0:0:0:0:0:1]:5"), Some((0, 1)));
         assert_eq!(twice("ucx://h:5,ucx://h:6"), None);
+        assert_eq!(twice("127.0.0.1:5,127.1:5"), Some((0, 1)));
+        assert_eq!(twice("0x7f000001:5,localhost:5"), Some((0, 1)));
+        assert_eq!(twice("2130706433:5,127.0.1:5"), Some((0, 1)));
+        assert_eq!(twice("0177.0.0.1:5,127.0.0.1:5"), Some((0, 1)));
+        assert_eq!(twice("10.1:5,10.0.0.2:5"), None);
+        // Not numeric addresses: host names, compared as written.
+        assert_eq!(twice("1.2.3.4.5:5,1.2.3.4:5"), None);
+        assert_eq!(twice("08.1:5,8.1:5"), None);
+        assert_eq!(twice("256.1:5,1.0.0.1:5"), None);
+    }
+
+    #[test]
+    fn numeric_hosts_read_as_inet_aton_does() {
+        let ip = |s: &str| inet_aton(s).map(|a| a.to_string());
+        assert_eq!(ip("127.1").as_deref(), Some("127.0.0.1"));
+        assert_eq!(ip("0x7f.1").as_deref(), Some("127.0.0.1"));
+        assert_eq!(ip("10.0x10203").as_deref(), Some("10.1.2.3"));
+        assert_eq!(ip("0").as_deref(), Some("0.0.0.0"));
+        assert_eq!(ip("4294967295").as_deref(), Some("255.255.255.255"));
+        for bad in [
+            "4294967296",
+            "1.16777216",
+            "1.2.65536",
+            "1.2.3.256",
+            "",
+            ".",
+            "1.",
+            "0x",
+            "09",
+            "a.b",
+            "1.2.3.4.5",
+            "-1",
+        ] {
+            assert_eq!(ip(bad), None, "{bad}");
+        }
     }
 
     #[test]
