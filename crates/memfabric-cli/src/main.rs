@@ -138,7 +138,7 @@ enum Cmd {
     /// restarted empty: what a replicated or coded pool does by itself in the background
     /// when it sees a restart (docs/resilience.md). Prints progress to standard error;
     /// exit 0 when done, 1 when another client is repairing it (or just did), 2 when the
-    /// repair failed.
+    /// repair failed or could not list some other server's keys (it says which).
     Repair {
         server: String,
         /// Repair even if another client holds the claim or finished a repair of this

@@ -1,7 +1,8 @@
 //! `memfabric` writes through a replicated pool, as a short-lived process makes them: a
 //! copy that missed the write and could not be told to drop its old value before the
-//! tool exits is named (exit 3), since nothing else will remember it; and every copy
-//! lands on a distinct server whatever the weights.
+//! tool exits is named (exit 3), since nothing else will remember it; every copy lands
+//! on a distinct server whatever the weights; and a `repair` that could not list every
+//! server says which (exit 2).
 
 #[path = "../../memfabric-client/tests/common/mod.rs"]
 mod common;
@@ -104,4 +105,79 @@ fn copies_land_on_distinct_servers_whatever_the_weights() {
     for s in &servers {
         assert_eq!(held_by(s, "wk").as_deref(), Some(&b"v"[..]));
     }
+}
+
+/// `repair` says what kept it from finishing and exits 2: a server it should list keys
+/// from that does not answer (what only that server held would stay missing, so the
+/// repair is not marked done and runs in full once it answers), every other server paused,
+/// or the server being repaired itself paused.
+#[test]
+fn a_repair_that_cannot_list_every_server_says_which_and_is_not_marked_done() {
+    let mut servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Kind::Memfabricd, &[]))
+        .collect();
+    let all = list(&servers);
+    let pool = ["--replicas", "2", "--timeout", "300"];
+    let keys: Vec<String> = (0..10).map(|i| format!("rp{i}")).collect();
+    for k in &keys {
+        let out = memfabric(&all, &[&pool[..], &["set", k, k]].concat());
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    servers[0].kill();
+    servers[0].restart();
+    let repair = |extra: &[&str]| {
+        let out = memfabric(
+            &all,
+            &[&pool[..], &["repair", &servers[0].addr()], extra].concat(),
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let silent = |i: usize| {
+        format!(
+            "{} did not answer: its keys were not listed",
+            servers[i].addr()
+        )
+    };
+
+    servers[1].signal("STOP");
+    let (code, err) = repair(&[]);
+    servers[1].signal("CONT");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&silent(1)), "{err}");
+    // Not marked done: the next repair, without --force, runs and finishes.
+    let (code, err) = repair(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    for k in &keys {
+        assert_eq!(
+            held_by(&servers[0], k).as_deref(),
+            Some(k.as_bytes()),
+            "{k}"
+        );
+    }
+
+    servers[1].signal("STOP");
+    servers[2].signal("STOP");
+    let (code, err) = repair(&["--force"]);
+    servers[1].signal("CONT");
+    servers[2].signal("CONT");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&silent(1)) && err.contains(&silent(2)),
+        "{err}"
+    );
+
+    servers[0].signal("STOP");
+    let (code, err) = repair(&["--force"]);
+    servers[0].signal("CONT");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}, the server being repaired, did not answer",
+            servers[0].addr()
+        )),
+        "{err}"
+    );
 }

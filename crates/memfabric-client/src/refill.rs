@@ -109,11 +109,24 @@ pub(crate) fn spawn(plan: Plan, tally: Arc<RepairTally>) -> std::io::Result<Repa
     let thread = std::thread::Builder::new()
         .name(format!("memfabric-repair-{target}"))
         .spawn(move || {
+            let name = plan.servers[target].host_port();
             let ended = Refill::new(plan, flag, &counts).run_claimed();
             match ended {
                 Ok(true) => RepairTally::add(&counts.finished, 1),
                 Ok(false) => RepairTally::add(&counts.left_to_others, 1),
-                Err(_) => RepairTally::add(&counts.abandoned, 1),
+                Err(halt) => {
+                    match halt {
+                        Halt::Stopped => counts.problem(format!(
+                            "the repair of {name} was stopped (the pool was dropped, or the \
+                             server restarted again)"
+                        )),
+                        Halt::TargetFailed => counts
+                            .problem(format!("{name}, the server being repaired, did not answer")),
+                        // Said where it happened.
+                        Halt::Source(_) | Halt::Incomplete => {}
+                    }
+                    RepairTally::add(&counts.abandoned, 1);
+                }
             }
         });
     match thread {
@@ -138,6 +151,9 @@ enum Halt {
     TargetFailed,
     /// This source's key list could not be read (the others are still walked).
     Source(String),
+    /// Some other server's key list could not be read (said in the tally's problem):
+    /// what it alone held was not refilled, so the repair is not marked done.
+    Incomplete,
 }
 
 struct Refill<'a> {
@@ -213,7 +229,13 @@ impl<'a> Refill<'a> {
             Ok(false) => return Ok(false),
             Err(_) => return Err(Halt::TargetFailed),
         }
-        let ended = self.run();
+        let ended = self.run().and_then(|every_source| {
+            if every_source {
+                Ok(())
+            } else {
+                Err(Halt::Incomplete)
+            }
+        });
         if let Some(t) = self.direct[target].as_mut() {
             let _ = match ended {
                 Ok(()) => t.set(&claim, b"done", 0, DONE_TTL),
@@ -245,13 +267,23 @@ impl<'a> Refill<'a> {
         }
     }
 
-    fn run(&mut self) -> Result<(), Halt> {
+    /// Walks every other server that answers; `Ok(false)` if some could not be walked
+    /// (each said in the tally's problem and counted in `sources_failed`).
+    fn run(&mut self) -> Result<bool, Halt> {
         let target = self.plan.target;
         if !self.answers(target) {
             return Err(Halt::TargetFailed);
         }
+        let mut every_source = true;
         for s in 0..self.plan.servers.len() {
             self.alive[s] = s != target && self.answers(s);
+            if s != target && !self.alive[s] {
+                let name = self.plan.servers[s].host_port();
+                self.tally
+                    .problem(format!("{name} did not answer: its keys were not listed"));
+                RepairTally::add(&self.tally.sources_failed, 1);
+                every_source = false;
+            }
         }
         for s in 0..self.plan.servers.len() {
             if !self.alive[s] {
@@ -263,11 +295,12 @@ impl<'a> Refill<'a> {
                     let name = self.plan.servers[s].host_port();
                     self.tally.problem(format!("key list of {name}: {why}"));
                     RepairTally::add(&self.tally.sources_failed, 1);
+                    every_source = false;
                 }
                 Err(h) => return Err(h),
             }
         }
-        Ok(())
+        Ok(every_source)
     }
 
     fn answers(&mut self, s: usize) -> bool {

@@ -16,8 +16,10 @@ pub struct RepairCounters {
     /// Repairs not made because another client had claimed the server (it is
     /// repairing it, or finished a repair of it in the last ten minutes).
     pub repairs_left_to_others: u64,
-    /// Repairs that ended early: stopped (the pool was dropped, or the server restarted
-    /// again) or the server being refilled failed.
+    /// Repairs that ended early or incomplete: stopped (the pool was dropped, or the
+    /// server restarted again), the server being refilled failed, or another server's
+    /// key list could not be read (`Client::repair_problem` says why). What they wrote
+    /// stays; the server is not marked repaired, so a later repair walks it again.
     pub repairs_abandoned: u64,
     /// Keys listed by the other servers that the refilled server should hold.
     pub repair_keys_scanned: u64,
@@ -72,9 +74,13 @@ pub(crate) struct RepairTally {
     pub(crate) skipped: AtomicU64,
     pub(crate) sources_failed: AtomicU64,
     pub(crate) bytes: AtomicU64,
-    /// Why the last source that could not be walked could not be.
-    pub(crate) last_problem: Mutex<Option<String>>,
+    /// What kept the latest repairs from finishing, oldest first (the last
+    /// `PROBLEMS_KEPT`).
+    pub(crate) problems: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Problems `RepairTally` keeps: enough to name every server of a failing repair.
+const PROBLEMS_KEPT: usize = 8;
 
 impl RepairTally {
     pub(crate) fn add(n: &AtomicU64, by: u64) {
@@ -82,13 +88,18 @@ impl RepairTally {
     }
 
     pub(crate) fn problem(&self, what: String) {
-        if let Ok(mut p) = self.last_problem.lock() {
-            *p = Some(what);
+        if let Ok(mut p) = self.problems.lock() {
+            if p.len() == PROBLEMS_KEPT {
+                p.pop_front();
+            }
+            p.push_back(what);
         }
     }
 
+    /// The problems kept, joined with "; ".
     pub(crate) fn last_problem(&self) -> Option<String> {
-        self.last_problem.lock().ok().and_then(|p| p.clone())
+        let p = self.problems.lock().ok()?;
+        (!p.is_empty()).then(|| Vec::from(p.clone()).join("; "))
     }
 
     pub(crate) fn snapshot(&self) -> RepairCounters {

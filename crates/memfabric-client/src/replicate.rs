@@ -261,7 +261,8 @@ impl Client {
         self.repair_tally.snapshot()
     }
 
-    /// Why the last server whose key list a repair could not read could not be read.
+    /// What kept the pool's latest repairs from finishing (a server that did not answer,
+    /// a key list that could not be read, a repair stopped), joined with "; ".
     pub fn repair_problem(&self) -> Option<String> {
         self.repair_tally.last_problem()
     }
