@@ -98,6 +98,9 @@ pub struct Continuum {
     points: Vec<(u32, usize)>,
     hash: KeyHash,
     servers: usize,
+    /// Per server, a hash of its name (`host:port`): orders the servers without points
+    /// for a key whatever the list's order (`successors`).
+    name_hashes: Vec<u32>,
 }
 
 /// The name libmemcached hashes for point group `n` of a server.
@@ -147,10 +150,15 @@ impl Continuum {
             }
         };
         points.sort_unstable();
+        let name_hashes = nodes
+            .iter()
+            .map(|n| md5_word(&md5(format!("{}:{}", n.host, n.port).as_bytes()), 0))
+            .collect();
         Continuum {
             points,
             hash,
             servers: nodes.len(),
+            name_hashes,
         }
     }
 
@@ -208,8 +216,12 @@ impl Continuum {
     /// changes unevenly). A server whose weight is too small a share of the total for
     /// weighted ketama to give it any point (under 1/(40 x servers); libmemcached sends it
     /// no key) still holds copies: when the ring's points name fewer than `n` servers,
-    /// those without points follow, in list order, so a pool of `r + 1` (or `k + m`)
-    /// servers always puts a key's copies (or fragments) on that many distinct servers.
+    /// those without points follow, so a pool of `r + 1` (or `k + m`) servers always puts
+    /// a key's copies (or fragments) on that many distinct servers. They follow in an
+    /// order of their own per key (highest random weight: a hash of the key's position
+    /// and the server's name), never in list order: two clients that list the same
+    /// servers in different orders must agree where a key's copies are, or one reads an
+    /// old copy the other's writes and deletes never reached.
     pub fn successors(&self, key: &[u8], n: usize) -> Vec<usize> {
         let want = n.min(self.servers);
         let mut out = Vec::with_capacity(want);
@@ -227,14 +239,13 @@ impl Continuum {
                 }
             }
         }
-        for s in 0..self.servers {
-            if out.len() == want {
-                break;
-            }
-            if !out.contains(&s) {
-                out.push(s);
-            }
-        }
+        let position = self.key_hash(key);
+        let mut rest: Vec<(u64, usize)> = (0..self.servers)
+            .filter(|s| !out.contains(s))
+            .map(|s| (mix(position, self.name_hashes[s]), s))
+            .collect();
+        rest.sort_unstable_by(|a, b| b.cmp(a));
+        out.extend(rest.iter().map(|&(_, s)| s).take(want - out.len()));
         out
     }
 
@@ -242,6 +253,15 @@ impl Continuum {
     pub fn points(&self) -> &[(u32, usize)] {
         &self.points
     }
+}
+
+/// A well-spread 64-bit score of key position `key` and server name hash `name`
+/// (splitmix64's finaliser over both).
+fn mix(key: u32, name: u32) -> u64 {
+    let mut z = (u64::from(key) << 32 | u64::from(name)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -352,11 +372,20 @@ mod tests {
         let nodes = [node("a", 1, 1000), node("b", 2, 1), node("c", 3, 1)];
         assert_eq!(weighted_points(1, 1002, 3), 0);
         let ring = Continuum::new(&nodes, Distribution::KetamaWeighted);
-        for key in ["k", "another", "x:1"] {
+        let mut second = [0; 3];
+        for i in 0..200 {
+            let key = format!("k{i}");
             assert_eq!(ring.locate(key.as_bytes()), Some(0));
-            assert_eq!(ring.successors(key.as_bytes(), 3), vec![0, 1, 2]);
-            assert_eq!(ring.successors(key.as_bytes(), 2), vec![0, 1]);
+            let three = ring.successors(key.as_bytes(), 3);
+            assert_eq!(three[0], 0);
+            let mut sorted = three.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2]);
+            assert_eq!(ring.successors(key.as_bytes(), 2), three[..2].to_vec());
+            second[three[1]] += 1;
         }
+        // The light servers share the second copies: neither takes them all.
+        assert!(second[1] > 50 && second[2] > 50, "{second:?}");
         // 100:100:100:100:100:1: the last has no point; six fragments need it.
         let mut six: Vec<Node> = (0..5).map(|i| node("h", 10 + i, 100)).collect();
         six.push(node("h", 20, 1));
@@ -369,6 +398,38 @@ mod tests {
             assert_eq!(sorted, vec![0, 1, 2, 3, 4, 5], "{list:?}");
             assert_eq!(list[5], 5, "the server without points last");
         }
+    }
+
+    #[test]
+    fn servers_without_points_follow_in_an_order_the_list_order_does_not_change() {
+        // Two clients listing the same servers in other orders put every copy on the
+        // same servers in the same order (the light ones have no point).
+        let a = [
+            node("a", 1, 100),
+            node("b", 2, 100),
+            node("c", 3, 1),
+            node("d", 4, 1),
+        ];
+        let b = [a[3].clone(), a[1].clone(), a[2].clone(), a[0].clone()];
+        let (ra, rb) = (
+            Continuum::new(&a, Distribution::KetamaWeighted),
+            Continuum::new(&b, Distribution::KetamaWeighted),
+        );
+        let mut third = std::collections::HashMap::new();
+        for i in 0..300 {
+            let key = format!("key:{i}");
+            for n in 1..=4 {
+                assert_eq!(
+                    names(&a, &ra.successors(key.as_bytes(), n)),
+                    names(&b, &rb.successors(key.as_bytes(), n)),
+                    "{key}, {n} copies"
+                );
+            }
+            *third
+                .entry(names(&a, &ra.successors(key.as_bytes(), 3))[2].clone())
+                .or_insert(0) += 1;
+        }
+        assert_eq!(third.len(), 2, "{third:?}");
     }
 
     #[test]
