@@ -694,11 +694,27 @@ impl Client {
         let (Some(source), Ok(frags)) = (source, read.code.encode(write.stripe, value)) else {
             return;
         };
+        // Each server gets its own position's fragment, unless another server holds that
+        // one (placed by a ring of other servers: a server replaced by one on another
+        // port); then a fragment no server is known to hold, or none. Two copies of one
+        // fragment leave the key a failure closer to loss than it looks.
+        let mut taken: Vec<usize> = read
+            .frags
+            .iter()
+            .filter(|f| f.1.write() == *write)
+            .map(|f| usize::from(f.1.index))
+            .collect();
+        // Servers not heard from may hold their own.
+        taken.extend(
+            (0..read.servers.len())
+                .filter(|p| !positions.contains(p) && !read.frags.iter().any(|f| f.0 == *p)),
+        );
         let writes = positions
             .iter()
-            .map(|&pos| {
-                let op = repair_add(&t.key, Bytes::from(frags[pos].clone()), read.flags);
-                (read.servers[pos], Background::FragmentRepair, op)
+            .filter_map(|&pos| {
+                let index = free_index(pos, &mut taken, frags.len())?;
+                let op = repair_add(&t.key, Bytes::from(frags[index].clone()), read.flags);
+                Some((read.servers[pos], Background::FragmentRepair, op))
             })
             .collect();
         let exptime = gat_exptime(op);
@@ -760,7 +776,15 @@ impl Client {
                 return self.ec_decide(id, t);
             }
             if t.outstanding == 0 {
-                t.acked = heard;
+                // Reported as the copies that answered usefully: the most fragments of
+                // any one write (counting every server that answered read as "5 of 6
+                // copies answered, 4 needed" for a read that found 3).
+                t.acked = read
+                    .frags
+                    .iter()
+                    .map(|f| count(f.1.write()))
+                    .max()
+                    .unwrap_or(0);
                 // Too few fragments of any write, and more servers answered without one
                 // than can be missing while k remain (more than m), or, with every server
                 // heard, than an acknowledged write leaves out: whatever was written has
@@ -969,6 +993,19 @@ fn fragments_of(read: &EcRead, write: WriteId) -> usize {
         .map(|f| f.1.index)
         .collect::<std::collections::HashSet<u8>>()
         .len()
+}
+
+/// The fragment index to write at position `pos` of a value's servers: `pos`'s own
+/// unless it is in `taken` (held elsewhere), then the lowest of the `n` not taken; `None`
+/// when every one is. The index chosen joins `taken`.
+pub(crate) fn free_index(pos: usize, taken: &mut Vec<usize>, n: usize) -> Option<usize> {
+    let index = if taken.contains(&pos) {
+        (0..n).find(|i| !taken.contains(i))?
+    } else {
+        pos
+    };
+    taken.push(index);
+    Some(index)
 }
 
 /// Whether a read gives its caller a CAS value (`gets`, `gat`).

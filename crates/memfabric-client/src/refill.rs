@@ -716,7 +716,16 @@ impl<'a> Refill<'a> {
             .collect();
         let value = code.decode(&of_it).ok()?;
         let mut fragments = code.encode(write.stripe, &value).ok()?;
-        let fragment = fragments.swap_remove(pos);
+        // Its own position's fragment, unless another server holds that one (the servers
+        // listed in another order or on other ports than when the write placed them: a
+        // server replaced by one on a new port); then one no server answering holds.
+        let mut taken: Vec<usize> = headers
+            .iter()
+            .filter(|h| h.write() == write)
+            .map(|h| usize::from(h.index))
+            .collect();
+        let index = crate::ec_pool::free_index(pos, &mut taken, n)?;
+        let fragment = fragments.swap_remove(index);
         Some(Some((Bytes::from(fragment), read)))
     }
 }

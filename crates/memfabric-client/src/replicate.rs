@@ -529,13 +529,34 @@ impl Client {
             t.failed += 1;
             t.last_err = Some(self.down(s));
         }
+        // In a pool that codes values, a copy that did not answer may hold a fragment of
+        // a coded value whose first fragments were lost (evicted, or on servers that
+        // restarted empty): the key's other fragment servers are asked before the read
+        // is called a miss, and a fragment found there starts a coded read (a plain
+        // value found there is no copy of this key's and reads as a miss).
+        if t.failed > 0 {
+            if let (Some(g), Kind::Read { order, .. }) = (self.config.ec, &mut t.kind) {
+                if order.len() == t.copies.len() {
+                    let more: Vec<usize> = self
+                        .ring
+                        .successors(&t.key, usize::from(g.k) + usize::from(g.m))
+                        .into_iter()
+                        .filter(|s| !order.contains(s))
+                        .collect();
+                    if !more.is_empty() {
+                        order.extend(more);
+                        return self.read_next(id, t);
+                    }
+                }
+            }
+        }
         // Every copy asked or skipped, no hit: a miss only if enough copies missed that
         // any acknowledged write would have reached one of them.
         let Kind::Read { missed, .. } = &t.kind else {
             return;
         };
         let n = t.copies.len();
-        let missed = missed.len();
+        let missed = missed.iter().filter(|s| t.copies.contains(s)).count();
         t.acked = missed;
         if missed > n - t.needed {
             self.deliver(id, t, Ok(Reply::Value(None)));
@@ -735,8 +756,8 @@ impl Client {
                 Ok(Reply::Value(Some(v))) if self.is_fragment(&v) => {
                     self.ec_read_begin(id, t, s, v)
                 }
-                Ok(Reply::Value(Some(v))) => self.read_hit(id, t, s, v),
-                Ok(Reply::Value(None)) => {
+                Ok(Reply::Value(Some(v))) if t.copies.contains(&s) => self.read_hit(id, t, s, v),
+                Ok(Reply::Value(_)) => {
                     missed.push(s);
                     self.read_next(id, t);
                 }

@@ -901,6 +901,32 @@ fn coded_values_that_lost_fragments(kind: Kind) {
     let got = fresh(&servers, &c).get(key).unwrap().unwrap();
     assert!(got.data[..] == v2[..], "{kind:?}");
 
+    // The first two gone and the third server paused: a pool that starts at the primary
+    // finds two misses among the m + 1 servers a plain value would be on, and one that
+    // does not answer. The other fragment servers are asked before that is a miss: the
+    // three fragments there and the one paused are the value (it used to read as a miss,
+    // found by trying).
+    set(&mut c, &v1, 1);
+    for s in [0, 1] {
+        assert!(one(&servers, s).delete(key).unwrap());
+    }
+    servers[home[2]].signal("STOP");
+    let r = fresh(&servers, &c).get(key);
+    servers[home[2]].signal("CONT");
+    assert!(
+        matches!(
+            r,
+            Err(Error::NotEnoughCopies {
+                acked: 3,
+                needed: 4,
+                ..
+            })
+        ),
+        "{kind:?}: {r:?}"
+    );
+    let got = fresh(&servers, &c).get(key).unwrap().unwrap();
+    assert!(got.data[..] == v1[..], "{kind:?}");
+
     // Under `all` one miss is more than a write leaves out, but only when every server
     // answered: with two servers down, one miss and three fragments may be a value whose
     // other fragments are on the servers down. An error, not a miss.
@@ -1993,4 +2019,64 @@ fn a_restarted_server_is_refilled_in_the_background_memfabricd_ucx() {
 #[test]
 fn a_restarted_server_is_refilled_in_the_background_memcached() {
     a_restarted_server_is_refilled_in_the_background(Kind::Memcached);
+}
+
+/// A coded pool's server replaced by one at another address (the usual way to replace a
+/// host): the new list puts the key's fragments at other positions than the old one did,
+/// so the new server's position often names a fragment another server already holds.
+/// `repair` writes it a fragment no other server holds: every key has its k + m distinct
+/// fragments again and survives m more failures (it used to get its position's, a second
+/// copy of one, leaving the value one failure from loss while everything said done).
+#[test]
+fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing() {
+    use memfabric_proto::ec_fragment::FragmentHeader;
+    let mut servers = start(Kind::Memfabricd, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::All)
+    };
+    let keys: Vec<Vec<u8>> = (0..30).map(|i| format!("moved:{i}").into_bytes()).collect();
+    let value = big(7, 40_000);
+    {
+        let mut c = pool(&servers, config.clone());
+        for k in &keys {
+            c.set(k, &value, 0, 0).unwrap();
+        }
+    }
+    servers[0].kill();
+    servers.remove(0);
+    servers.push(Server::start(Kind::Memfabricd, &[]));
+    let mut c = pool(&servers, config);
+    c.repair(5, true).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.repairs_running() > 0 {
+        assert!(std::time::Instant::now() < deadline, "repair never ended");
+        sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        c.repair_counters().repairs_finished,
+        1,
+        "{:?}",
+        c.repair_problem()
+    );
+    for k in &keys {
+        let indices: std::collections::BTreeSet<u8> = copies(&servers, k)
+            .iter()
+            .flatten()
+            .filter_map(|v| FragmentHeader::decode(v).ok().map(|(h, _)| h.index))
+            .collect();
+        assert_eq!(
+            indices.len(),
+            6,
+            "{}: {indices:?}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    // Any two more servers down: every key still reads back.
+    servers[1].kill();
+    servers[4].kill();
+    for k in &keys {
+        let got = c.get(k).unwrap().unwrap();
+        assert!(got.data[..] == value[..], "{}", String::from_utf8_lossy(k));
+    }
 }
