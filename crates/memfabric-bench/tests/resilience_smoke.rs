@@ -126,7 +126,17 @@ fn behind_shaped_links_both_transports_run_and_the_rate_is_reported() {
 
 #[test]
 fn arguments_that_would_hang_or_measure_nothing_are_refused() {
-    for args in [["--window", "0"], ["--iterations", "0"]] {
+    for args in [
+        ["--window", "0"],
+        ["--iterations", "0"],
+        // 255 + 1 copies wrapped to "0-way replication"; six servers hold at most six.
+        ["--replicas", "255"],
+        ["--replicas", "6"],
+        ["--memory-sizes", "0"],
+        ["--memory", "0"],
+        // The pipelined and degraded runs would measure values that are not coded.
+        ["--ec-threshold", "100000"],
+    ] {
         let out = Command::new(BENCH)
             .arg("resilience")
             .args(args)

@@ -23,8 +23,10 @@ struct Cli {
     /// (`memfabric bb mount DIR --servers LIST` as well).
     #[arg(global = true, long, short = 's', env = "MEMFABRIC_SERVERS")]
     servers: Option<String>,
-    /// Deadline of each request, in milliseconds.
-    #[arg(global = true, long, default_value_t = 1000)]
+    /// Deadline of each request to a server, in milliseconds (at least 1). A replicated
+    /// or coded read that fails over asks the next copies after it, each with its own.
+    #[arg(global = true, long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Key distribution (libmemcached's): weighted ketama, or plain ketama.
     #[arg(global = true, long, value_enum, default_value_t = Dist::Weighted)]
@@ -409,6 +411,14 @@ mod tests {
         // clap's own checks (names given twice, a global option that a verb also has,
         // ...), which otherwise run only in debug builds.
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_zero_timeout_is_refused() {
+        // It failed every request at once ("timed out"), each server reported DOWN.
+        let zero = Cli::try_parse_from(["memfabric", "-s", "h:1", "--timeout", "0", "ping"]);
+        assert!(zero.is_err());
+        assert!(Cli::try_parse_from(["memfabric", "-s", "h:1", "--timeout", "1", "ping"]).is_ok());
     }
 
     #[test]

@@ -96,6 +96,28 @@ pub(crate) fn resilience_cmd(a: ResilienceArgs) -> Fallible<()> {
     if a.window == 0 {
         return Err("--window must be at least 1".into());
     }
+    if a.replicas == 0 || usize::from(a.replicas) >= a.servers {
+        return Err(format!(
+            "--replicas must be 1 to {} with {} servers (copies on distinct servers)",
+            a.servers.saturating_sub(1),
+            a.servers
+        )
+        .into());
+    }
+    if a.sizes.contains(&0) || a.memory_sizes.contains(&0) {
+        return Err("--sizes and --memory-sizes take value sizes of 1 byte or more".into());
+    }
+    if a.memory == 0 {
+        return Err("--memory must be at least 1 (MB per server)".into());
+    }
+    if a.ec_threshold > a.probe_size {
+        return Err(format!(
+            "--ec-threshold {} is above --probe-size {}: the pipelined and degraded runs \
+             would measure values the EC pool does not code",
+            a.ec_threshold, a.probe_size
+        )
+        .into());
+    }
     if a.servers < usize::from(a.ec.k) + usize::from(a.ec.m) {
         return Err(format!("RS({}) needs {} servers", a.ec, a.ec.k + a.ec.m).into());
     }
