@@ -128,7 +128,9 @@ enum Cmd {
     /// The version of every server (exit 2 if any is down).
     Ping,
     /// Print the server each key maps to, one `KEY SERVER` line per key (with
-    /// `--replicas`, every copy's server, primary first).
+    /// `--replicas`, every copy's server, primary first; with `--ec`, a coded value's
+    /// k+m servers, fragment 0's first, whose first max(R, M)+1 hold a value under the
+    /// threshold).
     Locate {
         #[arg(required = true)]
         keys: Vec<String>,
@@ -208,6 +210,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(g) = client.config().ec {
+        let n = client.servers().len();
+        if n < usize::from(g.k) + usize::from(g.m) {
+            eprintln!(
+                "memfabric: warning: --ec {g} spreads a value over {} servers; over {n}, \
+                 every value is kept whole on {} (docs/resilience.md)",
+                usize::from(g.k) + usize::from(g.m),
+                copies_of_plain(client.config()).min(n)
+            );
+        }
+    }
     let result = run(&mut client, cli.cmd);
     // A replicated write answered at its quorum, or a read repair, may still be on its
     // way.
@@ -330,9 +343,17 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
         }
         Cmd::Locate { keys } => {
             for key in keys {
+                // A coded value's k + m servers (the first of them hold a value under the
+                // threshold), when the pool has that many; otherwise where it keeps
+                // every value whole.
                 let cfg = client.config();
-                let n = (usize::from(cfg.replicas) + 1)
-                    .max(cfg.ec.map_or(0, |g| usize::from(g.k) + usize::from(g.m)));
+                let coded = cfg.ec.map_or(0, |g| usize::from(g.k) + usize::from(g.m));
+                let plain = copies_of_plain(cfg);
+                let n = if client.servers().len() >= coded {
+                    plain.max(coded)
+                } else {
+                    plain
+                };
                 let homes = client.locate_successors(key.as_bytes(), n);
                 if homes.is_empty() {
                     return Err("no servers".into());
@@ -345,6 +366,12 @@ fn run(client: &mut Client, cmd: Cmd) -> Result<u8, Box<dyn std::error::Error>> 
         Cmd::Repair { server, force } => repair(client, &server, force),
         Cmd::Bb(_) => unreachable!("run before the client is made"),
     }
+}
+
+/// Servers a value kept whole is on: `replicas + 1`, and with a code at least `m + 1`
+/// (as the pool does: small values survive the same m failures).
+fn copies_of_plain(cfg: &Config) -> usize {
+    usize::from(cfg.replicas.max(cfg.ec.map_or(0, |g| g.m))) + 1
 }
 
 /// `repair SERVER`: runs the pool's repair of SERVER in the foreground, a progress line

@@ -181,3 +181,27 @@ fn a_repair_that_cannot_list_every_server_says_which_and_is_not_marked_done() {
         "{err}"
     );
 }
+
+/// `locate` names the servers the pool writes to, and `--ec` over fewer servers than a
+/// coded value needs says that values are kept whole (it listed every server, as if the
+/// value were spread over them).
+#[test]
+fn locate_names_where_the_pool_puts_values_and_a_code_too_wide_is_named() {
+    let four = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4";
+    let out = memfabric(four, &["--ec", "4+2", "locate", "k"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.split_whitespace().count(), 1 + 3, "{line}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--ec 4+2 spreads a value over 6 servers; over 4, every value is kept whole on 3"
+        ),
+        "{err}"
+    );
+    let six = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4,127.0.0.1:5,127.0.0.1:6";
+    let out = memfabric(six, &["--ec", "4+2", "locate", "k"]);
+    assert!(out.stderr.is_empty(), "{out:?}");
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.split_whitespace().count(), 1 + 6, "{line}");
+}
