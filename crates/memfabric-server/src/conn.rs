@@ -252,6 +252,17 @@ impl Conn {
             || matches!(&self.stream, Stream::Tls(t) if t.handshaking())
     }
 
+    /// Waiting for its next command (or the rest of its line): what `-o idle_timeout`
+    /// may close, as memcached closes only connections in conn_new_cmd or conn_read. A
+    /// value still arriving, replies still to be written (a slow reader) or commands
+    /// waiting for their result are work in progress, however slowly it moves.
+    pub fn waiting_for_command(&self) -> bool {
+        !self.session.in_request()
+            && self.need == 0
+            && self.session.parked() == 0
+            && self.out.is_empty()
+    }
+
     pub fn new(
         stream: Stream,
         id: u64,

@@ -499,7 +499,9 @@ impl Worker {
             .conns
             .iter()
             .filter(|(_, c)| {
-                (idle_timeout > 0 && now.saturating_sub(c.last_active) > idle_timeout)
+                (idle_timeout > 0
+                    && now.saturating_sub(c.last_active) > idle_timeout
+                    && c.waiting_for_command())
                     || (auth_timeout > 0
                         && c.unauthenticated(shared)
                         && now.saturating_sub(c.accepted) > auth_timeout)

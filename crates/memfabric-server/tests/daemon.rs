@@ -487,3 +487,62 @@ fn stats_conns_lists_listener_udp_sockets_and_clients() {
     );
     assert!(r.contains(":state conn_parse_cmd\r\n"), "{r}");
 }
+
+/// `-o idle_timeout` closes connections waiting for a command (nothing sent, or half a
+/// line), as memcached does (conn_new_cmd, conn_read), and never one moving data however
+/// slowly: a value part way in, or replies the client has not read yet. It used to close
+/// those too, losing a slow uploader's `set` and most of a slow reader's replies.
+#[test]
+fn idle_timeout_closes_connections_waiting_for_a_command_not_ones_moving_data() {
+    let d = Daemon::start(&["-o", "idle_timeout=1", "-I", "2m", "-m", "128"]);
+    let mut admin = d.tcp();
+    let big = vec![b'v'; 1 << 20];
+    let mut set = format!("set big 0 0 {}\r\n", big.len()).into_bytes();
+    set.extend_from_slice(&big);
+    set.extend_from_slice(b"\r\n");
+    assert_eq!(request(&mut admin, &set, b"\r\n"), b"STORED\r\n");
+    // Busy ones first: were they closable, they would be idle longer than the idle ones
+    // and closed no later.
+    let mut uploading = d.tcp();
+    uploading.write_all(b"set x 0 0 5\r\nabc").unwrap();
+    let mut unread = d.tcp();
+    let gets = b"get big\r\n".repeat(40);
+    unread.write_all(&gets).unwrap();
+    let mut idle = d.tcp();
+    let mut half = d.tcp();
+    half.write_all(b"get ab").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kicks = |admin: &mut TcpStream| stat(admin, "idle_kicks").unwrap();
+    while kicks(&mut admin) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle connections were never closed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut byte = [0u8; 1];
+    for s in [&mut idle, &mut half] {
+        assert_eq!(s.read(&mut byte).unwrap(), 0, "closed");
+    }
+    assert_eq!(kicks(&mut admin), 2);
+    assert_eq!(request(&mut uploading, b"de\r\n", b"\r\n"), b"STORED\r\n");
+    let mut got = 0usize;
+    let want = 40 * (big.len() + "VALUE big 0 1048576\r\n\r\nEND\r\n".len());
+    let mut chunk = vec![0u8; 1 << 16];
+    while got < want {
+        match unread.read(&mut chunk) {
+            Ok(0) => panic!("closed after {got} of {want} bytes"),
+            Ok(n) => got += n,
+            Err(e) => panic!("{e} after {got} of {want} bytes"),
+        }
+    }
+    assert_eq!(got, want);
+    // Waiting for a command again: closed in turn.
+    while kicks(&mut admin) < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle connections were never closed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
