@@ -456,6 +456,37 @@ fn cachedump_lists_live_items_of_a_class() {
     assert!(s.cachedump(0, 10).is_empty());
 }
 
+/// Unlimited, a dump fills memcached's 2 MB reply as its lines are written: it stopped
+/// at about 1.2 MB, counting each line as its key plus 40 bytes.
+#[test]
+fn cachedump_without_a_limit_fills_two_megabytes_of_lines() {
+    let s = Store::new(StoreConfig {
+        memory_limit: 64 << 20,
+        background_sweeper: false,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    for i in 0..120_000 {
+        assert!(matches!(
+            set(&s, &format!("k{i:06}"), "v"),
+            StoreStatus::Stored { .. }
+        ));
+    }
+    let class = s.peek(b"k000000").unwrap().class_id;
+    let dump = s.cachedump(class, 0);
+    let bytes: usize = dump
+        .iter()
+        .map(|(k, len, exp)| {
+            format!("ITEM {} [{len} b; {exp} s]\r\n", String::from_utf8_lossy(k)).len()
+        })
+        .sum::<usize>()
+        + "END\r\n".len();
+    let line = "ITEM k000000 [1 b; 0 s]\r\n".len();
+    assert!(bytes <= 2 << 20, "{bytes}");
+    assert!(bytes + line + 1 > 2 << 20, "{bytes}: room for another line");
+    assert_eq!(s.cachedump(class, 7).len(), 7);
+}
+
 #[test]
 fn memory_limit_can_grow_to_twice_the_start_and_shrink() {
     let s = store(); // 8 MiB

@@ -815,6 +815,11 @@ fn crawl_reply(classes: &[u8]) -> &'static [u8] {
 
 /// `stats cachedump <class> <limit>`, with memcached's validation and line format.
 fn cachedump(ctx: &ExecCtx<'_>, args: Option<(&[u8], &[u8])>, out: &mut Vec<u8>) {
+    if !ctx.shared.settings.dump_enabled {
+        // -X, checked first as memcached does.
+        out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n");
+        return;
+    }
     let Some((class, limit)) = args else {
         out.extend_from_slice(b"CLIENT_ERROR bad command line\r\n");
         return;

@@ -121,14 +121,28 @@ impl Store {
             }
             let mut key = vec![0u8; h.key_len as usize];
             self.arena.read(item::key_off(off), &mut key);
-            bytes += key.len() + 40;
+            // memcached's 2 MB reply: the line "ITEM <key> [<len> b; <exptime> s]\r\n"
+            // counted as written, with room left for "END\r\n" and its NUL.
+            let line = key.len() + digits(h.value_len) + digits(h.exptime) + 16;
+            if bytes + line + 6 > CACHEDUMP_MAX_BYTES {
+                break;
+            }
+            bytes += line;
             v.push((key, h.value_len, h.exptime));
-            if (limit != 0 && v.len() >= limit) || bytes > (2 << 20) - 1024 {
+            if limit != 0 && v.len() >= limit {
                 break;
             }
         }
         v
     }
+}
+
+/// The most `stats cachedump` answers, END included (memcached's `memlimit`).
+const CACHEDUMP_MAX_BYTES: usize = 2 << 20;
+
+/// Decimal digits of `n`.
+fn digits(n: u32) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Where an `lru_crawler metadump` stands: the classes it covers and the next chunk to
