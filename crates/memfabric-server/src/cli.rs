@@ -832,6 +832,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     for opt in a.extended.iter().flat_map(|o| o.split(',')) {
         apply_extended(&mut s, opt.trim(), &mut warnings)?;
     }
+    s.store.slab_automove = s.slab_reassign && s.slab_automove > 0;
     if let Some(f) = s.store.flash.as_mut() {
         f.write_budget = a.flash_write_budget;
         f.direct_io = match a.flash_io.as_str() {
@@ -1095,11 +1096,10 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.hashpower_init = hp;
             s.store.hashpower = Some(hp as u8);
         }
-        "slab_reassign" => {}
-        "no_slab_reassign" | "no_slab_automove" => {
-            s.slab_automove = 0;
-            s.store.slab_automove = false;
-        }
+        "slab_reassign" => s.slab_reassign = true,
+        // As memcached: the level stays (stats settings shows it), nothing moves.
+        "no_slab_reassign" => s.slab_reassign = false,
+        "no_slab_automove" => s.slab_automove = 0,
         "slab_automove" => {
             let n: u32 = match val {
                 None => 1,
@@ -1109,7 +1109,6 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
                 return Err(fatal("slab_automove must be between 0 and 2"));
             }
             s.slab_automove = n;
-            s.store.slab_automove = n > 0;
         }
         "slab_automove_window" => {
             let w: u32 = num(name, val)?;

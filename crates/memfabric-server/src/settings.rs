@@ -118,8 +118,11 @@ pub struct Settings {
     pub slab_chunk_max: usize,
     /// `-o hashpower` as given (0 = not given), reported by `stats settings`.
     pub hashpower_init: u32,
-    /// `-o slab_automove=N` as given (0, 1 or 2).
+    /// `-o slab_automove=N` as given (0, 1 or 2): the level at start.
     pub slab_automove: u32,
+    /// Pages may move between slab classes at all (memcached's slab_reassign; off with
+    /// `-o no_slab_reassign`): `slabs reassign` and `slabs automove` are refused then.
+    pub slab_reassign: bool,
     /// `-o track_sizes`.
     pub track_sizes: bool,
     /// `-o lru_crawler` / `no_lru_crawler`.
@@ -246,6 +249,7 @@ impl Default for Settings {
             slab_chunk_max: 512 * 1024,
             hashpower_init: 0,
             slab_automove: 1,
+            slab_reassign: true,
             track_sizes: false,
             lru_crawler: true,
             tail_repair_time: 0,

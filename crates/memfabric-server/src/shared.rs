@@ -18,6 +18,8 @@ pub struct Shared {
     pub settings: Settings,
     /// Runtime verbosity (`verbosity N` changes it).
     pub verbose: AtomicU32,
+    /// The slab_automove level (`-o slab_automove=N`, then `slabs automove N`).
+    pub slab_automove: AtomicU32,
     pub curr_connections: AtomicU64,
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
@@ -57,6 +59,7 @@ impl Shared {
         let started = store.clock().started();
         Shared {
             verbose: AtomicU32::new(settings.verbose),
+            slab_automove: AtomicU32::new(settings.slab_automove),
             store,
             settings,
             curr_connections: AtomicU64::new(0),

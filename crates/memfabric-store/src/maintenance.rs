@@ -74,7 +74,9 @@ impl Inner {
             // A mass expiry or a flush can leave more than one budget of due pages.
             more = self.sweeping.load(Ordering::Relaxed) && self.sweep_due(SWEEP_PAGES_PER_TICK).1;
             self.compact_queues(false);
-            if self.cfg.slab_automove && last_move_check.elapsed() >= Duration::from_secs(1) {
+            if self.automove.load(Ordering::Relaxed)
+                && last_move_check.elapsed() >= Duration::from_secs(1)
+            {
                 last_move_check = Instant::now();
                 self.automove_tick(&mut streak, &mut quiet);
             }

@@ -421,8 +421,11 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("item_size_max", c.item_size_max);
     v.put("maxconns_fast", yes_no(s.maxconns_fast));
     v.put("hashpower_init", s.hashpower_init);
-    v.put("slab_reassign", yes_no(c.slab_automove));
-    v.put("slab_automove", s.slab_automove);
+    v.put("slab_reassign", yes_no(s.slab_reassign));
+    v.put(
+        "slab_automove",
+        shared.slab_automove.load(Ordering::Relaxed),
+    );
     // The automover's own rule is fixed (docs/store.md); memcached's tuning knobs for
     // its algorithm are reported at memcached's defaults, which nothing here reads.
     v.put("slab_automove_ratio", "0.80");

@@ -279,6 +279,10 @@ fn execute(
             };
             answer(noreply, line, out);
         }
+        Request::SlabsReassign { .. } if !ctx.shared.settings.slab_reassign => {
+            // -o no_slab_reassign, checked before the arguments as memcached does.
+            out.extend_from_slice(b"CLIENT_ERROR slab reassignment disabled\r\n");
+        }
         Request::SlabsReassign { classes } => {
             let line: &[u8] = match classes {
                 None => b"CLIENT_ERROR bad command line format\r\n",
@@ -292,8 +296,17 @@ fn execute(
             };
             out.extend_from_slice(line);
         }
-        // Accepted as memcached does; the store's automove policy is fixed at start.
-        Request::SlabsAutomove { noreply, .. } => answer(noreply, reply::OK, out),
+        // The level turns the store's page mover on or off (its rule is its own at 1 and
+        // 2, docs/store.md); a ratio is accepted as memcached does and changes nothing.
+        Request::SlabsAutomove { setting, noreply } => {
+            if let memfabric_proto::ascii::Automove::Level(level) = setting {
+                ctx.shared
+                    .slab_automove
+                    .store(level, std::sync::atomic::Ordering::Relaxed);
+                store.set_automove(level > 0 && ctx.shared.settings.slab_reassign);
+            }
+            answer(noreply, reply::OK, out)
+        }
         Request::LruCrawler(LruCrawlerRequest::Metadump(classes)) => {
             return metadump(ctx, sess, classes, len, out);
         }

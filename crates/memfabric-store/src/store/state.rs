@@ -42,6 +42,8 @@ pub struct Inner {
     /// The background sweeper runs (starts as `cfg.background_sweeper`; `lru_crawler
     /// enable|disable` switch it).
     pub(crate) sweeping: AtomicBool,
+    /// Whether the maintenance thread moves pages between classes (`slabs automove`).
+    pub(crate) automove: AtomicBool,
     pub(super) wake: (Mutex<bool>, Condvar),
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
@@ -131,6 +133,7 @@ impl Store {
             compacting: Mutex::new(()),
             shutdown: AtomicBool::new(false),
             sweeping: AtomicBool::new(cfg.background_sweeper),
+            automove: AtomicBool::new(cfg.slab_automove),
             wake: (Mutex::new(false), Condvar::new()),
             cfg,
         });
@@ -186,6 +189,16 @@ impl Store {
             self.wake_maintenance();
         }
         changed
+    }
+
+    /// Whether slab pages move between classes by themselves (`slab_automove`).
+    pub fn automove(&self) -> bool {
+        self.automove.load(Ordering::Relaxed)
+    }
+
+    /// Turns the page mover on or off (memcached's `slabs automove 0|1|2`).
+    pub fn set_automove(&self, on: bool) {
+        self.automove.store(on, Ordering::Relaxed);
     }
 
     pub fn clock(&self) -> &Clock {
