@@ -80,6 +80,7 @@ pub(crate) const BATCH_KEYS: usize = 32;
 pub(crate) const BATCH_BYTES: u64 = 4 << 20;
 
 /// A key the walk found the target should hold, `source` being its first live copy.
+#[derive(Clone)]
 struct Candidate {
     key: Vec<u8>,
     exptime: u32,
@@ -105,6 +106,8 @@ pub(crate) fn spawn(plan: Plan, tally: Arc<RepairTally>) -> std::io::Result<Repa
     let target = plan.target;
     let flag = Arc::clone(&stop);
     RepairTally::add(&tally.started, 1);
+    // What kept an earlier repair of this server from finishing is no longer news.
+    tally.clear_problems(target);
     let counts = Arc::clone(&tally);
     let thread = std::thread::Builder::new()
         .name(format!("memfabric-repair-{target}"))
@@ -116,12 +119,17 @@ pub(crate) fn spawn(plan: Plan, tally: Arc<RepairTally>) -> std::io::Result<Repa
                 Ok(false) => RepairTally::add(&counts.left_to_others, 1),
                 Err(halt) => {
                     match halt {
-                        Halt::Stopped => counts.problem(format!(
-                            "the repair of {name} was stopped (the pool was dropped, or the \
+                        Halt::Stopped => counts.problem(
+                            target,
+                            format!(
+                                "the repair of {name} was stopped (the pool was dropped, or the \
                              server restarted again)"
-                        )),
-                        Halt::TargetFailed => counts
-                            .problem(format!("{name}, the server being repaired, did not answer")),
+                            ),
+                        ),
+                        Halt::TargetFailed => counts.problem(
+                            target,
+                            format!("{name}, the server being repaired, did not answer"),
+                        ),
                         // Said where it happened.
                         Halt::Source(_) | Halt::Incomplete => {}
                     }
@@ -171,7 +179,23 @@ struct Refill<'a> {
     /// Keys of the source being walked waiting to be refilled, and their dump sizes.
     batch: Vec<Candidate>,
     batch_bytes: u64,
+    /// A coded key's fragments were found away from the positions this server list
+    /// gives them (the list changed since they were written): a server not heard from
+    /// may then hold any fragment.
+    placement_moved: bool,
+    /// Coded keys skipped because which fragment the target lacks could not be told.
+    skipped_unheard: u64,
+    /// Coded keys with a server not heard from, whose fragment is written once the walk
+    /// has shown the list unchanged (`placement_moved` still false), with their source.
+    deferred: Vec<(usize, Candidate)>,
+    /// Writing the deferred keys: their fragment is decided, not deferred again.
+    resolving: bool,
+    /// The source of the deferred keys in `batch` while they are written.
+    batch_source: usize,
 }
+
+/// Coded keys a repair defers at most (`Refill::deferred`); more are skipped.
+const MAX_DEFERRED: usize = 100_000;
 
 impl<'a> Refill<'a> {
     fn new(plan: Plan, stop: Arc<AtomicBool>, tally: &'a RepairTally) -> Self {
@@ -207,6 +231,11 @@ impl<'a> Refill<'a> {
             claimed: Instant::now(),
             batch: Vec::new(),
             batch_bytes: 0,
+            placement_moved: false,
+            skipped_unheard: 0,
+            deferred: Vec::new(),
+            resolving: false,
+            batch_source: 0,
         }
     }
 
@@ -267,22 +296,25 @@ impl<'a> Refill<'a> {
         }
     }
 
-    /// Walks every other server that answers; `Ok(false)` if some could not be walked
-    /// (each said in the tally's problem and counted in `sources_failed`).
+    /// Walks every other server that answers; `Ok(false)` if so many could not be walked
+    /// that some key may have had no other copy listed (each said in the tally's problem
+    /// and counted in `sources_failed`).
     fn run(&mut self) -> Result<bool, Halt> {
         let target = self.plan.target;
         if !self.answers(target) {
             return Err(Halt::TargetFailed);
         }
-        let mut every_source = true;
+        let mut unlisted = 0;
         for s in 0..self.plan.servers.len() {
             self.alive[s] = s != target && self.answers(s);
             if s != target && !self.alive[s] {
                 let name = self.plan.servers[s].host_port();
-                self.tally
-                    .problem(format!("{name} did not answer: its keys were not listed"));
+                self.tally.problem(
+                    target,
+                    format!("{name} did not answer: its keys were not listed"),
+                );
                 RepairTally::add(&self.tally.sources_failed, 1);
-                every_source = false;
+                unlisted += 1;
             }
         }
         for s in 0..self.plan.servers.len() {
@@ -293,14 +325,29 @@ impl<'a> Refill<'a> {
                 Ok(()) => {}
                 Err(Halt::Source(why)) => {
                     let name = self.plan.servers[s].host_port();
-                    self.tally.problem(format!("key list of {name}: {why}"));
+                    self.tally
+                        .problem(target, format!("key list of {name}: {why}"));
                     RepairTally::add(&self.tally.sources_failed, 1);
-                    every_source = false;
+                    unlisted += 1;
                 }
                 Err(h) => return Err(h),
             }
         }
-        Ok(every_source)
+        // Complete unless the servers not listed could hold every other copy of some
+        // key: a value kept whole has `plain_copies - 1` others (a coded one more, each
+        // listing it).
+        self.resolve_deferred()?;
+        if self.skipped_unheard > 0 {
+            self.tally.problem(
+                target,
+                format!(
+                    "{} coded key(s) skipped: their fragments are not where this server list \
+                     puts them, and a server of theirs did not answer (repair again once it does)",
+                    self.skipped_unheard
+                ),
+            );
+        }
+        Ok(unlisted < self.plan.plain_copies.saturating_sub(1).max(1) && self.skipped_unheard == 0)
     }
 
     fn answers(&mut self, s: usize) -> bool {
@@ -643,7 +690,7 @@ impl<'a> Refill<'a> {
             Err(_) => false,
         };
         if coded {
-            return match self.rebuild_fragment(source, &c.key, original, &c.copies) {
+            return match self.rebuild_fragment(source, c, original) {
                 Some(Some(w)) => Ok(Some(w)),
                 Some(None) => self.skip().map(|()| None),
                 None => Ok(None), // not one of the target's
@@ -654,21 +701,53 @@ impl<'a> Refill<'a> {
         Ok(mine.then(|| (original.data.clone(), original.data.len())))
     }
 
+    /// Writes the deferred coded keys once every source was walked: when no fragment was
+    /// found away from its position, the servers not heard from hold their own; else
+    /// they are skipped (the repair is then incomplete).
+    fn resolve_deferred(&mut self) -> Result<(), Halt> {
+        let deferred = std::mem::take(&mut self.deferred);
+        if self.placement_moved {
+            self.skipped_unheard += deferred.len() as u64;
+            return Ok(());
+        }
+        self.resolving = true;
+        for (source, c) in deferred {
+            if self.batch.len() >= BATCH_KEYS {
+                let last = self.batch_source;
+                self.flush(last)?;
+            }
+            if !self.batch.is_empty() && self.batch_source != source {
+                let last = self.batch_source;
+                self.flush(last)?;
+            }
+            self.batch_source = source;
+            self.batch.push(c);
+        }
+        let last = self.batch_source;
+        let done = self.flush(last);
+        self.resolving = false;
+        done
+    }
+
     /// The refilled server's fragment of a coded key, rebuilt from the other servers'
     /// (`original` is `source`'s): `None` when it is not one of the key's servers,
-    /// `Some(None)` when no write has `k` fragments left. With the bytes read.
+    /// `Some(None)` when no write has `k` fragments left, or when which fragment it
+    /// lacks cannot be told (below). With the bytes read.
     fn rebuild_fragment(
         &mut self,
         source: usize,
-        key: &[u8],
+        candidate: &Candidate,
         original: &Value,
-        copies: &[usize],
     ) -> Option<Option<(Bytes, usize)>> {
+        let (key, copies) = (&candidate.key[..], &candidate.copies[..]);
         let code = self.code.as_ref()?;
         let (k, n) = (code.data_shards(), code.total_shards());
         let servers = &copies[..n.min(copies.len())];
         let pos = servers.iter().position(|&s| s == self.plan.target)?;
         let mut pieces: Vec<Bytes> = vec![original.data.clone()];
+        // Where each piece was read: the server's position among the key's (`None`: the
+        // source is not one of them).
+        let mut read_at: Vec<Option<usize>> = vec![servers.iter().position(|&s| s == source)];
         let asked: Vec<usize> = servers
             .iter()
             .copied()
@@ -680,10 +759,18 @@ impl<'a> Refill<'a> {
                 handles.push((s, c.iget(key)));
             }
         }
+        // The key's other servers that answered (with a fragment or without).
+        let mut heard = vec![source];
         for (s, h) in handles {
             if let Some(c) = self.direct[s].as_mut() {
-                if let Ok(Reply::Value(Some(v))) = c.wait(h, self.plan.timeout) {
-                    pieces.push(v.data);
+                match c.wait(h, self.plan.timeout) {
+                    Ok(Reply::Value(Some(v))) => {
+                        pieces.push(v.data);
+                        read_at.push(servers.iter().position(|&x| x == s));
+                        heard.push(s);
+                    }
+                    Ok(Reply::Value(None)) => heard.push(s),
+                    _ => {}
                 }
             }
         }
@@ -718,13 +805,41 @@ impl<'a> Refill<'a> {
         let mut fragments = code.encode(write.stripe, &value).ok()?;
         // Its own position's fragment, unless another server holds that one (the servers
         // listed in another order or on other ports than when the write placed them: a
-        // server replaced by one on a new port); then one no server answering holds.
-        let mut taken: Vec<usize> = headers
+        // server replaced by one on a new port); then one no server holds. A server not
+        // heard from is taken to hold its own position's fragment while no fragment this
+        // repair has read was away from its position; after one was, the list changed and
+        // it may hold any: the key is skipped rather than guessed (the refill writes with
+        // `add`: a second copy of a fragment would stay) and the repair is incomplete.
+        let of_write: Vec<(Option<usize>, usize)> = pieces
             .iter()
-            .filter(|h| h.write() == write)
-            .map(|h| usize::from(h.index))
+            .zip(&read_at)
+            .filter_map(|(p, at)| {
+                let (h, _) = FragmentHeader::decode(p).ok()?;
+                (h.write() == write).then_some((*at, usize::from(h.index)))
+            })
             .collect();
-        let index = crate::ec_pool::free_index(pos, &mut taken, n)?;
+        let mut taken: Vec<usize> = of_write.iter().map(|&(_, i)| i).collect();
+        let misplaced = of_write.iter().any(|&(at, i)| at != Some(i));
+        let unheard = servers
+            .iter()
+            .any(|s| *s != self.plan.target && !heard.contains(s));
+        self.placement_moved |= misplaced;
+        if unheard && (self.placement_moved || taken.contains(&pos)) {
+            self.skipped_unheard += 1;
+            return Some(None);
+        }
+        if unheard && !self.resolving {
+            // Decided once every source was walked: a later key may show the list moved.
+            if self.deferred.len() < MAX_DEFERRED {
+                self.deferred.push((source, candidate.clone()));
+            } else {
+                self.skipped_unheard += 1;
+            }
+            return None;
+        }
+        let Some(index) = crate::ec_pool::free_index(pos, &mut taken, n) else {
+            return Some(None);
+        };
         let fragment = fragments.swap_remove(index);
         Some(Some((Bytes::from(fragment), read)))
     }

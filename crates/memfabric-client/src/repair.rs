@@ -74,32 +74,45 @@ pub(crate) struct RepairTally {
     pub(crate) skipped: AtomicU64,
     pub(crate) sources_failed: AtomicU64,
     pub(crate) bytes: AtomicU64,
-    /// What kept the latest repairs from finishing, oldest first (the last
-    /// `PROBLEMS_KEPT`).
-    pub(crate) problems: Mutex<std::collections::VecDeque<String>>,
+    /// What kept the latest repairs from finishing, oldest first, with the server each
+    /// repair refilled (a repair's start clears that server's; the last `PROBLEMS_KEPT`).
+    pub(crate) problems: Mutex<std::collections::VecDeque<(usize, String)>>,
 }
 
-/// Problems `RepairTally` keeps: enough to name every server of a failing repair.
-const PROBLEMS_KEPT: usize = 8;
+/// Problems `RepairTally` keeps, the most recent.
+const PROBLEMS_KEPT: usize = 32;
 
 impl RepairTally {
     pub(crate) fn add(n: &AtomicU64, by: u64) {
         n.fetch_add(by, Ordering::Relaxed);
     }
 
-    pub(crate) fn problem(&self, what: String) {
+    /// Records what kept the repair of server `target` from finishing.
+    pub(crate) fn problem(&self, target: usize, what: String) {
         if let Ok(mut p) = self.problems.lock() {
             if p.len() == PROBLEMS_KEPT {
                 p.pop_front();
             }
-            p.push_back(what);
+            p.push_back((target, what));
+        }
+    }
+
+    /// Forgets the problems of earlier repairs of `target` (one starts again).
+    pub(crate) fn clear_problems(&self, target: usize) {
+        if let Ok(mut p) = self.problems.lock() {
+            p.retain(|(t, _)| *t != target);
         }
     }
 
     /// The problems kept, joined with "; ".
     pub(crate) fn last_problem(&self) -> Option<String> {
         let p = self.problems.lock().ok()?;
-        (!p.is_empty()).then(|| Vec::from(p.clone()).join("; "))
+        (!p.is_empty()).then(|| {
+            p.iter()
+                .map(|(_, w)| w.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
     }
 
     pub(crate) fn snapshot(&self) -> RepairCounters {

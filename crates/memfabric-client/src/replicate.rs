@@ -506,13 +506,23 @@ impl Client {
 
     /// Asks the next copy that can be read, or decides the read when none is left.
     fn read_next(&mut self, id: u64, t: &mut Task) {
+        let m = self.config.ec.map_or(0, |g| usize::from(g.m));
         loop {
             let Kind::Read {
-                order, next, asked, ..
+                order,
+                next,
+                asked,
+                missed,
+                ..
             } = &mut t.kind
             else {
                 return;
             };
+            if order.len() > t.copies.len() && missed.len() > m {
+                // Asking the other fragment servers (below): more than m of the key's
+                // servers hold nothing, so no k fragments are left anywhere.
+                break;
+            }
             let Some(&s) = order.get(*next) else {
                 break;
             };
@@ -531,12 +541,18 @@ impl Client {
         }
         // In a pool that codes values, a copy that did not answer may hold a fragment of
         // a coded value whose first fragments were lost (evicted, or on servers that
-        // restarted empty): the key's other fragment servers are asked before the read
-        // is called a miss, and a fragment found there starts a coded read (a plain
-        // value found there is no copy of this key's and reads as a miss).
-        if t.failed > 0 {
-            if let (Some(g), Kind::Read { order, .. }) = (self.config.ec, &mut t.kind) {
-                if order.len() == t.copies.len() {
+        // restarted empty): the key's other fragment servers are asked, one after
+        // another until more than m servers hold nothing, before the read is called a
+        // miss, and a fragment found there starts a coded read (a plain value found
+        // there is no copy of this key's and reads as a miss). A miss costs those extra
+        // requests only while one of the key's first m + 1 servers does not answer.
+        let can_code = self
+            .config
+            .ec
+            .is_some_and(|g| self.servers.len() >= usize::from(g.k) + usize::from(g.m));
+        if t.failed > 0 && can_code {
+            if let (Some(g), Kind::Read { order, missed, .. }) = (self.config.ec, &mut t.kind) {
+                if order.len() == t.copies.len() && missed.len() <= usize::from(g.m) {
                     let more: Vec<usize> = self
                         .ring
                         .successors(&t.key, usize::from(g.k) + usize::from(g.m))

@@ -2047,12 +2047,21 @@ fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing()
     servers.remove(0);
     servers.push(Server::start(Kind::Memfabricd, &[]));
     let mut c = pool(&servers, config);
-    c.repair(5, true).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while c.repairs_running() > 0 {
-        assert!(std::time::Instant::now() < deadline, "repair never ended");
-        sleep(Duration::from_millis(50));
-    }
+    let repair = |c: &mut Client| {
+        c.repair(5, true).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while c.repairs_running() > 0 {
+            assert!(std::time::Instant::now() < deadline, "repair never ended");
+            sleep(Duration::from_millis(50));
+        }
+    };
+    // First with one of the others paused: a server not heard from may hold the fragment
+    // that looks free, and a second copy written with `add` would stay; such keys are
+    // left for a later repair (this one is not finished).
+    servers[2].signal("STOP");
+    repair(&mut c);
+    servers[2].signal("CONT");
+    repair(&mut c);
     assert_eq!(
         c.repair_counters().repairs_finished,
         1,
