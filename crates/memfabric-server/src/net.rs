@@ -1,7 +1,7 @@
 //! Listeners: bind the TCP, UDP and unix sockets, and the accept loop that hands new
 //! connections round-robin to the workers.
 //!
-//! The accept loop runs on the main thread. It also owns the signal pipe (SIGINT and
+//! The accept loop runs on the main thread. It also owns the signal pipe (SIGINT, SIGUSR1 and
 //! SIGTERM stop the server) and enforces `-c`: over the limit, a new connection gets
 //! memcached's `ERROR Too many open connections` and is closed at once
 //! (`-o maxconns_fast`, the default), or is left in the kernel's accept queue until a slot

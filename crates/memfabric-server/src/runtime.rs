@@ -131,9 +131,13 @@ pub fn run(settings: Settings, mut listeners: Listeners) -> Result<(), RunError>
     sig_read.set_nonblocking(true)?;
     sig_write.set_nonblocking(true)?;
     let sig_write2 = sig_write.try_clone()?;
+    let sig_write3 = sig_write.try_clone()?;
+    // SIGUSR1 is memcached 1.6's graceful stop: the same stop here (it used to kill the
+    // server, as an unhandled SIGUSR1 does).
     let mut sig_ids = vec![
         signal_hook::low_level::pipe::register(signal_hook::consts::SIGINT, sig_write)?,
         signal_hook::low_level::pipe::register(signal_hook::consts::SIGTERM, sig_write2)?,
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR1, sig_write3)?,
     ];
     let hup = Arc::new(std::sync::atomic::AtomicBool::new(false));
     sig_ids.push(signal_hook::flag::register(

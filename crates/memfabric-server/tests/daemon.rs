@@ -433,23 +433,27 @@ fn connections_over_the_limit_get_an_error_and_are_counted() {
 
 #[test]
 fn sigterm_stops_the_server_and_removes_its_socket() {
-    let path = std::env::temp_dir().join(format!("memfabricd-term-{}.sock", std::process::id()));
-    let mut d = Daemon::start_unix(&path, &[]);
-    let status = Command::new("kill")
-        .args(["-TERM", &d.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let start = Instant::now();
-    loop {
-        if let Some(st) = d.child.try_wait().expect("wait") {
-            assert!(st.success(), "exit status {st:?}");
-            break;
+    // SIGUSR1 too: memcached 1.6's graceful stop (it killed memfabricd, exit by signal).
+    for sig in ["TERM", "INT", "USR1"] {
+        let path =
+            std::env::temp_dir().join(format!("memfabricd-{sig}-{}.sock", std::process::id()));
+        let mut d = Daemon::start_unix(&path, &[]);
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &d.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let start = Instant::now();
+        loop {
+            if let Some(st) = d.child.try_wait().expect("wait") {
+                assert!(st.success(), "SIG{sig}: exit status {st:?}");
+                break;
+            }
+            assert!(start.elapsed() < TIMEOUT, "did not stop on SIG{sig}");
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(start.elapsed() < TIMEOUT, "did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
+        assert!(!path.exists(), "SIG{sig}: socket file left behind");
     }
-    assert!(!path.exists(), "socket file left behind");
 }
 
 #[test]
