@@ -336,6 +336,9 @@ pub struct CliError {
     pub code: i32,
 }
 
+/// memcached's slab page size, which slab_chunk_max must divide.
+const SLAB_PAGE_SIZE: usize = 1 << 20;
+
 fn usage(message: impl Into<String>) -> CliError {
     CliError {
         message: message.into(),
@@ -722,8 +725,11 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.store.min_chunk = a.min_chunk.max(1) as usize;
     s.large_pages = a.large_pages;
     if let Some(d) = &a.delimiter {
-        // memcached takes the first character of whatever it is given (NUL for "").
-        s.prefix_delimiter = d.chars().next().unwrap_or('\0');
+        // memcached takes the first character of whatever it is given, and refuses "".
+        let Some(first) = d.chars().next() else {
+            return Err(fatal("No delimiter specified"));
+        };
+        s.prefix_delimiter = first;
         s.detail_enabled = true;
     }
     if a.threads <= 0 {
@@ -873,6 +879,26 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
         return Err(usage(
             "Cannot set item size limit higher than 1/2 of memory max.",
         ));
+    }
+    // memcached's checks of -I against slab_chunk_max (the largest chunk; bigger items
+    // are chained from chunks of it), in its order, with its messages. memfabricd's store
+    // chains large items its own way, but a flag set memcached refuses is refused here
+    // too, rather than a server started that memcached would not start.
+    let (item_max, chunk_max) = (s.store.item_size_max, s.slab_chunk_max);
+    if chunk_max == 0 || chunk_max > item_max {
+        return Err(usage(format!(
+            "slab_chunk_max (bytes: {chunk_max}) cannot be larger than -I (item_size_max {item_max})"
+        )));
+    }
+    if !item_max.is_multiple_of(chunk_max) {
+        return Err(usage(format!(
+            "-I (item_size_max: {item_max}) must be evenly divisible by slab_chunk_max (bytes: {chunk_max})"
+        )));
+    }
+    if !SLAB_PAGE_SIZE.is_multiple_of(chunk_max) {
+        return Err(usage(format!(
+            "slab_chunk_max (bytes: {chunk_max}) must divide evenly into {SLAB_PAGE_SIZE} (slab_page_size)"
+        )));
     }
     if s.unix_socket.is_some() {
         // As memcached: a unix socket replaces the network listeners.
@@ -1135,10 +1161,8 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
             s.lru_crawler = false;
             s.store.background_sweeper = false;
         }
-        "slab_chunk_max" => {
-            let kb: usize = num(name, val)?;
-            s.slab_chunk_max = kb.saturating_mul(1024);
-        }
+        // In bytes, as memcached 1.6.18 reads it (its docs say kilobytes).
+        "slab_chunk_max" => s.slab_chunk_max = num(name, val)?,
         "track_sizes" => s.track_sizes = true,
         "tail_repair_time" => {
             let t: u32 = val.and_then(|v| v.trim().parse().ok()).unwrap_or(0);
@@ -1238,7 +1262,35 @@ mod tests {
     #[test]
     fn item_size_takes_suffixes_and_is_checked_against_memory() {
         assert_eq!(ok(&["-I", "2m"]).settings.store.item_size_max, 2 << 20);
-        assert_eq!(ok(&["-I", "4k"]).settings.store.item_size_max, 4096);
+        // Below slab_chunk_max (512 KB) only with a smaller one, as in memcached.
+        assert_eq!(err(&["-I", "4k"]).code, 64);
+        let small = ok(&["-I", "4k", "-o", "slab_chunk_max=4096"]).settings;
+        assert_eq!(small.store.item_size_max, 4096);
+        assert_eq!(
+            ok(&["-I", "1536k"]).settings.store.item_size_max,
+            1536 << 10
+        );
+        for (args, says) in [
+            (
+                &["-I", "1000k"][..],
+                "-I (item_size_max: 1024000) must be evenly divisible by slab_chunk_max (bytes: 524288)",
+            ),
+            (
+                &["-o", "slab_chunk_max=100"][..],
+                "-I (item_size_max: 1048576) must be evenly divisible by slab_chunk_max (bytes: 100)",
+            ),
+            (
+                &["-o", "slab_chunk_max=2097152"][..],
+                "slab_chunk_max (bytes: 2097152) cannot be larger than -I (item_size_max 1048576)",
+            ),
+            (
+                &["-I", "3m", "-o", "slab_chunk_max=3145728"][..],
+                "slab_chunk_max (bytes: 3145728) must divide evenly into 1048576 (slab_page_size)",
+            ),
+        ] {
+            let e = err(args);
+            assert_eq!((e.code, e.message.as_str()), (64, says), "{args:?}");
+        }
         assert_eq!(ok(&["-I", "32m"]).settings.store.item_size_max, 32 << 20);
         assert_eq!(err(&["-I", "40m"]).code, 64);
         assert_eq!(err(&["-I", "500"]).code, 64);
@@ -1502,7 +1554,7 @@ mod tests {
         assert_eq!(s.store.hashpower, Some(20));
         assert!(!s.store.slab_automove);
         assert!(!s.store.background_sweeper);
-        assert_eq!(s.slab_chunk_max, 256 * 1024);
+        assert_eq!(s.slab_chunk_max, 256);
         assert_eq!(err(&["-o", "hashpower=70"]).code, 1);
         // memcached's LRU maintainer switches are accepted and change nothing: the
         // maintenance thread keeps its one schedule.
@@ -1632,7 +1684,7 @@ mod tests {
     }
 
     /// `-D` takes the first character of its argument, as memcached does (`-D ab` is `a`,
-    /// `-D ""` a NUL delimiter): both turn on detail stats.
+    /// `-D ""` is refused, "No delimiter specified"): a delimiter turns on detail stats.
     #[test]
     fn delimiter_is_the_first_character_given() {
         let d = |v: &str| {
@@ -1641,7 +1693,8 @@ mod tests {
             s.prefix_delimiter
         };
         assert_eq!(d("ab"), 'a');
-        assert_eq!(d(""), '\0');
+        let e = err(&["-D", ""]);
+        assert_eq!((e.code, e.message.as_str()), (1, "No delimiter specified"));
     }
 
     #[test]
