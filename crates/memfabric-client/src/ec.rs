@@ -404,6 +404,19 @@ impl Code {
     }
 }
 
+/// The fragment index to write at position `pos` of a value's servers: `pos`'s own
+/// unless it is in `taken` (held elsewhere), then the lowest of the `n` not taken; `None`
+/// when every one is. The index chosen joins `taken`.
+pub(crate) fn free_index(pos: usize, taken: &mut Vec<usize>, n: usize) -> Option<usize> {
+    let index = if taken.contains(&pos) {
+        (0..n).find(|i| !taken.contains(i))?
+    } else {
+        pos
+    };
+    taken.push(index);
+    Some(index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -712,7 +712,7 @@ impl Client {
         let writes = positions
             .iter()
             .filter_map(|&pos| {
-                let index = free_index(pos, &mut taken, frags.len())?;
+                let index = crate::ec::free_index(pos, &mut taken, frags.len())?;
                 let op = repair_add(&t.key, Bytes::from(frags[index].clone()), read.flags);
                 Some((read.servers[pos], Background::FragmentRepair, op))
             })
@@ -993,19 +993,6 @@ fn fragments_of(read: &EcRead, write: WriteId) -> usize {
         .map(|f| f.1.index)
         .collect::<std::collections::HashSet<u8>>()
         .len()
-}
-
-/// The fragment index to write at position `pos` of a value's servers: `pos`'s own
-/// unless it is in `taken` (held elsewhere), then the lowest of the `n` not taken; `None`
-/// when every one is. The index chosen joins `taken`.
-pub(crate) fn free_index(pos: usize, taken: &mut Vec<usize>, n: usize) -> Option<usize> {
-    let index = if taken.contains(&pos) {
-        (0..n).find(|i| !taken.contains(i))?
-    } else {
-        pos
-    };
-    taken.push(index);
-    Some(index)
 }
 
 /// Whether a read gives its caller a CAS value (`gets`, `gat`).

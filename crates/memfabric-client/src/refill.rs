@@ -837,7 +837,7 @@ impl<'a> Refill<'a> {
             }
             return None;
         }
-        let Some(index) = crate::ec_pool::free_index(pos, &mut taken, n) else {
+        let Some(index) = crate::ec::free_index(pos, &mut taken, n) else {
             return Some(None);
         };
         let fragment = fragments.swap_remove(index);
