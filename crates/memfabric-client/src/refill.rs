@@ -190,8 +190,6 @@ struct Refill<'a> {
     deferred: Vec<(usize, Candidate)>,
     /// Writing the deferred keys: their fragment is decided, not deferred again.
     resolving: bool,
-    /// The source of the deferred keys in `batch` while they are written.
-    batch_source: usize,
 }
 
 /// Coded keys a repair defers at most (`Refill::deferred`); more are skipped.
@@ -235,7 +233,6 @@ impl<'a> Refill<'a> {
             skipped_unheard: 0,
             deferred: Vec::new(),
             resolving: false,
-            batch_source: 0,
         }
     }
 
@@ -710,23 +707,16 @@ impl<'a> Refill<'a> {
             self.skipped_unheard += deferred.len() as u64;
             return Ok(());
         }
+        // Deferred in walk order, so each source's keys are together.
         self.resolving = true;
-        for (source, c) in deferred {
-            if self.batch.len() >= BATCH_KEYS {
-                let last = self.batch_source;
-                self.flush(last)?;
+        for one_source in deferred.chunk_by(|a, b| a.0 == b.0) {
+            for batch in one_source.chunks(BATCH_KEYS) {
+                self.batch = batch.iter().map(|(_, c)| c.clone()).collect();
+                self.flush(one_source[0].0)?;
             }
-            if !self.batch.is_empty() && self.batch_source != source {
-                let last = self.batch_source;
-                self.flush(last)?;
-            }
-            self.batch_source = source;
-            self.batch.push(c);
         }
-        let last = self.batch_source;
-        let done = self.flush(last);
         self.resolving = false;
-        done
+        Ok(())
     }
 
     /// The refilled server's fragment of a coded key, rebuilt from the other servers'

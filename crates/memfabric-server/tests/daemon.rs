@@ -517,13 +517,16 @@ fn idle_timeout_closes_connections_waiting_for_a_command_not_ones_moving_data() 
     half.write_all(b"get ab").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let kicks = |admin: &mut TcpStream| stat(admin, "idle_kicks").unwrap();
-    while kicks(&mut admin) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the idle connections were never closed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let await_kicks = |admin: &mut TcpStream, n: u64| {
+        while kicks(admin) < n {
+            assert!(
+                Instant::now() < deadline,
+                "the idle connections were never closed"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    await_kicks(&mut admin, 2);
     let mut byte = [0u8; 1];
     for s in [&mut idle, &mut half] {
         assert_eq!(s.read(&mut byte).unwrap(), 0, "closed");
@@ -542,11 +545,5 @@ fn idle_timeout_closes_connections_waiting_for_a_command_not_ones_moving_data() 
     }
     assert_eq!(got, want);
     // Waiting for a command again: closed in turn.
-    while kicks(&mut admin) < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "the idle connections were never closed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_kicks(&mut admin, 4);
 }
