@@ -6,7 +6,9 @@
 //! The bounds are one mechanism, described in docs/connections.md.
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
@@ -15,45 +17,100 @@ const MIB: u64 = 1 << 20;
 struct Daemon {
     child: Child,
     port: u16,
+    /// Where the server's standard error goes (quoted when a connection to it fails).
+    log: PathBuf,
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
 impl Daemon {
+    /// Start a server on a port the kernel picks (`-p -1`), read back from the file
+    /// memcached's `MEMCACHED_PORT_FILENAME` names. The port is the server's own from the
+    /// moment it is known: no other process can be listening there (a port chosen by the
+    /// test and bound later by the server could be), so a connection that fails later
+    /// means this server stopped, and the failure says how.
     fn start(extra: &[&str]) -> Daemon {
-        let port = memfabric_cluster::ports::free_loopback_port();
-        let mut args: Vec<String> = ["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(["--ucx-port", "0", "-t", "2"].iter().map(|s| s.to_string()));
-        args.extend(extra.iter().map(|s| s.to_string()));
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let tmp = std::env::temp_dir();
+        let base = format!("memfabric-hostile-{}-{n}", std::process::id());
+        let ports = tmp.join(format!("{base}.ports"));
+        let log = tmp.join(format!("{base}.stderr"));
+        let _ = std::fs::remove_file(&ports);
+        let mut args: Vec<&str> = vec!["-p", "-1", "-l", "127.0.0.1", "-U", "0"];
+        args.extend(["--ucx-port", "0", "-t", "2"]);
+        args.extend(extra);
         let child = Command::new(BIN)
             .args(&args)
+            .env("MEMCACHED_PORT_FILENAME", &ports)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(std::fs::File::create(&log).expect("server log"))
             .spawn()
             .expect("spawn memfabricd");
-        let d = Daemon { child, port };
+        let mut d = Daemon {
+            child,
+            port: 0,
+            log,
+        };
         let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        d.port = loop {
+            let text = std::fs::read_to_string(&ports).unwrap_or_default();
+            if let Some(p) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("TCP INET: "))
+                .and_then(|p| p.trim().parse().ok())
+            {
+                break p;
+            }
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!(
+                    "memfabricd {args:?} exited ({status}) at start: {}",
+                    d.said()
+                );
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "memfabricd did not start"
+                "memfabricd did not start: {}",
+                d.said()
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
+        };
+        let _ = std::fs::remove_file(&ports);
         d
     }
 
+    /// What the server wrote on standard error, and whether it still runs.
+    fn said(&mut self) -> String {
+        let state = match self.child.try_wait() {
+            Ok(None) => "running".to_string(),
+            Ok(Some(status)) => format!("exited: {status}"),
+            Err(e) => format!("unknown ({e})"),
+        };
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        format!("the server is {state}; its stderr: {log:?}")
+    }
+
     fn tcp(&self) -> TcpStream {
-        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let s = match TcpStream::connect(("127.0.0.1", self.port)) {
+            Ok(s) => s,
+            Err(e) => {
+                // The reaped state is the Child's; read /proc instead to keep `&self`.
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+                    .unwrap_or_default();
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                panic!(
+                    "connect to memfabricd on {}: {e}; /proc stat {stat:?}; its stderr: {log:?}",
+                    self.port
+                );
+            }
+        };
         s.set_read_timeout(Some(Duration::from_secs(30)))
             .expect("timeout");
         s
