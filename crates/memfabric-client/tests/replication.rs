@@ -541,6 +541,103 @@ fn a_dead_copy_fails_policy_all_but_not_quorum_and_is_refilled_when_back() {
     }
 }
 
+/// What docs/resilience.md says of a coded pool's small values while m servers are down.
+/// Under `quorum` a small value's write needs a majority of its m+1 copies, and a miss is
+/// certain once more copies answered it than a write may leave out; so each key's fate
+/// follows from how many of its copies are down (`d`): written while m+1-d copies make a
+/// majority, a miss while d is below a majority. `one` writes every key (a miss then
+/// needs every copy), `replicas` 2m writes and misses every key. Coded values go on.
+fn small_values_of_a_coded_pool_with_m_down(kind: Kind, k: usize, m: usize) {
+    let mut servers = start(kind, k + m);
+    let code = format!("{k}+{m}");
+    let coded = |replicas: u8, policy: WritePolicy| Config {
+        ec: Some(code.parse().unwrap()),
+        ..replicated(replicas, policy)
+    };
+    let mut quorum = pool(&servers, coded(0, WritePolicy::Quorum));
+    let mut one = pool(&servers, coded(0, WritePolicy::One));
+    let mut wide = pool(&servers, coded(2 * m as u8, WritePolicy::Quorum));
+    let down: Vec<usize> = (k..k + m).collect();
+    for &s in &down {
+        servers[s].kill();
+    }
+    let copies = m + 1;
+    let majority = copies / 2 + 1;
+    let mut seen = std::collections::BTreeMap::<usize, usize>::new();
+    for i in 0..60 {
+        let key = format!("small:{i}");
+        let absent = format!("absent:{i}");
+        let d_of = |c: &Client, key: &str| {
+            homes(c, key.as_bytes(), copies)
+                .iter()
+                .filter(|s| down.contains(s))
+                .count()
+        };
+        let d = d_of(&quorum, &key);
+        *seen.entry(d).or_default() += 1;
+        let r = quorum.set_acked(key.as_bytes(), b"v", 0, 0);
+        if copies - d >= majority {
+            let a = r.unwrap_or_else(|e| panic!("{code} {key}, {d} copies down: {e}"));
+            // Answered once a majority stored it; the others may still be on their way.
+            assert!(
+                (majority..=copies - d).contains(&(a.acked as usize)),
+                "{code} {key}: {a:?}"
+            );
+        } else {
+            assert!(
+                matches!(r, Err(Error::NotEnoughCopies { needed, .. }) if needed as usize == majority),
+                "{code} {key}, {d} copies down: {r:?}"
+            );
+        }
+        let d_absent = d_of(&quorum, &absent);
+        let miss = quorum.get(absent.as_bytes());
+        if d_absent < majority {
+            assert_eq!(
+                miss.unwrap(),
+                None,
+                "{code} {absent}, {d_absent} copies down"
+            );
+        } else {
+            assert!(
+                miss.is_err(),
+                "{code} {absent}, {d_absent} copies down: {miss:?}"
+            );
+        }
+        let a = one.set_acked(key.as_bytes(), b"w", 0, 0).expect("one");
+        assert!(a.acked >= 1 && a.copies as usize == copies, "{key}: {a:?}");
+        let miss = one.get(absent.as_bytes());
+        assert_eq!(miss.is_err(), d_absent > 0, "one: {absent}: {miss:?}");
+        let a = wide
+            .set_acked(key.as_bytes(), b"x", 0, 0)
+            .expect("replicas 2m");
+        assert_eq!(a.copies as usize, 2 * m + 1, "{key}");
+        assert_eq!(
+            wide.get(absent.as_bytes()).unwrap(),
+            None,
+            "replicas 2m: {absent}"
+        );
+    }
+    // Keys with no copy down and keys the quorum refuses both occur in 60.
+    assert!(
+        seen.contains_key(&0) && seen.range(copies + 1 - majority..).count() > 0,
+        "{code}: keys by copies down {seen:?}"
+    );
+    // A coded value needs k of its k+m fragments: written and read with m servers down.
+    let value = big(7, 40_000);
+    quorum
+        .set(b"coded", &value, 0, 0)
+        .expect("coded write, m down");
+    assert_eq!(&quorum.get(b"coded").unwrap().unwrap().data[..], &value[..]);
+    one.drain(Duration::from_secs(5));
+    wide.drain(Duration::from_secs(5));
+}
+
+#[test]
+fn small_values_of_a_coded_pool_with_m_servers_down_are_refused_as_documented() {
+    small_values_of_a_coded_pool_with_m_down(Kind::Memfabricd, 2, 1);
+    small_values_of_a_coded_pool_with_m_down(Kind::Memfabricd, 4, 2);
+}
+
 fn paused_copy_is_never_read_stale(kind: Kind) {
     let servers = start(kind, 3);
     let config = Config {
