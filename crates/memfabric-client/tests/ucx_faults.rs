@@ -214,9 +214,20 @@ fn hello_saying(ucx_version: u16, address: &[u8]) -> Vec<u8> {
 }
 
 /// Child mode: say HELLO with a live worker's address, connect to the worker WELCOME
-/// names, answer UCX for `progress_us` (both endpoints are wiring up), then die.
-fn client_dying_after_hello(url: &str, pairs: bool, progress_us: u64) -> ! {
+/// names, answer UCX for `progress_us` (both endpoints are wiring up), then die. `pairs`:
+/// connect as the client library does, after READY; `rush`: at once, without waiting
+/// for READY (the protocol breach of docs/fabric-protocol.md 1.3, which the test leaves
+/// out; `scripts/stress-ucx-hello-rush.sh` counts how often it aborts the server);
+/// `stale`: only a HELLO naming a worker already gone, then exit.
+fn client_dying_after_hello(url: &str, mode: &str, progress_us: u64) -> ! {
+    let pairs = mode == "pairs";
     let ctx = memfabric_ucx::Context::new("hello-test").unwrap();
+    if mode == "stale" {
+        // A HELLO naming a worker that is already gone, as the test sends one.
+        let gone = memfabric_ucx::Worker::new(&ctx).unwrap().address().unwrap();
+        let _ = hello(url, &hello_frame(&gone));
+        std::process::exit(0);
+    }
     let mut w = memfabric_ucx::Worker::new(&ctx).unwrap();
     let mut s = send_to_bootstrap(url, &hello_frame(&w.address().unwrap()));
     let welcome = read_welcome(&mut s).expect("no WELCOME");
@@ -238,6 +249,8 @@ fn client_dying_after_hello(url: &str, pairs: bool, progress_us: u64) -> ! {
             }
         }
         endpoint = Some(w.connect_address(&welcome.worker_address));
+    } else if mode == "rush" {
+        endpoint = Some(w.connect_address(&welcome.worker_address));
     }
     let until = Instant::now() + Duration::from_micros(progress_us);
     while Instant::now() < until {
@@ -257,8 +270,8 @@ fn hostile_hellos_and_clients_gone_after_hello_leave_the_server_serving() {
     if let Ok(spec) = std::env::var("MF_HELLO_AND_DIE") {
         let mut words = spec.split(' ');
         let url = words.next().unwrap();
-        let pairs = words.next() == Some("pairs");
-        client_dying_after_hello(url, pairs, words.next().unwrap().parse().unwrap());
+        let mode = words.next().unwrap();
+        client_dying_after_hello(url, mode, words.next().unwrap().parse().unwrap());
     }
     let (server, url) = start_ucx_server();
     let ctx = memfabric_ucx::Context::new("hello-test").unwrap();
