@@ -232,7 +232,6 @@ fn client_dying_after_hello(url: &str, mode: &str, progress_us: u64) -> ! {
     let mut s = send_to_bootstrap(url, &hello_frame(&w.address().unwrap()));
     let welcome = read_welcome(&mut s).expect("no WELCOME");
     w.set_peer_errors(welcome.peer_errors);
-    let mut endpoint = None;
     if pairs {
         // As the client library does: its endpoint is made once the server's connection
         // is up (READY), so that UCX pairs the two.
@@ -248,10 +247,8 @@ fn client_dying_after_hello(url: &str, mode: &str, progress_us: u64) -> ! {
                 break;
             }
         }
-        endpoint = Some(w.connect_address(&welcome.worker_address));
-    } else if mode == "rush" {
-        endpoint = Some(w.connect_address(&welcome.worker_address));
     }
+    let endpoint = (pairs || mode == "rush").then(|| w.connect_address(&welcome.worker_address));
     let until = Instant::now() + Duration::from_micros(progress_us);
     while Instant::now() < until {
         w.progress();

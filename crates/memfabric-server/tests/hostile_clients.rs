@@ -1,116 +1,55 @@
 //! Heavy and hostile TCP clients against a real `memfabricd`: the server's memory stays
 //! bounded relative to `-m`, no valid request is dropped, and every reply arrives whole.
 //! Effects are measured (the server's RSS from /proc, items stored, replies counted),
-//! never timed; servers run on free loopback ports and are killed by a Drop guard.
+//! never timed; servers run on loopback ports the kernel picks and are killed by a Drop
+//! guard (tests/common).
 //!
 //! The bounds are one mechanism, described in docs/connections.md.
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+mod common;
+use common::Server;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memfabricd");
 const MIB: u64 = 1 << 20;
 
 struct Daemon {
-    child: Child,
-    port: u16,
-    /// Where the server's standard error goes (quoted when a connection to it fails).
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
+    server: Server,
 }
 
 impl Daemon {
-    /// Start a server on a port the kernel picks (`-p -1`), read back from the file
-    /// memcached's `MEMCACHED_PORT_FILENAME` names. The port is the server's own from the
-    /// moment it is known: no other process can be listening there (a port chosen by the
-    /// test and bound later by the server could be), so a connection that fails later
-    /// means this server stopped, and the failure says how.
+    /// A server on a port the kernel picks (see [`Server::spawn_on_own_port`]).
     fn start(extra: &[&str]) -> Daemon {
-        static STARTED: AtomicUsize = AtomicUsize::new(0);
-        let n = STARTED.fetch_add(1, Ordering::Relaxed);
-        let tmp = std::env::temp_dir();
-        let base = format!("memfabric-hostile-{}-{n}", std::process::id());
-        let ports = tmp.join(format!("{base}.ports"));
-        let log = tmp.join(format!("{base}.stderr"));
-        let _ = std::fs::remove_file(&ports);
-        let mut args: Vec<&str> = vec!["-p", "-1", "-l", "127.0.0.1", "-U", "0"];
-        args.extend(["--ucx-port", "0", "-t", "2"]);
-        args.extend(extra);
-        let child = Command::new(BIN)
-            .args(&args)
-            .env("MEMCACHED_PORT_FILENAME", &ports)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("server log"))
-            .spawn()
-            .expect("spawn memfabricd");
-        let mut d = Daemon {
-            child,
-            port: 0,
-            log,
-        };
-        let start = Instant::now();
-        d.port = loop {
-            let text = std::fs::read_to_string(&ports).unwrap_or_default();
-            if let Some(p) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("TCP INET: "))
-                .and_then(|p| p.trim().parse().ok())
-            {
-                break p;
-            }
-            if let Ok(Some(status)) = d.child.try_wait() {
-                panic!(
-                    "memfabricd {args:?} exited ({status}) at start: {}",
-                    d.said()
-                );
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "memfabricd did not start: {}",
-                d.said()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let _ = std::fs::remove_file(&ports);
-        d
-    }
-
-    /// What the server wrote on standard error, and whether it still runs.
-    fn said(&mut self) -> String {
-        let state = match self.child.try_wait() {
-            Ok(None) => "running".to_string(),
-            Ok(Some(status)) => format!("exited: {status}"),
-            Err(e) => format!("unknown ({e})"),
-        };
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        format!("the server is {state}; its stderr: {log:?}")
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "-p",
+            "-1",
+            "-l",
+            "127.0.0.1",
+            "-U",
+            "0",
+            "--ucx-port",
+            "0",
+            "-t",
+            "2",
+        ])
+        .args(extra);
+        Daemon {
+            server: Server::spawn_on_own_port(&mut cmd),
+        }
     }
 
     fn tcp(&self) -> TcpStream {
-        let s = match TcpStream::connect(("127.0.0.1", self.port)) {
-            Ok(s) => s,
-            Err(e) => {
-                // The reaped state is the Child's; read /proc instead to keep `&self`.
-                let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-                    .unwrap_or_default();
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                panic!(
-                    "connect to memfabricd on {}: {e}; /proc stat {stat:?}; its stderr: {log:?}",
-                    self.port
-                );
-            }
-        };
+        let port = self.server.port;
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| {
+            panic!(
+                "connect to memfabricd on {port}: {e}; {}",
+                self.server.state()
+            )
+        });
         s.set_read_timeout(Some(Duration::from_secs(30)))
             .expect("timeout");
         s
@@ -118,18 +57,11 @@ impl Daemon {
 
     /// Resident memory of the server, in bytes.
     fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("server is alive");
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS");
-        kb * 1024
+        self.server.rss()
     }
 
     fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.server.child.try_wait(), Ok(None))
     }
 
     fn stat(&self, name: &str) -> u64 {

@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long any wait may last before the test fails.
@@ -57,6 +58,53 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        server
+    }
+
+    /// Runs `cmd`, which asks for a port the kernel picks (`-p -1`), and returns once the
+    /// server has bound it: the port is read back from the file memcached's
+    /// `MEMCACHED_PORT_FILENAME` names, written after listening. The port is the server's
+    /// own from the moment it is known (a port chosen by the test and bound later by the
+    /// server could be another process's meanwhile), so a connection that fails later
+    /// means this server stopped ([`Server::state`] says how).
+    pub fn spawn_on_own_port(cmd: &mut Command) -> Server {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!(
+            "memfabric-test-server-{}-start{n}",
+            std::process::id()
+        ));
+        let ports = base.with_extension("ports");
+        let log = base.with_extension("stderr");
+        let _ = std::fs::remove_file(&ports);
+        let child = cmd
+            .env("MEMCACHED_PORT_FILENAME", &ports)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("server log"))
+            .spawn()
+            .expect("spawn server");
+        let mut server = Server { child, port: 0 };
+        let start = Instant::now();
+        server.port = loop {
+            let text = std::fs::read_to_string(&ports).unwrap_or_default();
+            if let Some(p) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("TCP INET: "))
+                .and_then(|p| p.trim().parse().ok())
+            {
+                break p;
+            }
+            let said = || std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = server.child.try_wait().expect("try_wait") {
+                panic!("{cmd:?} exited ({status}) at start: {}", said());
+            }
+            assert!(start.elapsed() < WAIT, "{cmd:?} did not start: {}", said());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = std::fs::remove_file(&ports);
+        // The server keeps writing to the renamed file; failures and Drop find it by port.
+        std::fs::rename(&log, server_log(server.port)).expect("rename server log");
         server
     }
 
