@@ -403,6 +403,7 @@ impl Client {
             code_switches: 0,
             decoded: None,
             cas_at: Vec::new(),
+            repair_owed: false,
         };
         let mut to_ask = Vec::new();
         for (pos, &srv) in servers.iter().enumerate() {
@@ -522,6 +523,7 @@ impl Client {
             code_switches: 0,
             decoded: None,
             cas_at: Vec::new(),
+            repair_owed: false,
         };
         let needed = ec_needed(self.config.write_policy, k, n - k);
         let task = Task::new(
@@ -589,6 +591,7 @@ impl Client {
             code_switches: read.code_switches + 1,
             decoded: None,
             cas_at: Vec::new(),
+            repair_owed: false,
         };
         t.needed = ec_needed(self.config.write_policy, k, n - k);
         t.copies = servers;
@@ -626,12 +629,26 @@ impl Client {
             return;
         };
         if t.delivered {
-            // The value was decoded before this server answered: a miss still gets its
-            // fragment back, whichever order the replies were read in.
-            if matches!(result, Ok(Reply::Value(None))) && read.decoded.is_some() {
-                self.ec_repair(t, &[pos]);
+            // The value was decoded before this server answered: what it holds still
+            // counts for the repair, and a miss still gets its fragment back, whichever
+            // order the replies were read in.
+            let Some((write, _)) = read.decoded else {
+                return;
+            };
+            match result {
+                Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
+                    Ok((h, _)) if read.code.is(h.k, h.m) && h.write() == write => {
+                        read.frags.push((pos, h, v.data.clone()));
+                    }
+                    _ => read.missing.push(pos),
+                },
+                Ok(Reply::Value(None)) => {
+                    read.missing.push(pos);
+                    read.repair_owed = true;
+                }
+                _ => read.failed += 1,
             }
-            return;
+            return self.ec_repair_once_heard(id, t);
         }
         match result {
             Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
@@ -670,9 +687,39 @@ impl Client {
         self.ec_decide(id, t);
     }
 
+    /// A read that decoded the value and met a server without its fragment repairs once
+    /// it has heard every server of the value: it asks those it had not (late binding
+    /// asks k + 1), and repairs after the last answer. Which fragment a server lacks
+    /// follows from what the others hold, not from its position alone: after the server
+    /// list changed (a server replaced by one at another address), positions and
+    /// fragments no longer match, and a guess made from k + 1 answers gave a server a
+    /// second copy of a fragment an unheard one held, for good (`add` keeps it).
+    fn ec_repair_once_heard(&mut self, id: u64, t: &mut Task) {
+        let Kind::Read { ec: Some(read), .. } = &t.kind else {
+            return;
+        };
+        if !read.repair_owed || read.decoded.is_none() || !self.config.read_repair {
+            return;
+        }
+        let unasked = read.unasked.len();
+        if unasked > 0 {
+            self.ec_ask_more(id, t, unasked);
+        }
+        if t.outstanding > 0 {
+            return;
+        }
+        let Kind::Read { ec: Some(read), .. } = &mut t.kind else {
+            return;
+        };
+        read.repair_owed = false;
+        let missing = read.missing.clone();
+        self.ec_repair(t, &missing);
+    }
+
     /// Writes the delivered value's fragments back to the servers at `positions`, which
     /// answered without one (read repair; `add`, so a write since wins). The fragments
-    /// expire with the value: a gat's time, else the time a holder reports.
+    /// expire with the value: a gat's time, else the time a holder reports. Called once
+    /// every server of the value was asked (`ec_repair_once_heard`).
     fn ec_repair(&mut self, t: &Task, positions: &[usize]) {
         let Kind::Read {
             op, ec: Some(read), ..
@@ -686,6 +733,19 @@ impl Client {
         if !self.config.read_repair || positions.is_empty() {
             return;
         }
+        // A server that did not answer (down, timed out) may hold any fragment: its own
+        // position's while the list is the one the value was written with, another once
+        // the list changed (a server replaced at another address), and no read can tell
+        // which. A guess gave the repaired server a second copy of the fragment the
+        // unheard one held, for good. So the repair waits for a read that hears every
+        // server (the key is read again), or for `memfabric repair` and the background
+        // refill of a restarted server, which list every server's keys.
+        let unheard = (0..read.servers.len())
+            .any(|p| !positions.contains(&p) && !read.frags.iter().any(|f| f.0 == p));
+        if unheard {
+            self.counters.read_repairs_skipped += positions.len() as u64;
+            return;
+        }
         let source = read
             .frags
             .iter()
@@ -696,19 +756,14 @@ impl Client {
         };
         // Each server gets its own position's fragment, unless another server holds that
         // one (placed by a ring of other servers: a server replaced by one on another
-        // port); then a fragment no server is known to hold, or none. Two copies of one
-        // fragment leave the key a failure closer to loss than it looks.
+        // port); then a fragment no server holds. Two copies of one fragment leave the
+        // key a failure closer to loss than it looks.
         let mut taken: Vec<usize> = read
             .frags
             .iter()
             .filter(|f| f.1.write() == *write)
             .map(|f| usize::from(f.1.index))
             .collect();
-        // Servers not heard from may hold their own.
-        taken.extend(
-            (0..read.servers.len())
-                .filter(|p| !positions.contains(p) && !read.frags.iter().any(|f| f.0 == *p)),
-        );
         let writes = positions
             .iter()
             .filter_map(|&pos| {
@@ -847,12 +902,12 @@ impl Client {
         };
         // Write the fragments back to servers that answered without one; a miss that
         // arrives after this decode is repaired when it does (`ec_read_step`).
-        let missing: Vec<usize> = read.missing.clone();
         t.acked = count(write);
         if let Kind::Read { ec: Some(read), .. } = &mut t.kind {
             read.decoded = Some((write, value.clone()));
+            read.repair_owed = !read.missing.is_empty();
         }
-        self.ec_repair(t, &missing);
+        self.ec_repair_once_heard(id, t);
         self.ec_touch_unasked(t);
         let flags = match &t.kind {
             Kind::Read { ec: Some(read), .. } => read.flags,

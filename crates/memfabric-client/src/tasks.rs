@@ -366,6 +366,9 @@ pub(crate) struct EcRead {
     /// The CAS value of each fragment of this code that arrived, by position (a `gets`
     /// gives the leader's: `Client::ec_leader_cas`).
     pub(crate) cas_at: Vec<(usize, u64)>,
+    /// A server answered without its fragment: the repair waits until every server of
+    /// the value has been heard (`Client::ec_repair_once_heard`).
+    pub(crate) repair_owed: bool,
 }
 
 /// An append or prepend in a pool that codes values, made in steps

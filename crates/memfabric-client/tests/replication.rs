@@ -2186,3 +2186,98 @@ fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing()
         assert!(got.data[..] == value[..], "{}", String::from_utf8_lossy(k));
     }
 }
+
+/// Read repair after the server list changed (a server replaced by one at another
+/// address): positions then no longer say which fragment a server holds, so a read that
+/// heard only k + 1 servers cannot tell which fragment the new server lacks. It must not
+/// guess: a second copy of a fragment another server holds, written with `add`, would stay
+/// for good and leave the key a failure closer to loss than it looks. A read that repairs
+/// first hears every server of the key.
+#[test]
+fn read_repair_after_a_server_is_replaced_at_another_address_writes_no_second_copies() {
+    use memfabric_proto::ec_fragment::FragmentHeader;
+    let mut servers = start(Kind::Memfabricd, 6);
+    let config = Config {
+        ec: Some("4+2".parse().unwrap()),
+        ..replicated(0, WritePolicy::All)
+    };
+    let keys: Vec<Vec<u8>> = (0..40)
+        .map(|i| format!("reread:{i}").into_bytes())
+        .collect();
+    let value = big(9, 40_000);
+    {
+        let mut c = pool(&servers, config.clone());
+        for k in &keys {
+            c.set(k, &value, 0, 0).unwrap();
+        }
+    }
+    servers[0].kill();
+    servers.remove(0);
+    servers.push(Server::start(Kind::Memfabricd, &[]));
+    let mut c = pool(&servers, config);
+    // The repairs run in the background: further operations drive them, until the
+    // counts stay put for a while (past the timeout of a paused server's requests).
+    let settle = |c: &mut Client| {
+        let mut last = (None, 0);
+        for _ in 0..1000 {
+            let _ = c.get(b"other");
+            sleep(Duration::from_millis(10));
+            let p = c.pool_counters();
+            let now = Some((p.fragment_repairs, p.read_repairs_skipped));
+            last = if now == last.0 {
+                (now, last.1 + 1)
+            } else {
+                (now, 0)
+            };
+            if last.1 >= 300 {
+                break;
+            }
+        }
+    };
+    // First with another server paused: a read that cannot hear every server, and finds
+    // a fragment away from its position, leaves the repair to `memfabric repair`.
+    let (paused, later) = keys.split_at(10);
+    servers[1].signal("STOP");
+    for k in paused {
+        let got = c
+            .get(k)
+            .unwrap()
+            .expect("read with one server replaced, one paused");
+        assert!(got.data[..] == value[..], "{}", String::from_utf8_lossy(k));
+    }
+    settle(&mut c);
+    servers[1].signal("CONT");
+    let skipped = c.pool_counters().read_repairs_skipped;
+    for k in later {
+        let got = c.get(k).unwrap().expect("read with one server replaced");
+        assert!(got.data[..] == value[..], "{}", String::from_utf8_lossy(k));
+    }
+    settle(&mut c);
+    // Every one of those keys spans all six servers: its read met the new server's miss
+    // and could not hear the paused one.
+    assert!(skipped >= paused.len() as u64, "{skipped} repairs left");
+    assert!(
+        c.pool_counters().fragment_repairs > 0,
+        "no read repaired anything"
+    );
+    let mut whole = 0;
+    for k in &keys {
+        let mut indices: Vec<u8> = copies(&servers, k)
+            .iter()
+            .flatten()
+            .filter_map(|v| FragmentHeader::decode(v).ok().map(|(h, _)| h.index))
+            .collect();
+        indices.sort_unstable();
+        let held = indices.len();
+        indices.dedup();
+        assert_eq!(
+            held,
+            indices.len(),
+            "{}: a fragment twice: {indices:?} of {held}",
+            String::from_utf8_lossy(k)
+        );
+        whole += usize::from(held == 6);
+    }
+    // Keys whose new server was among those a read asked got their fragment back.
+    assert!(whole > 0, "no key was repaired whole");
+}
