@@ -491,3 +491,51 @@ def test_stats_reset_zeroes_per_class_event_counters(runs, kind):
     for k in ("cmd_get", "cmd_set", "get_hits", "get_misses", "cas_hits", "touch_hits",
               "total_items", "evictions", "total_connections"):
         assert general[k] == "0", f"{kind}: {k} = {general[k]} after stats reset"
+
+
+def _conn_states(port: int) -> dict[str, str]:
+    """``stats conns`` states of connections left in known places, by role."""
+    def connect() -> socket.socket:
+        return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    roles = {"fresh": connect(), "answered": connect(), "partial line": connect(),
+             "part of a value": connect()}
+    try:
+        roles["answered"].sendall(b"version\r\n")
+        assert roles["answered"].recv(100).startswith(b"VERSION ")
+        roles["partial line"].sendall(b"get ab")
+        roles["part of a value"].sendall(b"set k 0 0 10\r\nabc")
+        asker = Client(port)
+        deadline = time.monotonic() + 10
+        last = None
+        while True:
+            addr_of, state_of = {}, {}
+            for key, value in asker.stats("conns"):
+                conn, _, field = key.partition(":")
+                if field == "addr":
+                    addr_of[value] = conn
+                elif field == "state":
+                    state_of[conn] = value
+            # A connection the server has not accepted yet is not listed: asked again.
+            states = {role: state_of.get(addr_of.get("tcp:127.0.0.1:%d" % sock.getsockname()[1]))
+                      for role, sock in roles.items()}
+            # Until the server has read what the last two sent (a worker of its own may
+            # not have yet), they still show the state of a connection that sent nothing,
+            # and a worker part way through shows conn_parse_cmd: the states that stay.
+            seen = None not in states.values() and all(
+                states[r] != "conn_new_cmd" for r in ("partial line", "part of a value"))
+            if (seen and states == last) or time.monotonic() > deadline:
+                return states
+            last = states
+            time.sleep(0.1)
+    finally:
+        for sock in roles.values():
+            sock.close()
+
+
+def test_stats_conns_states_are_memcacheds(servers):
+    """A connection that has sent nothing is conn_new_cmd, one waiting for its next
+    command or the rest of a line conn_read, one part way through a value conn_nread."""
+    states = {kind: _conn_states(servers(kind).port) for kind in ("memcached", "memfabricd")}
+    assert states["memfabricd"] == states["memcached"], states
+    assert states["memcached"]["part of a value"] == "conn_nread", states

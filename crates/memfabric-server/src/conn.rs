@@ -678,7 +678,7 @@ impl Conn {
         self.entry.set_state(if self.need > self.pending_in() {
             ConnState::Nread
         } else {
-            ConnState::Waiting
+            ConnState::Read
         });
         if self.backlog || (self.may_read && !self.eof) {
             Next::Again

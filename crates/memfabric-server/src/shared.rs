@@ -136,12 +136,15 @@ pub struct ExecCtx<'a> {
     pub completion: Option<&'a crate::pending::Completion>,
 }
 
-/// What `stats conns` says a connection is doing (memcached's state names).
+/// What `stats conns` says a connection is doing (memcached's state names, as memcached
+/// 1.6 shows them: a connection that has sent nothing yet is `conn_new_cmd`; one waiting
+/// for the next command or for the rest of a command line is `conn_read`, memcached's
+/// `conn_waiting` turning into `conn_read` before its worker sleeps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ConnState {
     Listening = 0,
-    Waiting = 1,
+    NewCmd = 1,
     Read = 2,
     ParseCmd = 3,
     Nread = 4,
@@ -153,7 +156,7 @@ impl ConnState {
     pub fn name(self) -> &'static str {
         match self {
             ConnState::Listening => "conn_listening",
-            ConnState::Waiting => "conn_waiting",
+            ConnState::NewCmd => "conn_new_cmd",
             ConnState::Read => "conn_read",
             ConnState::ParseCmd => "conn_parse_cmd",
             ConnState::Nread => "conn_nread",
@@ -165,7 +168,7 @@ impl ConnState {
     fn from_u8(v: u8) -> ConnState {
         match v {
             0 => ConnState::Listening,
-            1 => ConnState::Waiting,
+            1 => ConnState::NewCmd,
             2 => ConnState::Read,
             3 => ConnState::ParseCmd,
             4 => ConnState::Nread,

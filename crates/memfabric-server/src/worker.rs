@@ -351,7 +351,7 @@ impl Worker {
                 stream.peer_name(),
                 Some(nc.listen_addr),
                 false,
-                ConnState::Waiting,
+                ConnState::NewCmd,
             ));
             entry.touch(now);
             self.shared.conns.insert(id, Arc::clone(&entry));
