@@ -367,6 +367,8 @@ pub fn accept_loop(
         poll.registry().register(t, Token(i), Interest::READABLE)?;
         let fd = t.as_raw_fd() as u64;
         let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
+        // memcached's listener counts `secs_since_last_cmd` from when it was made.
+        e.touch(shared.store.clock().now());
         shared.conns.insert(fd, Arc::new(e));
     }
     for (i, (t, _)) in listeners.ucx.iter_mut().enumerate() {
@@ -376,6 +378,7 @@ pub fn accept_loop(
     if let Some((u, name)) = listeners.unix.as_mut() {
         poll.registry().register(u, UNIX, Interest::READABLE)?;
         let e = ConnEntry::new(name.clone(), None, false, ConnState::Listening);
+        e.touch(shared.store.clock().now());
         shared.conns.insert(u.as_raw_fd() as u64, Arc::new(e));
     }
 
