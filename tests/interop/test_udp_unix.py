@@ -161,3 +161,54 @@ def test_udp_reply_boundaries(udp_server, value_size):
     reply, headers = udp_exchange(udp_server, b"get s\r\n", 21)
     assert reply == b"VALUE s 0 %d\r\n%s\r\nEND\r\n" % (value_size, value)
     assert len(headers) == headers[0][2]
+
+
+def _binary(opcode: int, key: bytes = b"", extras: bytes = b"", value: bytes = b"") -> bytes:
+    body = extras + key + value
+    return struct.pack(">BBHBBHIIQ", 0x80, opcode, len(key), len(extras), 0, 0, len(body),
+                       0x11223344, 0) + body
+
+
+QUIET_CASES = [
+    ("getq miss", _binary(0x09, b"nokey")),
+    ("getkq miss", _binary(0x0D, b"nokey")),
+    ("setq", _binary(0x11, b"qk", struct.pack(">II", 0, 0), b"v")),
+    ("deleteq miss (errors are answered)", _binary(0x14, b"nokey")),
+    ("quitq", _binary(0x17)),
+    ("getq miss, noop", _binary(0x09, b"nokey") + _binary(0x0A)),
+    ("two getq misses", _binary(0x09, b"nokey") + _binary(0x09, b"nokey2")),
+    ("noop, getq miss", _binary(0x0A) + _binary(0x09, b"nokey")),
+    ("ascii noreply", b"set a 0 0 1 noreply\r\nx\r\n"),
+    ("meta quiet miss", b"mg nokey v q\r\n"),
+    ("binary cut short", _binary(0x09, b"nokey")[:10]),
+]
+
+
+def _datagrams_until_sentinel(port: int, request: bytes, req_id: int) -> list:
+    """Every datagram the server sends for ``request``, in order: a sentinel request sent
+    right behind it (one worker thread, so answered after it) marks the end."""
+    sentinel = req_id + 1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.sendto(HEADER.pack(req_id, 0, 1, 0) + request, ("127.0.0.1", port))
+        s.sendto(HEADER.pack(sentinel, 0, 1, 0) + b"version\r\n", ("127.0.0.1", port))
+        got = []
+        while True:
+            data, _ = s.recvfrom(65536)
+            header = HEADER.unpack_from(data)
+            if header[0] == sentinel:
+                return got
+            got.append((header, data[HEADER.size:]))
+
+
+def test_udp_quiet_binary_requests_frame_as_memcached(servers):
+    """memcached 1.6 answers a datagram whose first request is a binary one that says
+    nothing (getq miss, setq, quitq) with a frame header alone (count 0), once per
+    datagram; quiet ascii and meta requests, and a request cut short, get nothing."""
+    seen = {}
+    for kind in ("memcached", "memfabricd"):
+        srv = servers(kind, udp=True, args=("-t", "1"))
+        seen[kind] = [(name, _datagrams_until_sentinel(srv.udp_port, req, 100 + 2 * i))
+                      for i, (name, req) in enumerate(QUIET_CASES)]
+    assert seen["memfabricd"] == seen["memcached"]
+    assert dict(seen["memcached"])["getq miss"] == [((100, 0, 0, 0), b"")]

@@ -46,6 +46,9 @@ struct HeldDatagram {
     peer: SocketAddr,
     /// The requests after the current one.
     rest: Vec<u8>,
+    /// Whether the current request is the datagram's first and binary (see
+    /// `send_empty_frame`).
+    first_binary: bool,
 }
 
 impl UdpPort {
@@ -107,7 +110,16 @@ impl UdpPort {
                 target: Target::Udp(index),
             });
             let sess = Session::default();
-            self.run(shared, stats, waiter, sess, hdr.request_id, peer, &payload);
+            self.run(
+                shared,
+                stats,
+                waiter,
+                sess,
+                hdr.request_id,
+                peer,
+                &payload,
+                true,
+            );
         }
         true
     }
@@ -148,15 +160,28 @@ impl UdpPort {
         }
         if !h.out.is_empty() {
             send_reply(&self.sock, &mut h.out, stats, h.request_id, h.peer);
+        } else if h.first_binary {
+            send_empty_frame(&self.sock, stats, h.request_id, h.peer);
         }
         let waiter = Some(Waiter {
             inbox,
             target: Target::Udp(index),
         });
-        self.run(shared, stats, waiter, h.sess, h.request_id, h.peer, &h.rest);
+        self.run(
+            shared,
+            stats,
+            waiter,
+            h.sess,
+            h.request_id,
+            h.peer,
+            &h.rest,
+            false,
+        );
     }
 
     /// Run a datagram's requests from `payload`, each reply framed as its own message.
+    /// `whole`: `payload` is the datagram's from its first request (not the rest of a
+    /// datagram whose earlier request waited).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -167,6 +192,7 @@ impl UdpPort {
         request_id: u16,
         peer: SocketAddr,
         payload: &[u8],
+        whole: bool,
     ) {
         let mut ctx = ExecCtx {
             shared,
@@ -178,6 +204,7 @@ impl UdpPort {
         };
         let mut pos = 0;
         while pos < payload.len() {
+            let first_binary = pos == 0 && whole && payload.first() == Some(&BINARY_MAGIC);
             // One request at a time: each reply is framed as its own message, so a
             // request that stopped at the output cap runs on to its end first (a
             // datagram holds few keys; large values are queued pinned, not copied).
@@ -198,11 +225,16 @@ impl UdpPort {
                     request_id,
                     peer,
                     rest: payload[(pos + consumed).min(payload.len())..].to_vec(),
+                    first_binary,
                 });
                 return;
             }
             if !self.out.is_empty() {
                 send_reply(&self.sock, &mut self.out, stats, request_id, peer);
+            } else if first_binary && (close || (consumed > 0 && !sess.in_request())) {
+                // Only for a request that ran (`quitq` among them): a cut one dies with
+                // its datagram, unanswered.
+                send_empty_frame(&self.sock, stats, request_id, peer);
             }
             if close || consumed == 0 {
                 break;
@@ -211,6 +243,27 @@ impl UdpPort {
         }
         // A request left unfinished (a datagram cut mid-request) dies with its datagram.
         self.out.clear();
+    }
+}
+
+/// The binary protocol's request magic byte.
+const BINARY_MAGIC: u8 = 0x80;
+
+/// A frame header alone (count 0): what memcached 1.6 sends when a datagram's first
+/// request is a binary one that answers nothing (a quiet command: `getq` that misses,
+/// `setq`, `quitq`), once per datagram. Its ascii `noreply` and meta `q` send nothing.
+fn send_empty_frame(
+    sock: &mio::net::UdpSocket,
+    stats: &ThreadStats,
+    request_id: u16,
+    peer: SocketAddr,
+) {
+    let header = udp::FrameHeader {
+        request_id,
+        ..udp::FrameHeader::default()
+    };
+    if let Ok(k) = sock.send_to(&header.to_bytes(), peer) {
+        stats.bytes_written.add(k as u64);
     }
 }
 
