@@ -2253,9 +2253,11 @@ fn read_repair_after_a_server_is_replaced_at_another_address_writes_no_second_co
         assert!(got.data[..] == value[..], "{}", String::from_utf8_lossy(k));
     }
     settle(&mut c);
-    // Every one of those keys spans all six servers: its read met the new server's miss
-    // and could not hear the paused one.
-    assert!(skipped >= paused.len() as u64, "{skipped} repairs left");
+    // Those keys span all six servers. A read that asked the new server met its miss and
+    // could not hear the paused one: its repair is left. (One that decoded from four
+    // fragments before asking the new server met no miss: which reads do depends on when
+    // the paused server's first request timed out.)
+    assert!(skipped > 0, "no repair left while a server was paused");
     assert!(
         c.pool_counters().fragment_repairs > 0,
         "no read repaired anything"
