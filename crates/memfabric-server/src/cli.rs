@@ -1152,7 +1152,12 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
                 ))
             }
         },
-        "idle_timeout" => s.idle_timeout = num(name, val)?,
+        // memcached reads it with atoi: `abc` is 0 (off), a negative value never closes
+        // anything, and one past `int` wraps (99999999999 is 1215752191).
+        "idle_timeout" => {
+            let v = val.ok_or_else(|| fatal(format!("Missing numeric argument for {name}")))?;
+            s.idle_timeout = c_strtol(v, 10) as i32;
+        }
         "lru_crawler" => {
             s.lru_crawler = true;
             s.store.background_sweeper = true;
@@ -1374,6 +1379,21 @@ mod tests {
         assert_eq!(p.settings.sock_cookie_id, Some(7));
         assert_eq!(p.settings.idle_timeout, 30);
         assert_eq!(p.settings.slab_automove, 2);
+        // memcached 1.6.18 reads idle_timeout with atoi: it runs with a negative one
+        // (shown as given, never closing anything), `abc` is 0, a number past `int`
+        // wraps, and only a missing value stops it.
+        let idle = |v: &str| {
+            ok(&["-o", &format!("idle_timeout={v}")])
+                .settings
+                .idle_timeout
+        };
+        assert_eq!(idle("-1"), -1);
+        assert_eq!(idle("abc"), 0);
+        assert_eq!(idle("99999999999"), 1_215_752_191);
+        assert_eq!(
+            err(&["-o", "idle_timeout"]).message,
+            "Missing numeric argument for idle_timeout"
+        );
     }
 
     #[test]

@@ -78,8 +78,10 @@ pub struct Settings {
     pub use_cas: bool,
     /// Max bytes of a single ascii request line before the connection is judged hostile.
     pub max_line: usize,
-    /// Idle timeout in seconds (`-o idle_timeout`, 0 = off).
-    pub idle_timeout: u32,
+    /// Idle timeout in seconds (`-o idle_timeout`; 0 = off). memcached takes a negative
+    /// one too, shows it in `stats settings` and never closes a connection for it: so
+    /// does memfabricd.
+    pub idle_timeout: i32,
     /// With `-Y`: seconds a connection has to authenticate (`--auth-timeout`, 0 = off).
     pub auth_timeout: u32,
     /// Cap on how many bytes of replies one connection may queue before the server stops

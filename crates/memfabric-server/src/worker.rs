@@ -169,7 +169,8 @@ impl Worker {
         let poll_for = Duration::from_micros(self.shared.settings.poll_us);
         let mut ucx_poll =
             AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
-        let idle_timeout = self.shared.settings.idle_timeout;
+        // Negative, as memcached takes it: never.
+        let idle_timeout = u32::try_from(self.shared.settings.idle_timeout).unwrap_or(0);
         // With -Y, -S or -Z, connections that have not authenticated (or finished their
         // TLS handshake) are swept too.
         let auth_timeout = if self.shared.settings.handshakes() {

@@ -302,7 +302,7 @@ fn general(shared: &Shared, v: &mut Stats) {
     // memcached shows it with -o idle_timeout; memfabricd also with -Y, -S or -Z, whose
     // --auth-timeout closes are counted there.
     let auth_deadline = shared.settings.handshakes() && shared.settings.auth_timeout > 0;
-    if shared.settings.idle_timeout > 0 || auth_deadline {
+    if shared.settings.idle_timeout != 0 || auth_deadline {
         v.put("idle_kicks", t.idle_kicks);
     }
     v.put("bytes_read", t.bytes_read);
