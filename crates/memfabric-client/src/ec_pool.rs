@@ -632,12 +632,13 @@ impl Client {
             // The value was decoded before this server answered: what it holds still
             // counts for the repair, and a miss still gets its fragment back, whichever
             // order the replies were read in.
-            let Some((write, _)) = read.decoded else {
+            if read.decoded.is_none() {
                 return;
-            };
+            }
             match result {
+                // As before the decode: a fragment of this code (of any write) is heard.
                 Ok(Reply::Value(Some(v))) => match FragmentHeader::decode(&v.data) {
-                    Ok((h, _)) if read.code.is(h.k, h.m) && h.write() == write => {
+                    Ok((h, _)) if read.code.is(h.k, h.m) => {
                         read.frags.push((pos, h, v.data.clone()));
                     }
                     _ => read.missing.push(pos),
