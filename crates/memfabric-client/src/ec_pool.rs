@@ -713,15 +713,14 @@ impl Client {
             return;
         };
         read.repair_owed = false;
-        let missing = read.missing.clone();
-        self.ec_repair(t, &missing);
+        self.ec_repair(t);
     }
 
-    /// Writes the delivered value's fragments back to the servers at `positions`, which
-    /// answered without one (read repair; `add`, so a write since wins). The fragments
-    /// expire with the value: a gat's time, else the time a holder reports. Called once
-    /// every server of the value was asked (`ec_repair_once_heard`).
-    fn ec_repair(&mut self, t: &Task, positions: &[usize]) {
+    /// Writes the delivered value's fragments back to the servers that answered without
+    /// one (read repair; `add`, so a write since wins). The fragments expire with the
+    /// value: a gat's time, else the time a holder reports. Called once every server of
+    /// the value was asked (`ec_repair_once_heard`).
+    fn ec_repair(&mut self, t: &Task) {
         let Kind::Read {
             op, ec: Some(read), ..
         } = &t.kind
@@ -731,7 +730,8 @@ impl Client {
         let Some((write, value)) = &read.decoded else {
             return;
         };
-        if !self.config.read_repair || positions.is_empty() {
+        let positions = &read.missing;
+        if positions.is_empty() {
             return;
         }
         // A server that did not answer (down, timed out) may hold any fragment: its own

@@ -2124,16 +2124,21 @@ fn a_restarted_server_is_refilled_in_the_background_memcached() {
 /// `repair` writes it a fragment no other server holds: every key has its k + m distinct
 /// fragments again and survives m more failures (it used to get its position's, a second
 /// copy of one, leaving the value one failure from loss while everything said done).
-#[test]
-fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing() {
-    use memfabric_proto::ec_fragment::FragmentHeader;
+/// Six memfabricd and an RS(4,2) pool over them; `n` keys of 40 KB written, then the
+/// first server killed and replaced by a new one at another address (last in the list).
+/// Returns the servers, a pool over the new list, the keys and their value.
+fn coded_keys_with_a_server_replaced(
+    tag: &str,
+    n: usize,
+    seed: u8,
+) -> (Vec<Server>, Client, Vec<Vec<u8>>, Vec<u8>) {
     let mut servers = start(Kind::Memfabricd, 6);
     let config = Config {
         ec: Some("4+2".parse().unwrap()),
         ..replicated(0, WritePolicy::All)
     };
-    let keys: Vec<Vec<u8>> = (0..30).map(|i| format!("moved:{i}").into_bytes()).collect();
-    let value = big(7, 40_000);
+    let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{tag}:{i}").into_bytes()).collect();
+    let value = big(seed, 40_000);
     {
         let mut c = pool(&servers, config.clone());
         for k in &keys {
@@ -2143,7 +2148,23 @@ fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing()
     servers[0].kill();
     servers.remove(0);
     servers.push(Server::start(Kind::Memfabricd, &[]));
-    let mut c = pool(&servers, config);
+    let c = pool(&servers, config);
+    (servers, c, keys, value)
+}
+
+/// The fragment index of every copy of `key` the servers hold, in server order.
+fn fragment_indices(servers: &[Server], key: &[u8]) -> Vec<u8> {
+    use memfabric_proto::ec_fragment::FragmentHeader;
+    copies(servers, key)
+        .iter()
+        .flatten()
+        .filter_map(|v| FragmentHeader::decode(v).ok().map(|(h, _)| h.index))
+        .collect()
+}
+
+#[test]
+fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing() {
+    let (mut servers, mut c, keys, value) = coded_keys_with_a_server_replaced("moved", 30, 7);
     let repair = |c: &mut Client| {
         c.repair(5, true).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -2166,11 +2187,8 @@ fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing()
         c.repair_problem()
     );
     for k in &keys {
-        let indices: std::collections::BTreeSet<u8> = copies(&servers, k)
-            .iter()
-            .flatten()
-            .filter_map(|v| FragmentHeader::decode(v).ok().map(|(h, _)| h.index))
-            .collect();
+        let indices: std::collections::BTreeSet<u8> =
+            fragment_indices(&servers, k).into_iter().collect();
         assert_eq!(
             indices.len(),
             6,
@@ -2195,26 +2213,7 @@ fn a_server_replaced_at_another_address_is_repaired_with_the_fragments_missing()
 /// first hears every server of the key.
 #[test]
 fn read_repair_after_a_server_is_replaced_at_another_address_writes_no_second_copies() {
-    use memfabric_proto::ec_fragment::FragmentHeader;
-    let mut servers = start(Kind::Memfabricd, 6);
-    let config = Config {
-        ec: Some("4+2".parse().unwrap()),
-        ..replicated(0, WritePolicy::All)
-    };
-    let keys: Vec<Vec<u8>> = (0..40)
-        .map(|i| format!("reread:{i}").into_bytes())
-        .collect();
-    let value = big(9, 40_000);
-    {
-        let mut c = pool(&servers, config.clone());
-        for k in &keys {
-            c.set(k, &value, 0, 0).unwrap();
-        }
-    }
-    servers[0].kill();
-    servers.remove(0);
-    servers.push(Server::start(Kind::Memfabricd, &[]));
-    let mut c = pool(&servers, config);
+    let (servers, mut c, keys, value) = coded_keys_with_a_server_replaced("reread", 40, 9);
     // The repairs run in the background: further operations drive them, until the
     // counts stay put for a while (past the timeout of a paused server's requests).
     let settle = |c: &mut Client| {
@@ -2264,11 +2263,7 @@ fn read_repair_after_a_server_is_replaced_at_another_address_writes_no_second_co
     );
     let mut whole = 0;
     for k in &keys {
-        let mut indices: Vec<u8> = copies(&servers, k)
-            .iter()
-            .flatten()
-            .filter_map(|v| FragmentHeader::decode(v).ok().map(|(h, _)| h.index))
-            .collect();
+        let mut indices = fragment_indices(&servers, k);
         indices.sort_unstable();
         let held = indices.len();
         indices.dedup();

@@ -913,10 +913,15 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
 }
 
 fn num<T: std::str::FromStr>(name: &str, val: Option<&str>) -> Result<T, CliError> {
-    let v = val.ok_or_else(|| fatal(format!("Missing numeric argument for {name}")))?;
+    let v = numeric(name, val)?;
     v.trim()
         .parse()
         .map_err(|_| fatal(format!("Invalid value for {name}: {v}")))
+}
+
+/// The value of a numeric option, or memcached's complaint that it has none.
+fn numeric<'a>(name: &str, val: Option<&'a str>) -> Result<&'a str, CliError> {
+    val.ok_or_else(|| fatal(format!("Missing numeric argument for {name}")))
 }
 
 /// The value of an option that needs one, or memcached's complaint.
@@ -1155,8 +1160,7 @@ fn apply_extended(s: &mut Settings, opt: &str, warnings: &mut Vec<String>) -> Re
         // memcached reads it with atoi: `abc` is 0 (off), a negative value never closes
         // anything, and one past `int` wraps (99999999999 is 1215752191).
         "idle_timeout" => {
-            let v = val.ok_or_else(|| fatal(format!("Missing numeric argument for {name}")))?;
-            s.idle_timeout = c_strtol(v, 10) as i32;
+            s.idle_timeout = c_strtol(numeric(name, val)?, 10) as i32;
         }
         "lru_crawler" => {
             s.lru_crawler = true;

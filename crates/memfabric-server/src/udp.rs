@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use memfabric_proto::udp;
+use memfabric_proto::{binary, udp};
 
 use crate::conn::{ConnEntry, ConnState};
 use crate::counters::ThreadStats;
@@ -204,7 +204,7 @@ impl UdpPort {
         };
         let mut pos = 0;
         while pos < payload.len() {
-            let first_binary = pos == 0 && whole && payload.first() == Some(&BINARY_MAGIC);
+            let first_binary = pos == 0 && whole && payload.first() == Some(&binary::REQUEST_MAGIC);
             // One request at a time: each reply is framed as its own message, so a
             // request that stopped at the output cap runs on to its end first (a
             // datagram holds few keys; large values are queued pinned, not copied).
@@ -245,9 +245,6 @@ impl UdpPort {
         self.out.clear();
     }
 }
-
-/// The binary protocol's request magic byte.
-const BINARY_MAGIC: u8 = 0x80;
 
 /// A frame header alone (count 0): what memcached 1.6 sends when a datagram's first
 /// request is a binary one that answers nothing (a quiet command: `getq` that misses,
