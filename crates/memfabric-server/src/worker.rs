@@ -256,6 +256,9 @@ impl Worker {
             if self.shared.is_shutting_down() {
                 return Ok(());
             }
+            if !events.is_empty() {
+                self.shared.store.note_activity();
+            }
             let now = self.shared.store.clock().now();
             let mut active = false;
             self.ready.clear();

@@ -21,6 +21,11 @@ pub struct StoreConfig {
     pub slab_automove: bool,
     /// Reclaim expired items in the background (`lru_crawler`).
     pub background_sweeper: bool,
+    /// While requests arrive (`Store::note_activity`) and the machine's CPUs have time to
+    /// spare, the maintenance thread wakes this often, as memcached's LRU maintainer sleeps
+    /// 1 ms at a time while it has work (`maintenance.rs` says why and when). Zero
+    /// (`-o no_lru_maintainer`): never.
+    pub busy_tick: std::time::Duration,
     /// The flash tier items evicted from RAM go to (memcached's extstore); `None`: RAM only.
     pub flash: Option<crate::flash::FlashConfig>,
     /// Values that `append` and `prepend` must leave as they are (`NOT_STORED`, as for a
@@ -44,6 +49,7 @@ impl Default for StoreConfig {
             hashpower: None,
             slab_automove: true,
             background_sweeper: true,
+            busy_tick: std::time::Duration::from_millis(1),
             flash: None,
             sealed: None,
         }

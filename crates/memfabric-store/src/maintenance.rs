@@ -1,6 +1,7 @@
 //! The store's own background work: the expiry sweeper and the slab automover, on one
-//! thread that wakes every 250 ms and just after each new second of the clock, and
-//! refreshes the clock that one-sided readers see each time.
+//! thread that wakes every 250 ms and just after each new second of the clock (and every
+//! 1 ms while requests arrive and the CPUs have time to spare, as memcached's LRU
+//! maintainer), and refreshes the clock that one-sided readers see each time.
 //!
 //! Sweeper: every page records when its first linked item may die (smallest exptime, or
 //! a flush time; `Slabs::page_due`). Each pass (every 250 ms, when the clock enters a new
@@ -33,6 +34,12 @@ const MORE_TICK: Duration = Duration::from_millis(10);
 /// How long after a new second begins the thread wakes for it: the wait is timed on the
 /// monotonic clock, which may run a little apart from the wall clock's seconds.
 const SECOND_SLACK: Duration = Duration::from_micros(500);
+/// How long one reading of the machine's idle share stands (`SpareCpu`).
+const SPARE_CPU_WINDOW: Duration = Duration::from_millis(100);
+/// The idle share of the machine's CPU time over the last window at which the busy tick
+/// runs: with one client thread ping-ponging against one worker on two CPUs about half is
+/// idle; at two and four client threads about a fifth.
+const SPARE_CPU_IDLE: f64 = 0.3;
 /// Evicting windows in a row before a class receives a page.
 const AUTOMOVE_WINDOWS: u32 = 3;
 
@@ -44,22 +51,35 @@ impl Inner {
         let mut last_pass = Instant::now();
         let mut passed_second = self.clock.now();
         let mut more = false;
+        let mut spare_cpu = SpareCpu::default();
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
             // With due pages left over, come back soon (not at once: a workload whose
             // items keep expiring must not turn this thread into a busy loop). Either way
             // wake just after the next second begins, so that one-sided readers, who
             // judge expiry by the control block's clock, see the new second within about
-            // a millisecond of it, loaded or idle. (Until 2026-11-28 the thread ticked
-            // every 1 ms while requests arrived, as memcached's LRU maintainer sleeps
-            // 1 ms while it has work: ~600 sleeps a second under load, whose removal
-            // gained ~10% at 4 client threads and lost a few percent at one;
-            // docs/benchmarks.md.)
-            let tick = if more { MORE_TICK } else { IDLE_TICK };
+            // a millisecond of it, loaded or idle. While requests arrive and the CPUs have
+            // time to spare, tick every `busy_tick` (1 ms), as memcached's LRU maintainer
+            // sleeps 1 ms while it has work: on virtual machines whose idle vCPUs halt,
+            // a process that wakes this often has its requests' wake-ups served sooner
+            // (docs/benchmarks.md: ~12% of one client thread's closed loop, memcached's
+            // own maintainer included). On saturated CPUs the tick only takes time from
+            // the workers (~10% at four client threads on two CPUs), so it stops there.
+            let busy = !self.cfg.busy_tick.is_zero()
+                && self.activity.0.swap(false, Ordering::Relaxed)
+                && spare_cpu.has_spare();
+            let tick = if busy {
+                self.cfg.busy_tick.min(MORE_TICK)
+            } else if more {
+                MORE_TICK
+            } else {
+                IDLE_TICK
+            };
             let woken = self.wait_for_work(tick.min(until_next_second(wall_clock())));
             if self.is_shutting_down() {
                 break;
             }
+            self.c.maintainer_juggles.fetch_add(1, Ordering::Relaxed);
             let now = self.clock.now();
             self.refresh_remote_clock(now);
             // The passes below on their own schedule: every idle tick (or sooner with
@@ -288,6 +308,77 @@ impl Inner {
     }
 }
 
+/// Whether the machine's CPUs were idle for at least `SPARE_CPU_IDLE` of the last window,
+/// from the first line of `/proc/stat` (read at most once per `SPARE_CPU_WINDOW`, and only
+/// while requests arrive). Where it cannot be read, the answer is yes: tick as memcached
+/// does.
+#[derive(Default)]
+struct SpareCpu {
+    /// When the last reading was taken, and its idle and total jiffies.
+    last: Option<(Instant, u64, u64)>,
+    spare: bool,
+}
+
+impl SpareCpu {
+    fn has_spare(&mut self) -> bool {
+        let now = Instant::now();
+        if matches!(self.last, Some((at, _, _)) if now.duration_since(at) < SPARE_CPU_WINDOW) {
+            return self.spare;
+        }
+        self.update(now, read_cpu_jiffies())
+    }
+
+    /// Take a new reading (idle and total jiffies since boot, if there is one).
+    fn update(&mut self, now: Instant, reading: Option<(u64, u64)>) -> bool {
+        let Some((idle, total)) = reading else {
+            self.last = None;
+            self.spare = true;
+            return true;
+        };
+        self.spare = match self.last {
+            Some((_, idle0, total0)) => {
+                let (idle, total) = (idle.saturating_sub(idle0), total.saturating_sub(total0));
+                // Too short a window for a clock tick to pass: keep the last answer.
+                if total == 0 {
+                    self.spare
+                } else {
+                    idle as f64 >= SPARE_CPU_IDLE * total as f64
+                }
+            }
+            // The first reading has nothing to compare with: tick until the next.
+            None => true,
+        };
+        self.last = Some((now, idle, total));
+        self.spare
+    }
+}
+
+/// Idle (idle + iowait) and total jiffies of all CPUs since boot, from `/proc/stat`.
+fn read_cpu_jiffies() -> Option<(u64, u64)> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(std::fs::File::open("/proc/stat").ok()?)
+        .read_line(&mut line)
+        .ok()?;
+    parse_cpu_line(&line)
+}
+
+/// The aggregate `cpu` line of `/proc/stat`: user nice system idle iowait irq softirq
+/// steal (guest time is already in user). Steal counts as busy: a vCPU the host took is
+/// not one that halts.
+fn parse_cpu_line(line: &str) -> Option<(u64, u64)> {
+    let v: Vec<u64> = line
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    if v.len() < 5 {
+        return None;
+    }
+    Some((v[3] + v[4], v.iter().sum()))
+}
+
 /// The wall clock, as time since the Unix epoch (zero should it be set before 1970).
 fn wall_clock() -> Duration {
     std::time::SystemTime::now()
@@ -304,6 +395,51 @@ fn until_next_second(since_epoch: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_line_of_proc_stat_gives_idle_and_total_jiffies() {
+        let line = "cpu  4705 150 1120 16250 520 0 30 25 0 0\n";
+        // idle + iowait; user .. steal (guest time is inside user already).
+        assert_eq!(
+            parse_cpu_line(line),
+            Some((16250 + 520, 4705 + 150 + 1120 + 16250 + 520 + 30 + 25))
+        );
+        // Old kernels give fewer columns; four is too few to know iowait.
+        assert_eq!(parse_cpu_line("cpu  1 2 3 4 5\n"), Some((9, 15)));
+        assert_eq!(parse_cpu_line("cpu  1 2 3 4\n"), None);
+        // A per-CPU line, or garbage, is not the aggregate.
+        assert_eq!(parse_cpu_line("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(parse_cpu_line("cpu  1 x 3 4 5\n"), None);
+        assert_eq!(parse_cpu_line(""), None);
+        // This machine's own file parses.
+        if let Some((idle, total)) = read_cpu_jiffies() {
+            assert!(idle <= total);
+        }
+    }
+
+    #[test]
+    fn the_busy_tick_runs_only_while_the_cpus_have_time_to_spare() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut spare = SpareCpu::default();
+        // The first reading has no window: tick.
+        assert!(spare.update(at(0), Some((1000, 2000))));
+        // Half idle over the window (one client thread on two CPUs): tick.
+        assert!(spare.update(at(100), Some((1010, 2020))));
+        // A fifth idle (two and four client threads): no tick.
+        assert!(!spare.update(at(200), Some((1014, 2040))));
+        // Exactly the threshold: tick.
+        assert!(spare.update(at(300), Some((1020, 2060))));
+        // No clock tick within the window: the last answer stands.
+        assert!(spare.update(at(400), Some((1020, 2060))));
+        assert!(!spare.update(at(500), Some((1020, 2100))));
+        assert!(!spare.update(at(600), Some((1020, 2100))));
+        // /proc/stat unreadable: tick, as memcached does, and start over.
+        assert!(spare.update(at(700), None));
+        assert!(spare.update(at(800), Some((1030, 2200))));
+        // Counters that went backwards (never on Linux) count as an empty window.
+        assert!(spare.update(at(900), Some((0, 0))));
+    }
 
     #[test]
     fn the_thread_wakes_just_after_the_next_second_begins() {

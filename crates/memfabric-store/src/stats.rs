@@ -30,6 +30,8 @@ pub struct StoreStats {
     pub remote_hints: u64,
     /// Access hints that named no linked item with that seq (stale, or garbage).
     pub remote_hints_rejected: u64,
+    /// Rounds of the maintenance thread since start (`lru_maintainer_juggles`).
+    pub maintainer_juggles: u64,
 }
 
 /// One slab class (`stats slabs`).

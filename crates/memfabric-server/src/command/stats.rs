@@ -332,7 +332,10 @@ fn general(shared: &Shared, v: &mut Stats) {
     v.put("slabs_moved", since_reset!(slabs_moved));
     v.put("lru_crawler_running", 0);
     v.put("lru_crawler_starts", 0);
-    v.put("lru_maintainer_juggles", 0);
+    // memcached lists it only while its maintainer runs (not with -o no_lru_maintainer).
+    if !shared.settings.store.busy_tick.is_zero() {
+        v.put("lru_maintainer_juggles", st.maintainer_juggles);
+    }
     v.put("malloc_fails", since_reset!(malloc_fails));
     v.put("log_worker_dropped", 0);
     v.put("log_worker_written", 0);
@@ -442,8 +445,9 @@ fn settings(shared: &Shared, v: &mut Stats) {
     v.put("dump_enabled", yes_no(s.dump_enabled));
     // The index hashes keys with seeded xxh3, not murmur3.
     v.put("hash_algorithm", "xxh3");
-    // The store's maintenance thread does the LRU maintainer's background work.
-    v.put("lru_maintainer_thread", yes_no(c.background_sweeper));
+    // The store's maintenance thread does the LRU maintainer's background work; as
+    // memcached's, it keeps a 1 ms tick under load unless -o no_lru_maintainer.
+    v.put("lru_maintainer_thread", yes_no(!c.busy_tick.is_zero()));
     // One eviction queue per class: no hot/warm/cold/temp segments. memcached
     // prints the segment tuning under `no_lru_segmented` too; so do we, at its defaults.
     v.put("lru_segmented", "no");

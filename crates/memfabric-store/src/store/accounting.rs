@@ -36,6 +36,7 @@ impl Store {
             malloc_fails: 0,
             remote_hints: r(&c.remote_hints),
             remote_hints_rejected: r(&c.remote_hints_rejected),
+            maintainer_juggles: r(&c.maintainer_juggles),
         }
     }
 

@@ -21,6 +21,9 @@ pub(crate) struct Counters {
     pub(super) index_evictions: AtomicU64,
     pub(super) remote_hints: AtomicU64,
     pub(super) remote_hints_rejected: AtomicU64,
+    /// Wake-ups of the maintenance thread (memcached's `lru_maintainer_juggles` counts its
+    /// maintainer's rounds).
+    pub(crate) maintainer_juggles: AtomicU64,
 }
 
 /// Why an item is being removed (for the counters).

@@ -45,9 +45,17 @@ pub struct Inner {
     /// Whether the maintenance thread moves pages between classes (`slabs automove`).
     pub(crate) automove: AtomicBool,
     pub(super) wake: (Mutex<bool>, Condvar),
+    /// Set by `Store::note_activity`, taken by the maintenance thread.
+    pub(crate) activity: ActivityFlag,
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
 }
+
+/// A flag on a cache line of its own: every worker reads it on each wake-up, and it must
+/// not share a line with what every store writes (`next_cas`).
+#[repr(align(64))]
+#[derive(Default)]
+pub(crate) struct ActivityFlag(pub(crate) AtomicBool);
 
 impl std::ops::Deref for Store {
     type Target = Inner;
@@ -135,6 +143,7 @@ impl Store {
             sweeping: AtomicBool::new(cfg.background_sweeper),
             automove: AtomicBool::new(cfg.slab_automove),
             wake: (Mutex::new(false), Condvar::new()),
+            activity: ActivityFlag::default(),
             cfg,
         });
         // Always running: besides sweeping and moving pages (if configured) it keeps the
@@ -203,6 +212,17 @@ impl Store {
 
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Requests are arriving: the maintenance thread may keep its busy tick
+    /// (`StoreConfig::busy_tick`). Cheap enough for every worker wake-up: a read, and a
+    /// write only when the maintenance thread took the flag since.
+    #[inline]
+    pub fn note_activity(&self) {
+        let flag = &self.activity.0;
+        if !flag.load(Ordering::Relaxed) {
+            flag.store(true, Ordering::Relaxed);
+        }
     }
 }
 
