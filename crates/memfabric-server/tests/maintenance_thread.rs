@@ -44,12 +44,24 @@ fn sleeps(pid: u32, tid: u32) -> u64 {
         .expect("voluntary_ctxt_switches")
 }
 
+/// Send `req` and read its reply, up to and including `end`.
+fn request(c: &mut TcpStream, req: &str, end: &[u8]) -> String {
+    c.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = c.read(&mut buf).expect("a reply");
+        assert!(n > 0, "the server closed the connection");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 /// Sets and gets over one connection until `until` (bounded by an op count too), each
 /// request answered before the next; returns the requests made.
 fn set_and_get(port: u16, client: usize, until: Instant) -> u64 {
     let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     c.set_read_timeout(Some(common::WAIT)).unwrap();
-    let mut buf = [0u8; 4096];
     let mut ops = 0u64;
     while Instant::now() < until && ops < 400_000 {
         let key = format!("c{client}k{}", ops % 1000);
@@ -58,13 +70,7 @@ fn set_and_get(port: u16, client: usize, until: Instant) -> u64 {
         } else {
             (format!("get {key}\r\n"), b"END\r\n")
         };
-        c.write_all(req.as_bytes()).unwrap();
-        let mut got = Vec::new();
-        while !got.ends_with(end) {
-            let n = c.read(&mut buf).expect("a reply");
-            assert!(n > 0, "the server closed the connection");
-            got.extend_from_slice(&buf[..n]);
-        }
+        request(&mut c, &req, end);
         ops += 1;
     }
     ops
@@ -171,17 +177,7 @@ fn with_cpu_to_spare_the_thread_ticks_while_requests_arrive() {
     // memcached's `stats` and `stats settings` say the maintainer runs.
     let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     c.set_read_timeout(Some(common::WAIT)).unwrap();
-    let stats = |c: &mut TcpStream, cmd: &str| {
-        c.write_all(cmd.as_bytes()).unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !got.ends_with(b"END\r\n") {
-            let n = c.read(&mut buf).expect("stats");
-            assert!(n > 0, "closed");
-            got.extend_from_slice(&buf[..n]);
-        }
-        String::from_utf8(got).unwrap()
-    };
+    let stats = |c: &mut TcpStream, cmd: &str| request(c, cmd, b"END\r\n");
     assert!(stats(&mut c, "stats settings\r\n").contains("STAT lru_maintainer_thread yes\r\n"));
     let juggles: u64 = stats(&mut c, "stats\r\n")
         .lines()
