@@ -15,6 +15,10 @@ use memfabric_store::PinnedItem;
 /// At most this many pieces go to one `writev` (well under Linux's IOV_MAX of 1024).
 const MAX_IOVECS: usize = 64;
 
+/// The largest byte segment kept as `spare`: a reply's header line fits, and an idle
+/// connection holds at most this much for it.
+const SPARE_MAX: usize = 1024;
+
 enum Segment {
     Bytes(Vec<u8>),
     Pinned(PinnedItem),
@@ -42,6 +46,10 @@ pub struct OutQueue {
     /// Bytes of the first segment (or of `tail`, when there is no segment) already sent.
     sent: usize,
     tail: Vec<u8>,
+    /// A small written-out byte segment kept for the next `seal_tail`, so that a reply
+    /// with a pinned value (its header line sealed, then its trailer) allocates nothing
+    /// (`SPARE_MAX`).
+    spare: Vec<u8>,
     /// Unsent bytes in pinned segments, and how many such segments there are.
     pinned: usize,
     pinned_values: usize,
@@ -164,7 +172,7 @@ impl OutQueue {
         if self.tail.is_empty() {
             return;
         }
-        let tail = std::mem::take(&mut self.tail);
+        let tail = std::mem::replace(&mut self.tail, std::mem::take(&mut self.spare));
         if self.segments.is_empty() && self.sent > 0 {
             // The tail was partly written: only its rest is queued.
             self.queued += tail.len() - self.sent;
@@ -318,8 +326,13 @@ impl OutQueue {
                 self.pinned -= take;
             }
             if take == left {
-                if let Some(Segment::Pinned(_)) = self.segments.pop_front() {
-                    self.pinned_values -= 1;
+                match self.segments.pop_front() {
+                    Some(Segment::Pinned(_)) => self.pinned_values -= 1,
+                    Some(Segment::Bytes(mut b)) if b.capacity() <= SPARE_MAX => {
+                        b.clear();
+                        self.spare = b;
+                    }
+                    _ => {}
                 }
                 self.sent = 0;
             } else {

@@ -5,7 +5,6 @@
 //! `mio::Waker`. Readiness is edge-triggered: a connection that stopped before draining
 //! its socket (read batch, `-R` budget) is put on the `again` list and run on the next
 //! round with a zero-timeout poll, so other connections get their turn in between.
-use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -14,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
+use rustc_hash::FxHashMap;
 
 use crate::conn::{Conn, ConnEntry, ConnState, Next, Stream};
 use crate::counters::ThreadStats;
@@ -110,7 +110,7 @@ pub fn spawn(
                 stats,
                 poll,
                 rx,
-                conns: HashMap::new(),
+                conns: FxHashMap::default(),
                 next_token: FIRST_CONN,
                 udp: ports,
                 again: Vec::new(),
@@ -137,7 +137,7 @@ struct Worker {
     stats: Arc<ThreadStats>,
     poll: Poll,
     rx: Receiver<NewConn>,
-    conns: HashMap<Token, Conn>,
+    conns: FxHashMap<Token, Conn>,
     next_token: usize,
     udp: Vec<UdpPort>,
     /// Tokens to run again on the next round without waiting for readiness.

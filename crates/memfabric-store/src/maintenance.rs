@@ -31,8 +31,9 @@ const SWEEP_PAGES_PER_TICK: usize = 64;
 const IDLE_TICK: Duration = Duration::from_millis(250);
 /// Between passes while due pages are left over.
 const MORE_TICK: Duration = Duration::from_millis(10);
-/// How long after a new second begins the thread wakes for it: the wait is timed on the
-/// monotonic clock, which may run a little apart from the wall clock's seconds.
+/// How long after a new second begins the thread wakes for it, on top of the store
+/// clock's lag (`clock::coarse_lag`): the wait is timed on the monotonic clock, which may
+/// run a little apart from the wall clock's seconds.
 const SECOND_SLACK: Duration = Duration::from_micros(500);
 /// How long one reading of the machine's idle share stands (`SpareCpu`).
 const SPARE_CPU_WINDOW: Duration = Duration::from_millis(100);
@@ -52,6 +53,8 @@ impl Inner {
         let mut passed_second = self.clock.now();
         let mut more = false;
         let mut spare_cpu = SpareCpu::default();
+        // The store's clock reads the kernel's coarse clock: wake once that has turned too.
+        let clock_lag = crate::clock::coarse_lag();
         while !self.is_shutting_down() {
             self.refresh_remote_clock(self.clock.now());
             // With due pages left over, come back soon (not at once: a workload whose
@@ -75,7 +78,7 @@ impl Inner {
             } else {
                 IDLE_TICK
             };
-            let woken = self.wait_for_work(tick.min(until_next_second(wall_clock())));
+            let woken = self.wait_for_work(tick.min(until_next_second(wall_clock()) + clock_lag));
             if self.is_shutting_down() {
                 break;
             }

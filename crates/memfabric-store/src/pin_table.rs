@@ -1,9 +1,10 @@
 //! The pin table: which items are pinned (their memory lent to foreign code, see
 //! `pins.rs`) and which arena pages hold a pinned chunk. Counts only: it knows nothing of
 //! items or the store, so the store's state can own one without depending on `pins.rs`.
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+use rustc_hash::FxHashMap;
 
 const SHARDS: usize = 16;
 
@@ -18,7 +19,7 @@ struct PinEntry {
 pub(crate) struct Pins {
     /// Pinned items (table entries); 0 makes every check a single relaxed load.
     active: AtomicUsize,
-    shards: Vec<Mutex<HashMap<usize, PinEntry>>>,
+    shards: Vec<Mutex<FxHashMap<usize, PinEntry>>>,
     /// Per arena page: chunks of pinned items in it (page moves skip such pages).
     page_pins: Vec<AtomicU32>,
     page_size: usize,
@@ -34,7 +35,7 @@ impl Pins {
         }
     }
 
-    fn shard(&self, head: usize) -> std::sync::MutexGuard<'_, HashMap<usize, PinEntry>> {
+    fn shard(&self, head: usize) -> std::sync::MutexGuard<'_, FxHashMap<usize, PinEntry>> {
         self.shards[(head >> 3) % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
