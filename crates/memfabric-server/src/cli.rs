@@ -263,6 +263,13 @@ pub struct Args {
     /// pause); TCP-only work never polls (0 = off)
     #[arg(long = "ucx-poll-us", value_name = "us", default_value_t = crate::settings::DEFAULT_UCX_POLL_US)]
     pub ucx_poll_us: u64,
+    /// after TCP or UDP requests, keep polling the sockets for the next one for up to this
+    /// many microseconds before sleeping, while the machine's CPUs are at least 30% idle
+    /// and the polls catch requests (the window shrinks when they do not); spares a
+    /// client the wake-up of a sleeping worker, at the cost of otherwise idle CPU time
+    /// (0 = off)
+    #[arg(long = "tcp-poll-us", value_name = "us", default_value_t = crate::settings::DEFAULT_TCP_POLL_US)]
+    pub tcp_poll_us: u64,
     /// UCX data path: TCP port clients bootstrap their UCX connection on (default 11311;
     /// 0 = off). A port given here that cannot be bound stops the server; the default one,
     /// if taken on any interface, turns the UCX path off with a warning, so that several
@@ -777,6 +784,7 @@ pub fn into_settings(a: Args) -> Result<Parsed, CliError> {
     s.dump_enabled = !a.disable_dumping;
     s.poll_us = a.poll_us;
     s.ucx_poll_us = a.ucx_poll_us;
+    s.tcp_poll_us = a.tcp_poll_us;
     s.ucx_port = a.ucx_port.unwrap_or(crate::settings::DEFAULT_UCX_PORT);
     s.ucx_port_given = a.ucx_port.is_some();
     if s.ucx_port_given

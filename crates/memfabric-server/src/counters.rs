@@ -109,6 +109,12 @@ thread_counters! {
     /// Pauses of a worker whose UCX had work it could not do (sends waiting for room in
     /// a peer's FIFO; see `UcxStall` in worker.rs).
     ucx_stalled_waits,
+    /// Polls for the next TCP/UDP request started (`--tcp-poll-us`).
+    tcp_poll_spins,
+    /// Requests such a poll caught (served without the worker going to sleep).
+    tcp_poll_caught,
+    /// Microseconds such polls spent finding no request: the CPU time they cost.
+    tcp_poll_idle_us,
 }
 
 /// memcached's per-slab-class command counters, in the order `stats slabs` prints them.

@@ -3,6 +3,9 @@
 /// `--ucx-poll-us`'s default: longer than a client's turnaround between a reply and its
 /// next request on one host (a few µs), far shorter than a wake-up's cost adds up to.
 pub const DEFAULT_UCX_POLL_US: u64 = 50;
+/// `--tcp-poll-us`: the longest a worker polls for the next TCP/UDP request, while the
+/// CPUs have time to spare (`worker.rs`, `TCP_POLL`).
+pub const DEFAULT_TCP_POLL_US: u64 = 50;
 /// `--ucx-port` when not given.
 pub const DEFAULT_UCX_PORT: u16 = 11311;
 
@@ -46,6 +49,8 @@ pub struct Settings {
     pub poll_us: u64,
     /// The longest adaptive poll of UCX after UCX work (`--ucx-poll-us`; 0 = off).
     pub ucx_poll_us: u64,
+    /// `--tcp-poll-us`
+    pub tcp_poll_us: u64,
     /// UCX bootstrap port (`--ucx-port`, default 11311; 0 = no UCX data path).
     pub ucx_port: u16,
     /// `--ucx-port` was given: a UCX listener that cannot be bound stops the server (as a
@@ -212,6 +217,7 @@ impl Default for Settings {
             verbose: 0,
             poll_us: 0,
             ucx_poll_us: DEFAULT_UCX_POLL_US,
+            tcp_poll_us: DEFAULT_TCP_POLL_US,
             ucx_port: DEFAULT_UCX_PORT,
             ucx_port_given: false,
             ucx_eager_max: memfabric_proto::ucx_wire::DEFAULT_EAGER_MAX,

@@ -158,17 +158,32 @@ impl Worker {
     ///   usually comes within microseconds of our reply, so the worker keeps progressing
     ///   UCX for up to that window, and shrinks the window when the sessions pause. TCP
     ///   and UDP work never starts it, so TCP-only use never spins.
+    /// * TCP and UDP work is followed by an adaptive poll of the sockets alone
+    ///   (`--tcp-poll-us`, `epoll_wait` with a zero timeout), only while the machine's
+    ///   CPUs have time to spare (`Store::cpu_to_spare`: at least 30% idle, this poll's
+    ///   own idle rounds counted as idle). A sleeping worker that a request wakes costs
+    ///   that request the wake-up: on virtual machines whose idle vCPUs halt, about a
+    ///   tenth of a one-client round trip (docs/benchmarks.md). The window is the maximum
+    ///   while the polls catch requests, or while requests come within it of each other;
+    ///   each poll that runs out halves it, so clients that pause longer than the window
+    ///   cost a few microseconds a request.
     /// * `--poll-us N` (default 0): after any round that did work, keep polling (UCX and
     ///   `epoll_wait` with a zero timeout) for N µs. An override for dedicated hosts.
     ///
-    /// Either spin yields the core between rounds (`sched_yield`): on a shared machine the
+    /// Each spin yields the core between rounds (`sched_yield`): on a shared machine the
     /// client we serve, or another worker, may be queued on this core, and spinning must
     /// not keep it from running.
     fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         let poll_for = Duration::from_micros(self.shared.settings.poll_us);
-        let mut ucx_poll =
-            AdaptivePoll::new(Duration::from_micros(self.shared.settings.ucx_poll_us));
+        let ucx_max = Duration::from_micros(self.shared.settings.ucx_poll_us);
+        let mut ucx_poll = AdaptivePoll::new(ucx_max, ucx_max * UCX_BUSY_GAPS);
+        let tcp_max = Duration::from_micros(self.shared.settings.tcp_poll_us);
+        let mut tcp_poll = AdaptivePoll::new(tcp_max, tcp_max);
+        // Idle rounds of the TCP poll: their time, not yet told to the store, and their
+        // count (for yielding).
+        let mut tcp_polled = Duration::ZERO;
+        let mut tcp_idle_rounds: u32 = 0;
         // Negative, as memcached takes it: never.
         let idle_timeout = u32::try_from(self.shared.settings.idle_timeout).unwrap_or(0);
         // With -Y, -S or -Z, connections that have not authenticated (or finished their
@@ -218,9 +233,11 @@ impl Worker {
                     }
                 }
             }
+            let tcp_spinning = tcp_poll.spinning_now();
             let busy = !self.again.is_empty()
                 || spin_until.is_some_and(|t| Instant::now() < t)
-                || ucx_poll.spinning_now();
+                || ucx_poll.spinning_now()
+                || tcp_spinning;
             // UCX, while it has anything to do: arm its event fd before sleeping; if it
             // has work already, do not sleep.
             let ucx_armed = self.fabric.as_mut().is_some_and(|f| f.in_use());
@@ -238,10 +255,25 @@ impl Worker {
             } else {
                 None
             };
+            let tcp_round = tcp_spinning.then(Instant::now);
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
+            }
+            if let Some(started) = tcp_round.filter(|_| events.is_empty()) {
+                tcp_polled += started.elapsed();
+                tcp_idle_rounds = tcp_idle_rounds.wrapping_add(1);
+                if tcp_idle_rounds.is_multiple_of(4) {
+                    std::thread::yield_now();
+                }
+            }
+            if tcp_polled >= TCP_POLL_REPORT || (!tcp_spinning && !tcp_polled.is_zero()) {
+                let polled = std::mem::take(&mut tcp_polled);
+                self.stats
+                    .tcp_poll_idle_us
+                    .add(u64::try_from(polled.as_micros()).unwrap_or(u64::MAX));
+                self.shared.store.note_spin(polled);
             }
             // A blocking wait either ends by an event or by its timeout; with UCX armed,
             // a timeout after which UCX has work means its event fd missed a wake-up.
@@ -299,6 +331,14 @@ impl Worker {
                     } else {
                         self.drive(t, false, now);
                     }
+                }
+            }
+            if active && !tcp_max.is_zero() && self.shared.store.cpu_to_spare() {
+                if tcp_spinning {
+                    self.stats.tcp_poll_caught.incr();
+                }
+                if tcp_poll.work(Instant::now(), tcp_spinning) {
+                    self.stats.tcp_poll_spins.incr();
                 }
             }
             if let Some(f) = self.fabric.as_mut() {
@@ -577,14 +617,18 @@ impl UcxStall {
     }
 }
 
-/// The window of the adaptive UCX poll (`--ucx-poll-us`). After UCX work the worker keeps
-/// progressing UCX until `now + window`. The window is the maximum while the sessions are
-/// busy: a spin caught the next request, or a request came soon after the previous work
-/// even though the worker had gone to sleep (a burst that the shrunken window missed).
-/// Each spin that ends without work halves it, so sessions that pause between requests
-/// (and TCP-only workers, which never start it) cost almost no spinning.
+/// The window of an adaptive poll: of UCX after UCX work (`--ucx-poll-us`), of the sockets
+/// after TCP/UDP work (`--tcp-poll-us`). After such work the worker keeps polling until
+/// `now + window`. The window is the maximum while the peers are busy: a spin caught the
+/// next request, or a request came within `busy_gap` of the previous work even though the
+/// worker had gone to sleep (a burst that the shrunken window missed). Each spin that
+/// ends without work halves it, so peers that pause between requests cost almost no
+/// spinning. The TCP poll's `busy_gap` is its window: a client whose requests come
+/// further apart than that would not be caught by a full window either.
 struct AdaptivePoll {
     max: Duration,
+    /// Work within this of the previous work means the peers are busy: full window.
+    busy_gap: Duration,
     window: Duration,
     /// The current spin's end, if one is running.
     until: Option<Instant>,
@@ -594,13 +638,17 @@ struct AdaptivePoll {
 /// The window never shrinks below this (unless the poll is off): short enough to cost
 /// nothing between idle requests, and it lets a burst be recognised by its gaps.
 const UCX_POLL_MIN: Duration = Duration::from_micros(2);
-/// Work within this many windows of the previous work means the sessions are busy.
+/// UCX work within this many windows of the previous work means the sessions are busy.
 const UCX_BUSY_GAPS: u32 = 4;
+/// The TCP poll's idle time is added to the store's total (`Store::note_spin`) when its
+/// poll ends, or once this much has gathered.
+const TCP_POLL_REPORT: Duration = Duration::from_micros(500);
 
 impl AdaptivePoll {
-    fn new(max: Duration) -> AdaptivePoll {
+    fn new(max: Duration, busy_gap: Duration) -> AdaptivePoll {
         AdaptivePoll {
             max,
+            busy_gap,
             window: max,
             until: None,
             last_work: None,
@@ -615,7 +663,7 @@ impl AdaptivePoll {
         }
         let soon = self
             .last_work
-            .is_some_and(|t| now.duration_since(t) < self.max * UCX_BUSY_GAPS);
+            .is_some_and(|t| now.duration_since(t) < self.busy_gap);
         if caught || soon {
             self.window = self.max;
         }
@@ -653,7 +701,7 @@ mod tests {
     #[test]
     fn the_window_shrinks_over_idle_gaps_and_comes_back_when_busy() {
         let max = Duration::from_micros(64);
-        let mut p = AdaptivePoll::new(max);
+        let mut p = AdaptivePoll::new(max, max * UCX_BUSY_GAPS);
         let mut t = Instant::now();
         // Requests 10 ms apart: every spin runs out, the window halves down to the floor.
         for _ in 0..10 {
@@ -695,8 +743,34 @@ mod tests {
     }
 
     #[test]
+    fn the_tcp_poll_stays_small_for_clients_slower_than_its_window() {
+        let max = Duration::from_micros(50);
+        let mut p = AdaptivePoll::new(max, max);
+        let mut t = Instant::now();
+        // A request every 60 us: no full window would catch the next one, so each spin
+        // runs out and the window halves to the floor, where it stays.
+        for _ in 0..10 {
+            p.work(t, false);
+            t += Duration::from_micros(60);
+            assert!(!p.spinning(t));
+        }
+        assert_eq!(p.window, UCX_POLL_MIN);
+        // A request every 30 us (a closed-loop client on the same host): the full window
+        // comes back and catches them.
+        p.work(t, false);
+        t += Duration::from_micros(30);
+        assert!(!p.spinning(t), "the floor-sized spin ran out");
+        p.work(t, false);
+        assert_eq!(p.window, max);
+        t += Duration::from_micros(30);
+        assert!(p.spinning(t));
+        p.work(t, true);
+        assert_eq!(p.window, max);
+    }
+
+    #[test]
     fn off_never_spins() {
-        let mut p = AdaptivePoll::new(Duration::ZERO);
+        let mut p = AdaptivePoll::new(Duration::ZERO, Duration::ZERO);
         let t = Instant::now();
         assert!(!p.work(t, true));
         assert!(!p.spinning(t));

@@ -274,5 +274,6 @@ fn stats_settings_prints_memcacheds_76_keys_and_stats_extstore_answers_empty() {
         "memfabric's own setting is in stats fabric"
     );
     assert_eq!(stat(&stats(&mut c, "fabric"), "poll_us"), 0);
+    assert_eq!(stat(&stats(&mut c, "fabric"), "tcp_poll_us"), 50);
     assert_eq!(c.send_str("stats extstore\r\n"), "END\r\n");
 }

@@ -68,9 +68,17 @@ impl Inner {
             // (docs/benchmarks.md: ~12% of one client thread's closed loop, memcached's
             // own maintainer included). On saturated CPUs the tick only takes time from
             // the workers (~10% at four client threads on two CPUs), so it stops there.
+            // The idle share is read only while requests arrive; the workers' polling
+            // (`Store::cpu_to_spare`) follows it too.
+            let active = self.activity.seen.swap(false, Ordering::Relaxed);
+            if active {
+                let spins = self.activity.spin_ns.load(Ordering::Relaxed);
+                let spare = spare_cpu.has_spare(spins);
+                self.activity.spare_cpu.store(spare, Ordering::Relaxed);
+            }
             let busy = !self.cfg.busy_tick.is_zero()
-                && self.activity.0.swap(false, Ordering::Relaxed)
-                && spare_cpu.has_spare();
+                && active
+                && self.activity.spare_cpu.load(Ordering::Relaxed);
             let tick = if busy {
                 self.cfg.busy_tick.min(MORE_TICK)
             } else if more {
@@ -313,45 +321,53 @@ impl Inner {
 
 /// Whether the machine's CPUs were idle for at least `SPARE_CPU_IDLE` of the last window,
 /// from the first line of `/proc/stat` (read at most once per `SPARE_CPU_WINDOW`, and only
-/// while requests arrive). Where it cannot be read, the answer is yes: tick as memcached
-/// does.
+/// while requests arrive). Time the workers spent polling for requests that had not come
+/// (`Store::note_spin`) counts as idle: it was, until they took it. Where `/proc/stat`
+/// cannot be read, the answer is yes: tick as memcached does.
 #[derive(Default)]
 struct SpareCpu {
-    /// When the last reading was taken, and its idle and total jiffies.
-    last: Option<(Instant, u64, u64)>,
+    /// When the last reading was taken, its idle and total jiffies, and the workers'
+    /// polling total then (ns).
+    last: Option<(Instant, u64, u64, u64)>,
     spare: bool,
 }
 
+/// `/proc/stat` counts in USER_HZ ticks, 100 a second on Linux whatever the kernel's HZ.
+const NS_PER_JIFFY: f64 = 1e7;
+
 impl SpareCpu {
-    fn has_spare(&mut self) -> bool {
+    /// `spins`: the workers' polling total so far (ns).
+    fn has_spare(&mut self, spins: u64) -> bool {
         let now = Instant::now();
-        if matches!(self.last, Some((at, _, _)) if now.duration_since(at) < SPARE_CPU_WINDOW) {
+        if matches!(self.last, Some((at, ..)) if now.duration_since(at) < SPARE_CPU_WINDOW) {
             return self.spare;
         }
-        self.update(now, read_cpu_jiffies())
+        self.update(now, read_cpu_jiffies(), spins)
     }
 
-    /// Take a new reading (idle and total jiffies since boot, if there is one).
-    fn update(&mut self, now: Instant, reading: Option<(u64, u64)>) -> bool {
+    /// Take a new reading (idle and total jiffies since boot, if there is one, and the
+    /// workers' polling total in ns).
+    fn update(&mut self, now: Instant, reading: Option<(u64, u64)>, spins: u64) -> bool {
         let Some((idle, total)) = reading else {
             self.last = None;
             self.spare = true;
             return true;
         };
         self.spare = match self.last {
-            Some((_, idle0, total0)) => {
+            Some((_, idle0, total0, spins0)) => {
                 let (idle, total) = (idle.saturating_sub(idle0), total.saturating_sub(total0));
+                let polled = spins.saturating_sub(spins0) as f64 / NS_PER_JIFFY;
                 // Too short a window for a clock tick to pass: keep the last answer.
                 if total == 0 {
                     self.spare
                 } else {
-                    idle as f64 >= SPARE_CPU_IDLE * total as f64
+                    (idle as f64 + polled).min(total as f64) >= SPARE_CPU_IDLE * total as f64
                 }
             }
             // The first reading has nothing to compare with: tick until the next.
             None => true,
         };
-        self.last = Some((now, idle, total));
+        self.last = Some((now, idle, total, spins));
         self.spare
     }
 }
@@ -426,22 +442,39 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut spare = SpareCpu::default();
         // The first reading has no window: tick.
-        assert!(spare.update(at(0), Some((1000, 2000))));
+        assert!(spare.update(at(0), Some((1000, 2000)), 0));
         // Half idle over the window (one client thread on two CPUs): tick.
-        assert!(spare.update(at(100), Some((1010, 2020))));
+        assert!(spare.update(at(100), Some((1010, 2020)), 0));
         // A fifth idle (two and four client threads): no tick.
-        assert!(!spare.update(at(200), Some((1014, 2040))));
+        assert!(!spare.update(at(200), Some((1014, 2040)), 0));
         // Exactly the threshold: tick.
-        assert!(spare.update(at(300), Some((1020, 2060))));
+        assert!(spare.update(at(300), Some((1020, 2060)), 0));
         // No clock tick within the window: the last answer stands.
-        assert!(spare.update(at(400), Some((1020, 2060))));
-        assert!(!spare.update(at(500), Some((1020, 2100))));
-        assert!(!spare.update(at(600), Some((1020, 2100))));
+        assert!(spare.update(at(400), Some((1020, 2060)), 0));
+        assert!(!spare.update(at(500), Some((1020, 2100)), 0));
+        assert!(!spare.update(at(600), Some((1020, 2100)), 0));
         // /proc/stat unreadable: tick, as memcached does, and start over.
-        assert!(spare.update(at(700), None));
-        assert!(spare.update(at(800), Some((1030, 2200))));
+        assert!(spare.update(at(700), None, 0));
+        assert!(spare.update(at(800), Some((1030, 2200)), 0));
         // Counters that went backwards (never on Linux) count as an empty window.
-        assert!(spare.update(at(900), Some((0, 0))));
+        assert!(spare.update(at(900), Some((0, 0)), 0));
+    }
+
+    #[test]
+    fn time_the_workers_spent_polling_counts_as_idle() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut spare = SpareCpu::default();
+        let ms = |n: u64| n * 1_000_000;
+        assert!(spare.update(at(0), Some((1000, 2000)), 0));
+        // A tenth idle, but a worker polled for 60 ms of the 200 ms of CPU time: 40%.
+        assert!(spare.update(at(100), Some((1002, 2020)), ms(60)));
+        // A tenth idle and 20 ms polled: 20%, no.
+        assert!(!spare.update(at(200), Some((1004, 2040)), ms(80)));
+        // Polling never counts for more than the window's CPU time.
+        assert!(spare.update(at(300), Some((1004, 2060)), ms(10_080)));
+        // The polling total is a running sum: only what was added since counts.
+        assert!(!spare.update(at(400), Some((1006, 2080)), ms(10_080)));
     }
 
     #[test]

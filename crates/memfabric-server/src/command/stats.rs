@@ -106,6 +106,7 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             v.put("ms_keep_newer_write", 1);
             v.put("poll_us", shared.settings.poll_us);
             v.put("ucx_poll_us", shared.settings.ucx_poll_us);
+            v.put("tcp_poll_us", shared.settings.tcp_poll_us);
             // Which crc32c implementation items' checksums use here (measured at start).
             v.put("checksum_engine", memfabric_checksum::large_engine().name());
             // Where a TCP client upgrades to UCX (libmemfabric asks for this line;
@@ -119,6 +120,9 @@ pub fn collect(ctx: &ExecCtx<'_>, group: &str) -> Option<Vec<(String, String)>> 
             v.put("ucx_wakeups_by_timer", t.ucx_wakeups_by_timer);
             v.put("ucx_poll_spins", t.ucx_poll_spins);
             v.put("ucx_stalled_waits", t.ucx_stalled_waits);
+            v.put("tcp_poll_spins", t.tcp_poll_spins);
+            v.put("tcp_poll_caught", t.tcp_poll_caught);
+            v.put("tcp_poll_idle_us", t.tcp_poll_idle_us);
         }
         // memfabric's own group: what connections hold (docs/connections.md).
         "bounds" => v.0.extend(shared.gauges.stats()),

@@ -45,17 +45,37 @@ pub struct Inner {
     /// Whether the maintenance thread moves pages between classes (`slabs automove`).
     pub(crate) automove: AtomicBool,
     pub(super) wake: (Mutex<bool>, Condvar),
-    /// Set by `Store::note_activity`, taken by the maintenance thread.
-    pub(crate) activity: ActivityFlag,
+    /// Requests arriving and whether the CPUs have time to spare (`Store::note_activity`,
+    /// `Store::cpu_to_spare`, `Store::note_spin`).
+    pub(crate) activity: Activity,
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
 }
 
-/// A flag on a cache line of its own: every worker reads it on each wake-up, and it must
-/// not share a line with what every store writes (`next_cas`).
+/// Flags on a cache line of their own: every worker reads them on each wake-up, and they
+/// must not share a line with what every store writes (`next_cas`).
 #[repr(align(64))]
-#[derive(Default)]
-pub(crate) struct ActivityFlag(pub(crate) AtomicBool);
+pub(crate) struct Activity {
+    /// Set by `Store::note_activity`, taken by the maintenance thread.
+    pub(crate) seen: AtomicBool,
+    /// The maintenance thread's last reading of the machine's idle share, while requests
+    /// arrive: at least `SPARE_CPU_IDLE` (`maintenance.rs`).
+    pub(crate) spare_cpu: AtomicBool,
+    /// Nanoseconds the workers spent polling for requests that had not come
+    /// (`Store::note_spin`): CPU time that was spare before they took it.
+    pub(crate) spin_ns: AtomicU64,
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity {
+            seen: AtomicBool::new(false),
+            // Until the first reading, as if there were: as `SpareCpu` starts.
+            spare_cpu: AtomicBool::new(true),
+            spin_ns: AtomicU64::new(0),
+        }
+    }
+}
 
 impl std::ops::Deref for Store {
     type Target = Inner;
@@ -143,7 +163,7 @@ impl Store {
             sweeping: AtomicBool::new(cfg.background_sweeper),
             automove: AtomicBool::new(cfg.slab_automove),
             wake: (Mutex::new(false), Condvar::new()),
-            activity: ActivityFlag::default(),
+            activity: Activity::default(),
             cfg,
         });
         // Always running: besides sweeping and moving pages (if configured) it keeps the
@@ -219,10 +239,26 @@ impl Store {
     /// write only when the maintenance thread took the flag since.
     #[inline]
     pub fn note_activity(&self) {
-        let flag = &self.activity.0;
+        let flag = &self.activity.seen;
         if !flag.load(Ordering::Relaxed) {
             flag.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Whether the machine's CPUs were at least 30% idle (polling workers' spins
+    /// counted as idle) when the maintenance thread last looked, while requests arrived:
+    /// a worker may then poll for the next request rather than sleep (`--tcp-poll-us`).
+    #[inline]
+    pub fn cpu_to_spare(&self) -> bool {
+        self.activity.spare_cpu.load(Ordering::Relaxed)
+    }
+
+    /// A worker spent `spent` polling for requests that had not come yet: time the
+    /// machine had to spare, which `cpu_to_spare` counts as idle (else polling would
+    /// turn itself off by using the idle time it was allowed by).
+    pub fn note_spin(&self, spent: std::time::Duration) {
+        let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.activity.spin_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 
