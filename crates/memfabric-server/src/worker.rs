@@ -177,9 +177,9 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let poll_for = Duration::from_micros(self.shared.settings.poll_us);
         let ucx_max = Duration::from_micros(self.shared.settings.ucx_poll_us);
-        let mut ucx_poll = AdaptivePoll::new(ucx_max, ucx_max * UCX_BUSY_GAPS);
+        let mut ucx_poll = AdaptivePoll::new(ucx_max, ucx_max * UCX_BUSY_GAPS, 1);
         let tcp_max = Duration::from_micros(self.shared.settings.tcp_poll_us);
-        let mut tcp_poll = AdaptivePoll::new(tcp_max, tcp_max);
+        let mut tcp_poll = AdaptivePoll::new(tcp_max, tcp_max * TCP_BUSY_GAPS, TCP_PROBE_EVERY);
         // Idle rounds of the TCP poll: their time, not yet told to the store, and their
         // count (for yielding).
         let mut tcp_polled = Duration::ZERO;
@@ -623,12 +623,16 @@ impl UcxStall {
 /// next request, or a request came within `busy_gap` of the previous work even though the
 /// worker had gone to sleep (a burst that the shrunken window missed). Each spin that
 /// ends without work halves it, so peers that pause between requests cost almost no
-/// spinning. The TCP poll's `busy_gap` is its window: a client whose requests come
-/// further apart than that would not be caught by a full window either.
+/// spinning. The TCP poll restores its window for requests that come soon only every
+/// `probe_every`th time (a probe): a sleeping worker's gaps include its wake-up, so
+/// "soon" there cannot tell a client a full window would catch from one it would not.
 struct AdaptivePoll {
     max: Duration,
     /// Work within this of the previous work means the peers are busy: full window.
     busy_gap: Duration,
+    /// ... at the `probe_every`th such work since the last full window (1: each time).
+    probe_every: u32,
+    soon_since_probe: u32,
     window: Duration,
     /// The current spin's end, if one is running.
     until: Option<Instant>,
@@ -640,22 +644,31 @@ struct AdaptivePoll {
 const UCX_POLL_MIN: Duration = Duration::from_micros(2);
 /// UCX work within this many windows of the previous work means the sessions are busy.
 const UCX_BUSY_GAPS: u32 = 4;
+/// TCP work within this many windows of the previous work may be a closed-loop client
+/// that a full window would catch: the gap includes the sleeping worker's own wake-up.
+const TCP_BUSY_GAPS: u32 = 2;
+/// ... and every this many such requests the full window is tried again (a probe): a
+/// client too slow for it costs one wasted window per this many requests, and a window
+/// shrunk by a pause (another client's turn) comes back within as many requests.
+const TCP_PROBE_EVERY: u32 = 16;
 /// The TCP poll's idle time is added to the store's total (`Store::note_spin`) when its
 /// poll ends, or once this much has gathered.
 const TCP_POLL_REPORT: Duration = Duration::from_micros(500);
 
 impl AdaptivePoll {
-    fn new(max: Duration, busy_gap: Duration) -> AdaptivePoll {
+    fn new(max: Duration, busy_gap: Duration, probe_every: u32) -> AdaptivePoll {
         AdaptivePoll {
             max,
             busy_gap,
+            probe_every: probe_every.max(1),
+            soon_since_probe: 0,
             window: max,
             until: None,
             last_work: None,
         }
     }
 
-    /// UCX did work at `now`; `caught`: while spinning for it. Returns whether this starts
+    /// Work was done at `now`; `caught`: while spinning for it. Returns whether this starts
     /// a spin (none was running).
     fn work(&mut self, now: Instant, caught: bool) -> bool {
         if self.max.is_zero() {
@@ -664,8 +677,16 @@ impl AdaptivePoll {
         let soon = self
             .last_work
             .is_some_and(|t| now.duration_since(t) < self.busy_gap);
-        if caught || soon {
+        if caught {
             self.window = self.max;
+            self.soon_since_probe = 0;
+        } else if soon {
+            // Without probing, every request that comes soon gets the full window back.
+            self.soon_since_probe += 1;
+            if self.soon_since_probe >= self.probe_every {
+                self.window = self.max;
+                self.soon_since_probe = 0;
+            }
         }
         self.last_work = Some(now);
         let starts = self.until.is_none();
@@ -701,7 +722,7 @@ mod tests {
     #[test]
     fn the_window_shrinks_over_idle_gaps_and_comes_back_when_busy() {
         let max = Duration::from_micros(64);
-        let mut p = AdaptivePoll::new(max, max * UCX_BUSY_GAPS);
+        let mut p = AdaptivePoll::new(max, max * UCX_BUSY_GAPS, 1);
         let mut t = Instant::now();
         // Requests 10 ms apart: every spin runs out, the window halves down to the floor.
         for _ in 0..10 {
@@ -743,34 +764,50 @@ mod tests {
     }
 
     #[test]
-    fn the_tcp_poll_stays_small_for_clients_slower_than_its_window() {
+    fn the_tcp_poll_probes_for_clients_slower_than_its_window() {
         let max = Duration::from_micros(50);
-        let mut p = AdaptivePoll::new(max, max);
+        let mut p = AdaptivePoll::new(max, max * TCP_BUSY_GAPS, TCP_PROBE_EVERY);
         let mut t = Instant::now();
-        // A request every 60 us: no full window would catch the next one, so each spin
-        // runs out and the window halves to the floor, where it stays.
-        for _ in 0..10 {
+        // A request every 70 us (within two windows): no window catches it, so each spin
+        // runs out and the window halves to the floor, where it stays but for one full
+        // window (a probe) every TCP_PROBE_EVERY requests.
+        let mut full = 0;
+        for _ in 0..10 * TCP_PROBE_EVERY {
             p.work(t, false);
-            t += Duration::from_micros(60);
+            if p.window == max {
+                full += 1;
+            }
+            t += Duration::from_micros(70);
             assert!(!p.spinning(t));
         }
+        assert!(full <= 10 + 6, "{full} full windows in {}", 10 * TCP_PROBE_EVERY);
+        // A closed-loop client on the same host (the next request 20 us after the last
+        // reply): the next probe catches one, and the full window stays.
+        let mut caught = 0;
+        for _ in 0..2 * TCP_PROBE_EVERY {
+            let spinning = p.spinning(t);
+            if spinning {
+                caught += 1;
+            }
+            p.work(t, spinning);
+            t += Duration::from_micros(20);
+        }
+        assert_eq!(p.window, max);
+        assert!(caught >= TCP_PROBE_EVERY, "caught {caught}");
+        // Requests seconds apart never bring the window back.
+        for _ in 0..4 * TCP_PROBE_EVERY {
+            t += Duration::from_secs(1);
+            assert!(!p.spinning(t));
+            p.work(t, false);
+        }
+        t += Duration::from_secs(1);
+        assert!(!p.spinning(t));
         assert_eq!(p.window, UCX_POLL_MIN);
-        // A request every 30 us (a closed-loop client on the same host): the full window
-        // comes back and catches them.
-        p.work(t, false);
-        t += Duration::from_micros(30);
-        assert!(!p.spinning(t), "the floor-sized spin ran out");
-        p.work(t, false);
-        assert_eq!(p.window, max);
-        t += Duration::from_micros(30);
-        assert!(p.spinning(t));
-        p.work(t, true);
-        assert_eq!(p.window, max);
     }
 
     #[test]
     fn off_never_spins() {
-        let mut p = AdaptivePoll::new(Duration::ZERO, Duration::ZERO);
+        let mut p = AdaptivePoll::new(Duration::ZERO, Duration::ZERO, 1);
         let t = Instant::now();
         assert!(!p.work(t, true));
         assert!(!p.spinning(t));

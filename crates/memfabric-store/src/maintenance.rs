@@ -1,7 +1,8 @@
 //! The store's own background work: the expiry sweeper and the slab automover, on one
 //! thread that wakes every 250 ms and just after each new second of the clock (and every
 //! 1 ms while requests arrive and the CPUs have time to spare, as memcached's LRU
-//! maintainer), and refreshes the clock that one-sided readers see each time.
+//! maintainer; every 100 ms while requests arrive otherwise, to read the machine's idle
+//! share again), and refreshes the clock that one-sided readers see each time.
 //!
 //! Sweeper: every page records when its first linked item may die (smallest exptime, or
 //! a flush time; `Slabs::page_due`). Each pass (every 250 ms, when the clock enters a new
@@ -79,10 +80,15 @@ impl Inner {
             let busy = !self.cfg.busy_tick.is_zero()
                 && active
                 && self.activity.spare_cpu.load(Ordering::Relaxed);
+            // While requests arrive the idle share is read again every window, ticking or
+            // not: the workers' polling goes by it too, and must not wait a whole idle
+            // tick for CPU that came back.
             let tick = if busy {
                 self.cfg.busy_tick.min(MORE_TICK)
             } else if more {
                 MORE_TICK
+            } else if active {
+                SPARE_CPU_WINDOW
             } else {
                 IDLE_TICK
             };
@@ -322,14 +328,18 @@ impl Inner {
 /// Whether the machine's CPUs were idle for at least `SPARE_CPU_IDLE` of the last window,
 /// from the first line of `/proc/stat` (read at most once per `SPARE_CPU_WINDOW`, and only
 /// while requests arrive). Time the workers spent polling for requests that had not come
-/// (`Store::note_spin`) counts as idle: it was, until they took it. Where `/proc/stat`
-/// cannot be read, the answer is yes: tick as memcached does.
+/// (`Store::note_spin`) counts as idle: it was, until they took it. One window under the
+/// threshold does not turn the answer to no, two in a row do: a window is 20 jiffies on
+/// two CPUs, and the busy ones are sampled at clock ticks. Where `/proc/stat` cannot be
+/// read, the answer is yes: tick as memcached does.
 #[derive(Default)]
 struct SpareCpu {
     /// When the last reading was taken, its idle and total jiffies, and the workers'
     /// polling total then (ns).
     last: Option<(Instant, u64, u64, u64)>,
     spare: bool,
+    /// The last window was under the threshold.
+    low: bool,
 }
 
 /// `/proc/stat` counts in USER_HZ ticks, 100 a second on Linux whatever the kernel's HZ.
@@ -360,8 +370,15 @@ impl SpareCpu {
                 // Too short a window for a clock tick to pass: keep the last answer.
                 if total == 0 {
                     self.spare
+                } else if (idle as f64 + polled).min(total as f64)
+                    >= SPARE_CPU_IDLE * total as f64
+                {
+                    self.low = false;
+                    true
                 } else {
-                    (idle as f64 + polled).min(total as f64) >= SPARE_CPU_IDLE * total as f64
+                    let twice = self.low;
+                    self.low = true;
+                    self.spare && !twice
                 }
             }
             // The first reading has nothing to compare with: tick until the next.
@@ -445,19 +462,26 @@ mod tests {
         assert!(spare.update(at(0), Some((1000, 2000)), 0));
         // Half idle over the window (one client thread on two CPUs): tick.
         assert!(spare.update(at(100), Some((1010, 2020)), 0));
-        // A fifth idle (two and four client threads): no tick.
-        assert!(!spare.update(at(200), Some((1014, 2040)), 0));
-        // Exactly the threshold: tick.
-        assert!(spare.update(at(300), Some((1020, 2060)), 0));
+        // A fifth idle (two and four client threads): one such window may be a sampling
+        // accident; the second in a row stops the tick.
+        assert!(spare.update(at(200), Some((1014, 2040)), 0));
+        assert!(!spare.update(at(300), Some((1018, 2060)), 0));
+        assert!(!spare.update(at(400), Some((1022, 2080)), 0));
+        // Exactly the threshold: tick again at once.
+        assert!(spare.update(at(500), Some((1028, 2100)), 0));
+        // A single low window between good ones changes nothing.
+        assert!(spare.update(at(600), Some((1030, 2120)), 0));
+        assert!(spare.update(at(700), Some((1040, 2140)), 0));
         // No clock tick within the window: the last answer stands.
-        assert!(spare.update(at(400), Some((1020, 2060)), 0));
-        assert!(!spare.update(at(500), Some((1020, 2100)), 0));
-        assert!(!spare.update(at(600), Some((1020, 2100)), 0));
+        assert!(spare.update(at(800), Some((1040, 2140)), 0));
+        assert!(spare.update(at(900), Some((1040, 2180)), 0));
+        assert!(!spare.update(at(1000), Some((1040, 2200)), 0));
+        assert!(!spare.update(at(1100), Some((1040, 2200)), 0));
         // /proc/stat unreadable: tick, as memcached does, and start over.
-        assert!(spare.update(at(700), None, 0));
-        assert!(spare.update(at(800), Some((1030, 2200)), 0));
+        assert!(spare.update(at(1200), None, 0));
+        assert!(spare.update(at(1300), Some((1050, 2300)), 0));
         // Counters that went backwards (never on Linux) count as an empty window.
-        assert!(spare.update(at(900), Some((0, 0)), 0));
+        assert!(spare.update(at(1400), Some((0, 0)), 0));
     }
 
     #[test]
@@ -469,12 +493,14 @@ mod tests {
         assert!(spare.update(at(0), Some((1000, 2000)), 0));
         // A tenth idle, but a worker polled for 60 ms of the 200 ms of CPU time: 40%.
         assert!(spare.update(at(100), Some((1002, 2020)), ms(60)));
-        // A tenth idle and 20 ms polled: 20%, no.
-        assert!(!spare.update(at(200), Some((1004, 2040)), ms(80)));
+        // A tenth idle and 20 ms polled: 20%, twice: no.
+        assert!(spare.update(at(200), Some((1004, 2040)), ms(80)));
+        assert!(!spare.update(at(300), Some((1006, 2060)), ms(100)));
         // Polling never counts for more than the window's CPU time.
-        assert!(spare.update(at(300), Some((1004, 2060)), ms(10_080)));
+        assert!(spare.update(at(400), Some((1006, 2080)), ms(10_100)));
         // The polling total is a running sum: only what was added since counts.
-        assert!(!spare.update(at(400), Some((1006, 2080)), ms(10_080)));
+        assert!(spare.update(at(500), Some((1008, 2100)), ms(10_100)));
+        assert!(!spare.update(at(600), Some((1010, 2120)), ms(10_100)));
     }
 
     #[test]
