@@ -780,7 +780,11 @@ mod tests {
             t += Duration::from_micros(70);
             assert!(!p.spinning(t));
         }
-        assert!(full <= 10 + 6, "{full} full windows in {}", 10 * TCP_PROBE_EVERY);
+        assert!(
+            full <= 10 + 6,
+            "{full} full windows in {}",
+            10 * TCP_PROBE_EVERY
+        );
         // A closed-loop client on the same host (the next request 20 us after the last
         // reply): the next probe catches one, and the full window stays.
         let mut caught = 0;

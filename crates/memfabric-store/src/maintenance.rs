@@ -42,6 +42,10 @@ const SPARE_CPU_WINDOW: Duration = Duration::from_millis(100);
 /// runs: with one client thread ping-ponging against one worker on two CPUs about half is
 /// idle; at two and four client threads about a fifth.
 const SPARE_CPU_IDLE: f64 = 0.3;
+/// The share of the window in which some runnable thread waited for a CPU below which it
+/// counts as spare: 6-9% with one client thread against one worker on two CPUs, polling
+/// or not, 30-37% with two and four client threads.
+const SPARE_CPU_MAX_STALL: f64 = 0.2;
 /// Evicting windows in a row before a class receives a page.
 const AUTOMOVE_WINDOWS: u32 = 3;
 
@@ -325,53 +329,78 @@ impl Inner {
     }
 }
 
-/// Whether the machine's CPUs were idle for at least `SPARE_CPU_IDLE` of the last window,
-/// from the first line of `/proc/stat` (read at most once per `SPARE_CPU_WINDOW`, and only
-/// while requests arrive). Time the workers spent polling for requests that had not come
-/// (`Store::note_spin`) counts as idle: it was, until they took it. One window under the
-/// threshold does not turn the answer to no, two in a row do: a window is 20 jiffies on
-/// two CPUs, and the busy ones are sampled at clock ticks. Where `/proc/stat` cannot be
-/// read, the answer is yes: tick as memcached does.
+/// Whether the machine's CPUs have time to spare: idle for at least `SPARE_CPU_IDLE` of
+/// the last window, from the first line of `/proc/stat`, and runnable threads kept waiting
+/// for a CPU less than `SPARE_CPU_MAX_STALL` of it, from `/proc/pressure/cpu` (read at
+/// most once per `SPARE_CPU_WINDOW`, and only while requests arrive). Time the workers
+/// spent polling for requests that had not come (`Store::note_spin`) counts as idle: it
+/// was, until they took it, and the stall share says whether anyone else wanted it. One
+/// window under the threshold does not turn the answer to no, two in a row do: a window
+/// is 20 jiffies on two CPUs, and the busy ones are sampled at clock ticks. Where
+/// `/proc/stat` cannot be read, the answer is yes: tick as memcached does; where the
+/// kernel keeps no pressure figures, the idle share alone decides.
 #[derive(Default)]
 struct SpareCpu {
-    /// When the last reading was taken, its idle and total jiffies, and the workers'
-    /// polling total then (ns).
-    last: Option<(Instant, u64, u64, u64)>,
+    /// When the last reading was taken, and the reading.
+    last: Option<(Instant, CpuReading)>,
     spare: bool,
     /// The last window was under the threshold.
     low: bool,
+}
+
+/// Counters since boot (or since the server started, for `polled_ns`).
+#[derive(Clone, Copy, Debug, Default)]
+struct CpuReading {
+    /// Idle (idle + iowait) and total jiffies of all CPUs.
+    idle: u64,
+    total: u64,
+    /// The workers' polling total (ns).
+    polled_ns: u64,
+    /// Microseconds in which some runnable thread waited for a CPU (PSI `some`).
+    stalled_us: Option<u64>,
 }
 
 /// `/proc/stat` counts in USER_HZ ticks, 100 a second on Linux whatever the kernel's HZ.
 const NS_PER_JIFFY: f64 = 1e7;
 
 impl SpareCpu {
-    /// `spins`: the workers' polling total so far (ns).
-    fn has_spare(&mut self, spins: u64) -> bool {
+    /// `polled_ns`: the workers' polling total so far.
+    fn has_spare(&mut self, polled_ns: u64) -> bool {
         let now = Instant::now();
-        if matches!(self.last, Some((at, ..)) if now.duration_since(at) < SPARE_CPU_WINDOW) {
+        if matches!(self.last, Some((at, _)) if now.duration_since(at) < SPARE_CPU_WINDOW) {
             return self.spare;
         }
-        self.update(now, read_cpu_jiffies(), spins)
+        let reading = read_cpu_jiffies().map(|(idle, total)| CpuReading {
+            idle,
+            total,
+            polled_ns,
+            stalled_us: read_cpu_stall_us(),
+        });
+        self.update(now, reading)
     }
 
-    /// Take a new reading (idle and total jiffies since boot, if there is one, and the
-    /// workers' polling total in ns).
-    fn update(&mut self, now: Instant, reading: Option<(u64, u64)>, spins: u64) -> bool {
-        let Some((idle, total)) = reading else {
+    /// Take a new reading, if there is one.
+    fn update(&mut self, now: Instant, reading: Option<CpuReading>) -> bool {
+        let Some(r) = reading else {
             self.last = None;
             self.spare = true;
             return true;
         };
         self.spare = match self.last {
-            Some((_, idle0, total0, spins0)) => {
-                let (idle, total) = (idle.saturating_sub(idle0), total.saturating_sub(total0));
-                let polled = spins.saturating_sub(spins0) as f64 / NS_PER_JIFFY;
+            Some((at, r0)) => {
+                let idle = r.idle.saturating_sub(r0.idle) as f64;
+                let total = r.total.saturating_sub(r0.total) as f64;
+                let polled = r.polled_ns.saturating_sub(r0.polled_ns) as f64 / NS_PER_JIFFY;
+                let wall_us = now.duration_since(at).as_micros() as f64;
+                let stalled = match (r.stalled_us, r0.stalled_us) {
+                    (Some(s), Some(s0)) if wall_us > 0.0 => s.saturating_sub(s0) as f64 / wall_us,
+                    _ => 0.0,
+                };
                 // Too short a window for a clock tick to pass: keep the last answer.
-                if total == 0 {
+                if total == 0.0 {
                     self.spare
-                } else if (idle as f64 + polled).min(total as f64)
-                    >= SPARE_CPU_IDLE * total as f64
+                } else if (idle + polled).min(total) >= SPARE_CPU_IDLE * total
+                    && stalled < SPARE_CPU_MAX_STALL
                 {
                     self.low = false;
                     true
@@ -384,9 +413,25 @@ impl SpareCpu {
             // The first reading has nothing to compare with: tick until the next.
             None => true,
         };
-        self.last = Some((now, idle, total, spins));
+        self.last = Some((now, r));
         self.spare
     }
+}
+
+/// Microseconds since boot in which some runnable thread waited for a CPU: the `total` of
+/// the `some` line of `/proc/pressure/cpu` (PSI), if the kernel keeps it.
+fn read_cpu_stall_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    parse_cpu_stall(&text)
+}
+
+fn parse_cpu_stall(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("some "))?
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
 }
 
 /// Idle (idle + iowait) and total jiffies of all CPUs since boot, from `/proc/stat`.
@@ -453,35 +498,80 @@ mod tests {
         }
     }
 
+    fn reading(
+        idle: u64,
+        total: u64,
+        polled_ns: u64,
+        stalled_us: Option<u64>,
+    ) -> Option<CpuReading> {
+        Some(CpuReading {
+            idle,
+            total,
+            polled_ns,
+            stalled_us,
+        })
+    }
+
+    #[test]
+    fn the_pressure_line_gives_the_stalled_microseconds() {
+        let text = "some avg10=18.99 avg60=26.19 avg300=15.21 total=3524705545\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(parse_cpu_stall(text), Some(3_524_705_545));
+        assert_eq!(parse_cpu_stall("full avg10=0.00 total=5\n"), None);
+        assert_eq!(parse_cpu_stall("some avg10=1.00\n"), None);
+        assert_eq!(parse_cpu_stall("some total=x\n"), None);
+        assert_eq!(parse_cpu_stall(""), None);
+        // This machine's own file, if its kernel keeps one, parses.
+        if let Ok(text) = std::fs::read_to_string("/proc/pressure/cpu") {
+            assert!(parse_cpu_stall(&text).is_some(), "{text}");
+        }
+    }
+
+    #[test]
+    fn threads_waiting_for_a_cpu_mean_there_is_none_to_spare() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut spare = SpareCpu::default();
+        assert!(spare.update(at(0), reading(1000, 2000, 0, Some(0))));
+        // Half idle, threads waiting 5 ms of the 100: spare.
+        assert!(spare.update(at(100), reading(1010, 2020, 0, Some(5_000))));
+        // Half idle (the workers' polling) but threads waiting 30 ms of 100, twice: no.
+        let ms = |n: u64| n * 1_000_000;
+        assert!(spare.update(at(200), reading(1010, 2040, ms(100), Some(35_000))));
+        assert!(!spare.update(at(300), reading(1010, 2060, ms(200), Some(65_000))));
+        // No pressure figures (older kernels): the idle share decides.
+        assert!(spare.update(at(400), reading(1020, 2080, ms(200), None)));
+    }
+
     #[test]
     fn the_busy_tick_runs_only_while_the_cpus_have_time_to_spare() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut spare = SpareCpu::default();
         // The first reading has no window: tick.
-        assert!(spare.update(at(0), Some((1000, 2000)), 0));
+        assert!(spare.update(at(0), reading(1000, 2000, 0, None)));
         // Half idle over the window (one client thread on two CPUs): tick.
-        assert!(spare.update(at(100), Some((1010, 2020)), 0));
+        assert!(spare.update(at(100), reading(1010, 2020, 0, None)));
         // A fifth idle (two and four client threads): one such window may be a sampling
         // accident; the second in a row stops the tick.
-        assert!(spare.update(at(200), Some((1014, 2040)), 0));
-        assert!(!spare.update(at(300), Some((1018, 2060)), 0));
-        assert!(!spare.update(at(400), Some((1022, 2080)), 0));
+        assert!(spare.update(at(200), reading(1014, 2040, 0, None)));
+        assert!(!spare.update(at(300), reading(1018, 2060, 0, None)));
+        assert!(!spare.update(at(400), reading(1022, 2080, 0, None)));
         // Exactly the threshold: tick again at once.
-        assert!(spare.update(at(500), Some((1028, 2100)), 0));
+        assert!(spare.update(at(500), reading(1028, 2100, 0, None)));
         // A single low window between good ones changes nothing.
-        assert!(spare.update(at(600), Some((1030, 2120)), 0));
-        assert!(spare.update(at(700), Some((1040, 2140)), 0));
+        assert!(spare.update(at(600), reading(1030, 2120, 0, None)));
+        assert!(spare.update(at(700), reading(1040, 2140, 0, None)));
         // No clock tick within the window: the last answer stands.
-        assert!(spare.update(at(800), Some((1040, 2140)), 0));
-        assert!(spare.update(at(900), Some((1040, 2180)), 0));
-        assert!(!spare.update(at(1000), Some((1040, 2200)), 0));
-        assert!(!spare.update(at(1100), Some((1040, 2200)), 0));
+        assert!(spare.update(at(800), reading(1040, 2140, 0, None)));
+        assert!(spare.update(at(900), reading(1040, 2180, 0, None)));
+        assert!(!spare.update(at(1000), reading(1040, 2200, 0, None)));
+        assert!(!spare.update(at(1100), reading(1040, 2200, 0, None)));
         // /proc/stat unreadable: tick, as memcached does, and start over.
-        assert!(spare.update(at(1200), None, 0));
-        assert!(spare.update(at(1300), Some((1050, 2300)), 0));
+        assert!(spare.update(at(1200), None));
+        assert!(spare.update(at(1300), reading(1050, 2300, 0, None)));
         // Counters that went backwards (never on Linux) count as an empty window.
-        assert!(spare.update(at(1400), Some((0, 0)), 0));
+        assert!(spare.update(at(1400), reading(0, 0, 0, None)));
     }
 
     #[test]
@@ -490,17 +580,17 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut spare = SpareCpu::default();
         let ms = |n: u64| n * 1_000_000;
-        assert!(spare.update(at(0), Some((1000, 2000)), 0));
+        assert!(spare.update(at(0), reading(1000, 2000, 0, None)));
         // A tenth idle, but a worker polled for 60 ms of the 200 ms of CPU time: 40%.
-        assert!(spare.update(at(100), Some((1002, 2020)), ms(60)));
+        assert!(spare.update(at(100), reading(1002, 2020, ms(60), None)));
         // A tenth idle and 20 ms polled: 20%, twice: no.
-        assert!(spare.update(at(200), Some((1004, 2040)), ms(80)));
-        assert!(!spare.update(at(300), Some((1006, 2060)), ms(100)));
+        assert!(spare.update(at(200), reading(1004, 2040, ms(80), None)));
+        assert!(!spare.update(at(300), reading(1006, 2060, ms(100), None)));
         // Polling never counts for more than the window's CPU time.
-        assert!(spare.update(at(400), Some((1006, 2080)), ms(10_100)));
+        assert!(spare.update(at(400), reading(1006, 2080, ms(10_100), None)));
         // The polling total is a running sum: only what was added since counts.
-        assert!(spare.update(at(500), Some((1008, 2100)), ms(10_100)));
-        assert!(!spare.update(at(600), Some((1010, 2120)), ms(10_100)));
+        assert!(spare.update(at(500), reading(1008, 2100, ms(10_100), None)));
+        assert!(!spare.update(at(600), reading(1010, 2120, ms(10_100), None)));
     }
 
     #[test]
