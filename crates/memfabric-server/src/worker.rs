@@ -157,7 +157,7 @@ impl Worker {
     ///   (`--ucx-poll-us`, [`AdaptivePoll`]): a closed-loop UCX client's next request
     ///   usually comes within microseconds of our reply, so the worker keeps progressing
     ///   UCX for up to that window, and shrinks the window when the sessions pause. TCP
-    ///   and UDP work never starts it, so TCP-only use never spins.
+    ///   and UDP work never starts it (their own poll is the next one).
     /// * TCP and UDP work is followed by an adaptive poll of the sockets alone
     ///   (`--tcp-poll-us`, `epoll_wait` with a zero timeout), only while the machine's
     ///   CPUs have time to spare (`Store::cpu_to_spare`: at least 30% idle, this poll's
