@@ -111,7 +111,7 @@ thread_counters! {
     ucx_stalled_waits,
     /// Polls for the next TCP/UDP request started (`--tcp-poll-us`).
     tcp_poll_spins,
-    /// Requests such a poll caught (served without the worker going to sleep).
+    /// Rounds of requests such a poll caught (served without the worker going to sleep).
     tcp_poll_caught,
     /// Microseconds such polls spent finding no request: the CPU time they cost.
     tcp_poll_idle_us,

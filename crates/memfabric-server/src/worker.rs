@@ -161,12 +161,13 @@ impl Worker {
     /// * TCP and UDP work is followed by an adaptive poll of the sockets alone
     ///   (`--tcp-poll-us`, `epoll_wait` with a zero timeout), only while the machine's
     ///   CPUs have time to spare (`Store::cpu_to_spare`: at least 30% idle, this poll's
-    ///   own idle rounds counted as idle). A sleeping worker that a request wakes costs
-    ///   that request the wake-up: on virtual machines whose idle vCPUs halt, about a
-    ///   tenth of a one-client round trip (docs/benchmarks.md). The window is the maximum
-    ///   while the polls catch requests, or while requests come within it of each other;
-    ///   each poll that runs out halves it, so clients that pause longer than the window
-    ///   cost a few microseconds a request.
+    ///   own idle rounds counted as idle, and threads seldom waiting for a CPU). A
+    ///   sleeping worker that a request wakes costs that request the wake-up: on virtual
+    ///   machines whose idle vCPUs halt, about 40% of a one-client round trip over
+    ///   loopback (docs/benchmarks.md). The window is the maximum while the polls catch
+    ///   requests; each poll that runs out halves it, and requests that come within two
+    ///   windows of the last bring it back only every 16th time (a probe), so clients
+    ///   that pause longer than the window cost a few microseconds a request.
     /// * `--poll-us N` (default 0): after any round that did work, keep polling (UCX and
     ///   `epoll_wait` with a zero timeout) for N µs. An override for dedicated hosts.
     ///
