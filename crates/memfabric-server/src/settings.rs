@@ -3,8 +3,8 @@
 /// `--ucx-poll-us`'s default: longer than a client's turnaround between a reply and its
 /// next request on one host (a few µs), far shorter than a wake-up's cost adds up to.
 pub const DEFAULT_UCX_POLL_US: u64 = 50;
-/// `--tcp-poll-us`: the longest a worker polls for the next TCP/UDP request, while the
-/// CPUs have time to spare (`worker.rs`, `TCP_POLL`).
+/// `--tcp-poll-us`: the longest a worker polls for the next TCP/UDP request (`worker.rs`,
+/// `Worker::run`).
 pub const DEFAULT_TCP_POLL_US: u64 = 50;
 /// `--ucx-port` when not given.
 pub const DEFAULT_UCX_PORT: u16 = 11311;

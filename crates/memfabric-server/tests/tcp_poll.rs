@@ -113,10 +113,10 @@ fn thread_cpu(pid: u32, name: &str) -> u64 {
 }
 
 /// One client's requests, one at a time, on a machine with CPU to spare: the worker polls
-/// after each reply and catches most of the next requests. The spare share is the one the
-/// server goes by: idle time plus what its own polls took, with few threads kept waiting
-/// for a CPU. On a machine too busy for that (other jobs) the poll is rightly off: then
-/// only the counts are reported.
+/// after each reply and catches most of the next requests. The spare share is idle time
+/// plus what the server's polls took, with few threads kept waiting for a CPU. On a
+/// machine too busy for that (other jobs) the client itself may come too late for a
+/// window, which then shrinks: only the counts are reported.
 #[test]
 fn with_cpu_to_spare_the_poll_catches_a_closed_loop_clients_requests() {
     let port = free_port();

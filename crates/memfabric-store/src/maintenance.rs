@@ -58,6 +58,8 @@ impl Inner {
         let mut passed_second = self.clock.now();
         let mut more = false;
         let mut spare_cpu = SpareCpu::default();
+        // The last reading; until the first, as if there were (as `SpareCpu` starts).
+        let mut cpu_to_spare = true;
         // The store's clock reads the kernel's coarse clock: wake once that has turned too.
         let clock_lag = crate::clock::coarse_lag();
         while !self.is_shutting_down() {
@@ -73,20 +75,15 @@ impl Inner {
             // (docs/benchmarks.md: ~12% of one client thread's closed loop, memcached's
             // own maintainer included). On saturated CPUs the tick only takes time from
             // the workers (~10% at four client threads on two CPUs), so it stops there.
-            // The idle share is read only while requests arrive; the workers' polling
-            // (`Store::cpu_to_spare`) follows it too.
+            // The idle share is read only while requests arrive.
             let active = self.activity.seen.swap(false, Ordering::Relaxed);
             if active {
                 let spins = self.activity.spin_ns.load(Ordering::Relaxed);
-                let spare = spare_cpu.has_spare(spins);
-                self.activity.spare_cpu.store(spare, Ordering::Relaxed);
+                cpu_to_spare = spare_cpu.has_spare(spins);
             }
-            let busy = !self.cfg.busy_tick.is_zero()
-                && active
-                && self.activity.spare_cpu.load(Ordering::Relaxed);
+            let busy = !self.cfg.busy_tick.is_zero() && active && cpu_to_spare;
             // While requests arrive the idle share is read again every window, ticking or
-            // not: the workers' polling goes by it too, and must not wait a whole idle
-            // tick for CPU that came back.
+            // not: the busy tick must not wait a whole idle tick for CPU that came back.
             let tick = if busy {
                 self.cfg.busy_tick.min(MORE_TICK)
             } else if more {

@@ -46,7 +46,7 @@ pub struct Inner {
     pub(crate) automove: AtomicBool,
     pub(super) wake: (Mutex<bool>, Condvar),
     /// Requests arriving and whether the CPUs have time to spare (`Store::note_activity`,
-    /// `Store::cpu_to_spare`, `Store::note_spin`).
+    /// `Store::note_spin`; the maintenance thread's busy tick goes by it).
     pub(crate) activity: Activity,
     /// The flash tier (SSD), when configured.
     pub(crate) flash: Option<crate::flash::Flash>,
@@ -58,9 +58,6 @@ pub struct Inner {
 pub(crate) struct Activity {
     /// Set by `Store::note_activity`, taken by the maintenance thread.
     pub(crate) seen: AtomicBool,
-    /// The maintenance thread's last reading of the machine's idle share, while requests
-    /// arrive: at least `SPARE_CPU_IDLE` (`maintenance.rs`).
-    pub(crate) spare_cpu: AtomicBool,
     /// Nanoseconds the workers spent polling for requests that had not come
     /// (`Store::note_spin`): CPU time that was spare before they took it.
     pub(crate) spin_ns: AtomicU64,
@@ -70,8 +67,6 @@ impl Default for Activity {
     fn default() -> Activity {
         Activity {
             seen: AtomicBool::new(false),
-            // Until the first reading, as if there were: as `SpareCpu` starts.
-            spare_cpu: AtomicBool::new(true),
             spin_ns: AtomicU64::new(0),
         }
     }
@@ -245,17 +240,9 @@ impl Store {
         }
     }
 
-    /// Whether the machine's CPUs were at least 30% idle (polling workers' spins
-    /// counted as idle) when the maintenance thread last looked, while requests arrived:
-    /// a worker may then poll for the next request rather than sleep (`--tcp-poll-us`).
-    #[inline]
-    pub fn cpu_to_spare(&self) -> bool {
-        self.activity.spare_cpu.load(Ordering::Relaxed)
-    }
-
     /// A worker spent `spent` polling for requests that had not come yet: time the
-    /// machine had to spare, which `cpu_to_spare` counts as idle (else polling would
-    /// turn itself off by using the idle time it was allowed by).
+    /// machine had to spare, which the maintenance thread's reading of the idle share
+    /// counts as idle (else the workers' polling would stop the busy tick).
     pub fn note_spin(&self, spent: std::time::Duration) {
         let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.activity.spin_ns.fetch_add(ns, Ordering::Relaxed);
