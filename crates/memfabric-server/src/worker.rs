@@ -165,8 +165,8 @@ impl Worker {
     ///   saturated CPUs too: there the threads it competes with are mostly its own
     ///   clients, a polling worker spares each of them the wake-up of a sleeping one, and
     ///   the yields below let them run (two and four client threads against one worker on
-    ///   two CPUs: 1.03-1.31x and 0.85-1.45x of memcached's throughput polling, against
-    ///   0.95-1.20x and 0.83-1.15x when it stopped where the CPUs had none to spare;
+    ///   two CPUs: 1.00-1.31x and 0.85-1.45x of memcached's throughput polling, against
+    ///   0.83-1.20x and 0.83-1.20x when it stopped where the CPUs had none to spare;
     ///   docs/benchmarks.md). The window is the maximum while the polls catch
     ///   requests; each poll that runs out halves it, and requests that come within two
     ///   windows of the last bring it back only every 16th time (a probe), so clients
