@@ -6,11 +6,10 @@
 //! loopback port and is killed by a Drop guard.
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{free_port, memfabricd, Server};
+use common::{cpu_jiffies, free_port, memfabricd, request, Server};
 
 /// The thread's id, by the name the store gives it. The server's port may answer before
 /// the thread has its name (CI once looked too early): looked for again for a while.
@@ -44,19 +43,6 @@ fn sleeps(pid: u32, tid: u32) -> u64 {
         .expect("voluntary_ctxt_switches")
 }
 
-/// Send `req` and read its reply, up to and including `end`.
-fn request(c: &mut TcpStream, req: &str, end: &[u8]) -> String {
-    c.write_all(req.as_bytes()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !got.ends_with(end) {
-        let n = c.read(&mut buf).expect("a reply");
-        assert!(n > 0, "the server closed the connection");
-        got.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
-
 /// Sets and gets over one connection until `until` (bounded by an op count too), each
 /// request answered before the next; returns the requests made.
 fn set_and_get(port: u16, client: usize, until: Instant) -> u64 {
@@ -74,21 +60,6 @@ fn set_and_get(port: u16, client: usize, until: Instant) -> u64 {
         ops += 1;
     }
     ops
-}
-
-/// Idle and total jiffies of all CPUs since boot (the `cpu` line of /proc/stat).
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("cpu "))
-        .expect("the cpu line")
-        .split_whitespace()
-        .take(8)
-        .map(|f| f.parse().expect("a number"))
-        .collect();
-    (v[3] + v[4], v.iter().sum())
 }
 
 /// What the maintenance thread did while `clients` connections each sent requests one at
@@ -113,7 +84,7 @@ fn wakeups_under_load(server: &Server, port: u16, clients: usize) -> (f64, u64, 
 }
 
 /// Told `-o no_lru_maintainer`, the thread does not tick under load: it wakes every
-/// 100 ms (to read the machine's idle share for the workers' polling) and just after each
+/// 100 ms (to read the machine's idle share, which decides the busy tick) and just after each
 /// new second, about 11 times a second.
 #[test]
 fn without_the_lru_maintainer_the_thread_wakes_a_few_times_a_second_under_load() {

@@ -6,24 +6,10 @@
 //! runs on a free loopback port and is killed by a Drop guard.
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{free_port, memfabricd, Server};
-
-/// Send `req` and read its reply, up to and including `end`.
-fn request(c: &mut TcpStream, req: &str, end: &[u8]) -> String {
-    c.write_all(req.as_bytes()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !got.ends_with(end) {
-        let n = c.read(&mut buf).expect("a reply");
-        assert!(n > 0, "the server closed the connection");
-        got.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
+use common::{cpu_jiffies, free_port, memfabricd, request, Server};
 
 fn connect(port: u16) -> TcpStream {
     let c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -55,21 +41,6 @@ fn fabric(c: &mut TcpStream, name: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {reply}"))
-}
-
-/// Idle and total jiffies (1/100 s) of all CPUs since boot (the `cpu` line of /proc/stat).
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("cpu "))
-        .expect("the cpu line")
-        .split_whitespace()
-        .take(8)
-        .map(|f| f.parse().expect("a number"))
-        .collect();
-    (v[3] + v[4], v.iter().sum())
 }
 
 /// Microseconds since boot in which some runnable thread waited for a CPU (the `some`

@@ -1,9 +1,9 @@
 //! What the server's process-level tests share: a server guard (killed and reaped on
-//! drop, also when a test fails), free loopback ports, and reading until the server
-//! closes. Each test binary uses part of it.
+//! drop, also when a test fails), free loopback ports, reading until the server closes, a
+//! request answered up to its end marker, and the machine's CPU time from /proc/stat. Each test binary uses part of it.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -213,4 +213,32 @@ pub fn refuses_to_start(cmd: &mut Command, port: u16) -> String {
     assert!(!status.success(), "{cmd:?} started");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
     err
+}
+
+/// Send `req` and read its reply, up to and including `end`.
+pub fn request(c: &mut TcpStream, req: &str, end: &[u8]) -> String {
+    c.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = c.read(&mut buf).expect("a reply");
+        assert!(n > 0, "the server closed the connection");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Idle and total jiffies (1/100 s) of all CPUs since boot (the `cpu` line of /proc/stat).
+pub fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .expect("the cpu line")
+        .split_whitespace()
+        .take(8)
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    (v[3] + v[4], v.iter().sum())
 }
